@@ -1,0 +1,222 @@
+"""Typed configuration: dataclasses validated on construction, YAML files, dotted overrides.
+
+Every section of a run is a frozen dataclass owned by the package it configures (the engine owns
+``EngineConfig``, the trainer ``TrainerConfig``, ...). A section validates itself in
+``__post_init__`` with :func:`require`; this module turns plain mappings (from YAML and from
+``key=value`` overrides) into those dataclasses and reports every failure with its full key path::
+
+    config = load_config("configs/quickstart.yaml", ["trainer.learning_rate=1e-5"], RunConfig)
+
+Errors name the path and what is allowed, e.g.
+``trainer.learning_rate: expected a float, got 'fast'`` or
+``engine.num_slots: unknown key; allowed: max_new_tokens, num_slots, page_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type, or out of range."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+    def under(self, parent: str) -> "ConfigError":
+        """The same error, its key path prefixed with ``parent``."""
+        return ConfigError(_join(parent, self.path), self.message)
+
+
+def require(condition: bool, key: str, message: str) -> None:
+    """Validation helper for ``__post_init__``: raise ``ConfigError(key, message)`` unless ``condition``."""
+    if not condition:
+        raise ConfigError(key, message)
+
+
+def _join(parent: str, child: str) -> str:
+    return f"{parent}.{child}" if parent and child else parent or child
+
+
+# ----------------------------------------------------------------------------- building from mappings
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | None, path: str = "") -> T:
+    """Build dataclass ``cls`` from a plain mapping, checking keys and types recursively."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(path, f"expected a mapping for {cls.__name__}, got {_show(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(_join(path, str(unknown[0])), f"unknown key; allowed: {', '.join(sorted(fields))}")
+    kwargs = {name: _coerce(hints[name], value, _join(path, name)) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as error:
+        raise error.under(path) from None
+    except TypeError as error:  # a required field is missing
+        raise ConfigError(path, str(error)) from None
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(option, value, path)
+            except ConfigError as error:
+                errors.append(error.message)
+        raise ConfigError(path, " or ".join(errors))
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(path, f"expected one of {', '.join(map(repr, args))}, got {_show(value)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value) and isinstance(value, tp):
+            return value
+        return from_dict(tp, value, path)
+    if origin in (tuple, list, Sequence) or tp in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(path, f"expected a list, got {_show(value)}")
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            item_types = [args[0]] * len(value)
+        elif origin is tuple and args:
+            if len(args) != len(value):
+                raise ConfigError(path, f"expected {len(args)} items, got {len(value)}")
+            item_types = list(args)
+        else:
+            item_types = [args[0] if args else Any] * len(value)
+        items = [_coerce(t, v, f"{path}[{i}]") for i, (t, v) in enumerate(zip(item_types, value))]
+        return tuple(items) if origin is tuple or tp is tuple else items
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(path, f"expected a mapping, got {_show(value)}")
+        key_type, value_type = args if args else (Any, Any)
+        return {_coerce(key_type, k, path): _coerce(value_type, v, _join(path, str(k))) for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"expected true or false, got {_show(value)}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"expected an integer, got {_show(value)}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(path, f"expected a number, got {_show(value)}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(path, f"expected a string, got {_show(value)}")
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) < 60 else text[:57] + '...'}"
+
+
+# ----------------------------------------------------------------------------- YAML and overrides
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=VALUE`` -> (["a", "b", "c"], VALUE parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part or not part.replace("_", "").replace("-", "").isalnum() for part in key.split(".")):
+        raise ConfigError("", f"bad override {text!r}: expected dotted.key=value, e.g. trainer.learning_rate=1e-5")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as error:
+        raise ConfigError(key, f"cannot parse override value {raw!r}: {error}") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set each ``dotted.key=value`` in a nested mapping (a copy), creating sections as needed."""
+    data = _deep_copy(data)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for depth, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(".".join(keys[: depth + 1]), f"is a value, not a section; cannot set {text!r}")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML file as a mapping; ``base: other.yaml`` inherits from a file beside it (MaxText-style)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError("", f"config file not found: {path}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError("", f"{path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{path} must hold a mapping at top level")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    return _merge(read_yaml(path.parent / base), data)
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str], cls: type[T]) -> T:
+    """Read YAML (if given), apply overrides, build and validate ``cls``."""
+    data = read_yaml(path) if path else {}
+    return from_dict(cls, apply_overrides(data, overrides))
+
+
+def to_dict(config: Any) -> Any:
+    """A config as plain data (for logging it beside a run and for YAML round trips)."""
+    if dataclasses.is_dataclass(config):
+        return {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, (list, tuple)):
+        return [to_dict(v) for v in config]
+    if isinstance(config, Mapping):
+        return {k: to_dict(v) for k, v in config.items()}
+    return config

@@ -1,0 +1,90 @@
+"""The records that flow between pipelines: one module owns their schemas.
+
+``Example``  a prompt with its reference answer (curation -> filtering -> RL -> evaluation).
+``Rollout``  one sampled completion, stamped with the weight version that generated it.
+
+Rows travel through Beam as plain ``dict``s (cheap to pickle, easy to test) and are written to
+parquet with the schemas below, so a reader of any stage sees the same columns and types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from typing import Any
+
+import pyarrow as pa
+
+EXAMPLE_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),  # stable hash of source + normalised prompt
+        pa.field("source", pa.string(), nullable=False),  # e.g. "gsm8k", "math", "humaneval"
+        pa.field("split", pa.string()),
+        pa.field("prompt", pa.string(), nullable=False),  # text; chat messages are JSON-encoded
+        pa.field("answer", pa.string()),  # reference answer (math), canonical solution (code) or null
+        pa.field("task", pa.string(), nullable=False),  # "math", "code", "story", ...
+        pa.field("tests", pa.string()),  # code tasks: JSON of the test program / assert list
+        pa.field("meta", pa.string()),  # JSON object: subject, level, original ids, ...
+        # Set by difficulty filtering; null before it.
+        pa.field("pass_rate", pa.float64()),
+        pa.field("n_samples", pa.int32()),
+        pa.field("filter_model_version", pa.string()),
+    ]
+)
+
+ROLLOUT_SCHEMA = pa.schema(
+    [
+        pa.field("example_id", pa.string(), nullable=False),
+        pa.field("group_id", pa.string(), nullable=False),  # (run, step, prompt): the G samples of one prompt
+        pa.field("sample_idx", pa.int32(), nullable=False),
+        pa.field("policy_version", pa.int64(), nullable=False),  # weight version (trainer step) that generated it
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("behavior_logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),  # "stop", "length" or "abort"
+        pa.field("reward", pa.float32()),
+        pa.field("reward_info", pa.string()),  # JSON object from the verifier
+    ]
+)
+
+EXAMPLE_FIELDS = tuple(EXAMPLE_SCHEMA.names)
+ROLLOUT_FIELDS = tuple(ROLLOUT_SCHEMA.names)
+
+
+def normalize_text(text: str) -> str:
+    """The form used for ids and exact dedup: NFKC, lower case, white space collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", text).lower().split())
+
+
+def example_id(source: str, prompt: str) -> str:
+    """Stable id of an example: the same source and (normalised) prompt always give the same id."""
+    digest = hashlib.sha256(f"{source}\x00{normalize_text(prompt)}".encode("utf-8")).hexdigest()
+    return f"{source}-{digest[:16]}"
+
+
+def make_example(*, source: str, prompt: str, task: str, answer: str | None = None, split: str | None = None,
+                 tests: Any = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An Example row with every schema field present (filter fields null)."""
+    return {
+        "id": example_id(source, prompt),
+        "source": source,
+        "split": split,
+        "prompt": prompt,
+        "answer": answer,
+        "task": task,
+        "tests": None if tests is None else json.dumps(tests, sort_keys=True),
+        "meta": json.dumps(meta or {}, sort_keys=True),
+        "pass_rate": None,
+        "n_samples": None,
+        "filter_model_version": None,
+    }
+
+
+def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows (dicts) as a table of ``schema``; a missing column or a wrong type raises with its name."""
+    missing = [name for name in schema.names if any(name not in row for row in rows)]
+    if missing:
+        raise ValueError(f"rows lack field(s) {missing} of schema {schema.names}")
+    return pa.Table.from_pylist(rows, schema=schema)

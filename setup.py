@@ -1,0 +1,55 @@
+"""RLAX on Beam: scalable, preemptible RL for LLM reasoning on JAX, orchestrated with Apache Beam.
+
+Dataflow ships this package to its workers with ``--setup_file ./setup.py``; everything a worker
+imports (the three packages and the YAML recipes under ``configs/``) must be listed here.
+"""
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "apache-beam[gcp]==2.77.0",
+    "jax>=0.7",
+    "flax>=0.10",
+    "optax",
+    "orbax-checkpoint",
+    "google-cloud-storage",
+    "gcsfs",
+    "datasets",
+    # Beam 2.77 needs pyarrow<26, numpy<2.5, protobuf<7; datasets needs pyarrow>=24.
+    "pyarrow>=24,<26",
+    "numpy<2.5",
+    "protobuf<7",
+    "pyyaml",
+    "safetensors",
+    "tokenizers",
+    "sentencepiece",
+    "jinja2",
+    "math-verify[antlr4_13_2]",
+    "datasketch",
+    "tqdm",
+    "rich",
+    "tensorboardX",
+    "matplotlib",
+]
+
+EXTRAS_REQUIRE = {
+    "tpu": ["jax[tpu]"],
+    "test": ["pytest", "pytest-xdist", "pytest-timeout", "hypothesis"],
+    # Side-by-side benchmarks only: never imported by the library.
+    "bench": ["torch", "transformers", "trl"],
+}
+
+setup(
+    name="rlax-beam",
+    version="0.1.0",
+    description="Scalable, preemptible RL for LLM reasoning on JAX, orchestrated with Apache Beam",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.11",
+    packages=find_packages(include=["rlax_core*", "transforms*", "pipelines*"]),
+    include_package_data=True,
+    package_data={"pipelines": ["configs/*.yaml", "assets/**/*"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    entry_points={"console_scripts": ["rlax = pipelines.cli:main"]},
+)
