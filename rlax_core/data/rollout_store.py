@@ -1,0 +1,159 @@
+"""The rollout store: where the rollout fleet leaves rollout groups and the trainer picks them up.
+
+A *group* is the G sampled completions of one prompt at one schedule step. Each group is one parquet
+file of ``ROLLOUT_SCHEMA`` rows, named from ``(run, step, prompt_index)`` only::
+
+    ROOT/RUN/step_00000012/group_00003.parquet
+
+so a retried or duplicated write (Beam retries bundles) replaces the same file instead of adding a
+second copy. Writes are atomic: a temporary file renamed into place on a local disk, a single-object
+upload on GCS (``gs://...`` through fsspec/gcsfs). A reader therefore never sees half a group.
+
+Writer (the streaming rollout pipeline)::
+
+    store = RolloutStore("gs://bucket/rollouts", run="run1")
+    key = GroupKey(step=12, prompt_index=3)
+    rows = [...]                    # dicts with ROLLOUT_SCHEMA fields, group_id = store.group_id(key)
+    store.write_group(key, rows)
+
+Reader (the trainer)::
+
+    keys = store.list_groups()                        # sorted by (step, prompt_index)
+    keys = store.wait_for_groups(lambda ks: len(ks) >= 8, timeout_s=600)
+    table = store.read_group(key)                     # a pyarrow Table of ROLLOUT_SCHEMA
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlax_core.data.records import ROLLOUT_SCHEMA, to_table
+
+_GROUP_FILE = re.compile(r"step_(\d{8})/group_(\d{5})\.parquet$")
+
+
+@dataclass(frozen=True, order=True)
+class GroupKey:
+    """Where a group sits in the prompt schedule; the order of keys is the order of training."""
+
+    step: int
+    prompt_index: int
+
+    def __post_init__(self):
+        if not (0 <= self.step < 10**8 and 0 <= self.prompt_index < 10**5):
+            raise ValueError(f"group key out of range: step {self.step} (0..99999999), "
+                             f"prompt_index {self.prompt_index} (0..99999)")
+
+    @property
+    def relpath(self) -> str:
+        return f"step_{self.step:08d}/group_{self.prompt_index:05d}.parquet"
+
+
+class RolloutStore:
+    """Rollout groups of one run under ``root`` (a local folder or ``gs://bucket/prefix``)."""
+
+    def __init__(self, root: str | os.PathLike, run: str):
+        if not run or "/" in run:
+            raise ValueError(f"run must be a non-empty name without '/', got {run!r}")
+        self.root = str(root).rstrip("/")
+        self.run = run
+        self._fs, base = fsspec.core.url_to_fs(self.root)
+        self._is_local = "file" in _protocols(self._fs)
+        self._base = f"{base.rstrip('/')}/{run}"
+
+    def __repr__(self) -> str:
+        return f"RolloutStore({self.root!r}, run={self.run!r})"
+
+    # ------------------------------------------------------------------ naming
+
+    def group_id(self, key: GroupKey) -> str:
+        """The ``group_id`` field every row of this group carries."""
+        return f"{self.run}/{key.step}/{key.prompt_index}"
+
+    def path(self, key: GroupKey) -> str:
+        return f"{self._base}/{key.relpath}"
+
+    # ------------------------------------------------------------------ writer
+
+    def write_group(self, key: GroupKey, rows: Sequence[dict[str, Any]] | pa.Table) -> str:
+        """Write (or atomically replace) one group; returns its path. Rows must all belong to ``key``."""
+        table = rows if isinstance(rows, pa.Table) else to_table(list(rows), ROLLOUT_SCHEMA)
+        if table.num_rows == 0:
+            raise ValueError(f"group {key} has no rows")
+        if not table.schema.equals(ROLLOUT_SCHEMA):
+            table = table.select(ROLLOUT_SCHEMA.names).cast(ROLLOUT_SCHEMA)
+        expected = self.group_id(key)
+        found = set(table.column("group_id").to_pylist())
+        if found != {expected}:
+            raise ValueError(f"rows of group {key} must carry group_id {expected!r}, found {sorted(found)}")
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        data = buffer.getvalue()
+        path = self.path(key)
+        if self._is_local:
+            # Same folder as the target so that the rename cannot cross file systems.
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            temp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}")
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, path)
+        else:
+            # One object upload is atomic on GCS: readers see the old object or the new one.
+            self._fs.pipe_file(path, data)
+        return path
+
+    # ------------------------------------------------------------------ reader
+
+    def list_groups(self) -> list[GroupKey]:
+        """Every complete group of the run, sorted by (step, prompt_index)."""
+        self._fs.invalidate_cache(self._base)
+        try:
+            paths = self._fs.glob(f"{self._base}/step_*/group_*.parquet")
+        except FileNotFoundError:
+            return []
+        keys = []
+        for path in paths:
+            match = _GROUP_FILE.search(path)
+            if match:
+                keys.append(GroupKey(int(match.group(1)), int(match.group(2))))
+        return sorted(keys)
+
+    def read_group(self, key: GroupKey) -> pa.Table:
+        """The rows of one group, sorted by ``sample_idx``."""
+        with self._fs.open(self.path(key), "rb") as handle:
+            table = pq.read_table(handle, schema=ROLLOUT_SCHEMA)
+        return table.sort_by("sample_idx")
+
+    def wait_for_groups(self, ready: Callable[[list[GroupKey]], bool], *, timeout_s: float,
+                        poll_s: float = 0.5, should_stop: Callable[[], bool] | None = None) -> list[GroupKey]:
+        """Poll ``list_groups`` until ``ready(keys)``; raise ``TimeoutError`` after ``timeout_s``.
+
+        ``should_stop`` lets a caller end the wait early (a preemption notice): the current listing
+        is returned then, ready or not.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            keys = self.list_groups()
+            if ready(keys) or (should_stop is not None and should_stop()):
+                return keys
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self}: rollout groups not ready after {timeout_s:.0f} s "
+                                   f"({len(keys)} groups present, last {keys[-1] if keys else None})")
+            time.sleep(poll_s)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
