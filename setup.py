@@ -24,6 +24,7 @@ INSTALL_REQUIRES = [
     "sentencepiece",
     "jinja2",
     "math-verify[antlr4_13_2]",
+    "pebble",  # process pool whose tasks time out by killing and replacing the worker (verifiers)
     "datasketch",
     "tqdm",
     "rich",
