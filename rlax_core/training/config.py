@@ -1,0 +1,108 @@
+"""``TrainerConfig``: every knob of the update, the mesh, checkpoints and the train job.
+
+Built like every other section (see ``rlax_core.config``): a frozen dataclass validated on
+construction, loadable from YAML under the ``trainer:`` key with dotted overrides
+(``trainer.learning_rate=1e-5``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlax_core.config import require
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """optax AdamW with warmup then cosine decay (or constant), after global-norm clipping."""
+
+    learning_rate: float = 1e-5
+    schedule: Literal["cosine", "constant"] = "constant"
+    warmup_steps: int = 0
+    decay_steps: int = 1000  # cosine: steps from the end of warmup to ``min_lr_ratio * learning_rate``
+    min_lr_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self):
+        require(self.learning_rate > 0, "learning_rate", "must be > 0")
+        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(self.decay_steps >= 1, "decay_steps", "must be >= 1")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must lie in [0, 1]")
+        require(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "b1", "b1 and b2 must lie in [0, 1)")
+        require(self.eps > 0, "eps", "must be > 0")
+        require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", "must be > 0 or null")
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh: ``data x fsdp x tensor``; -1 on one axis takes the devices left over.
+
+    Multi-host: set ``coordinator_address`` (``host:port`` of process 0), ``num_processes`` and
+    ``process_id`` and every process calls ``jax.distributed.initialize`` with them before the mesh
+    is built. On TPU VMs / Cloud the three may be left unset and ``distributed: true`` lets JAX
+    discover them.
+    """
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    distributed: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    def __post_init__(self):
+        sizes = (self.data, self.fsdp, self.tensor)
+        require(all(s == -1 or s >= 1 for s in sizes), "fsdp", "mesh axis sizes must be >= 1 or -1")
+        require(sum(s == -1 for s in sizes) <= 1, "fsdp", "at most one mesh axis may be -1")
+        explicit = (self.coordinator_address, self.num_processes, self.process_id)
+        require(all(v is None for v in explicit) or all(v is not None for v in explicit), "coordinator_address",
+                "set coordinator_address, num_processes and process_id together (or none of them)")
+        require(self.num_processes is None or self.num_processes >= 1, "num_processes", "must be >= 1")
+        require(self.process_id is None or 0 <= self.process_id < (self.num_processes or 1), "process_id",
+                "must lie in [0, num_processes)")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The trainer: the update, sharding, checkpoints, and how the job reads rollouts."""
+
+    seed: int = 0
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    # The update: ``groups_per_step`` rollout groups form one batch, split into
+    # ``micro_batches`` equal slices whose gradients are accumulated before one optimizer step.
+    groups_per_step: int = 8
+    micro_batches: int = 1
+    max_seq_len: int = 128  # prompt + completion tokens; every batch is padded to it (one compile)
+    remat: bool = False  # recompute activations in the backward pass (less memory, more FLOPs)
+    # The job.
+    total_steps: int = 100
+    max_staleness: int = 1  # accept rollouts of weight version >= step - max_staleness
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 3
+    async_checkpointing: bool = True
+    publish_every: int = 1
+    keep_weight_versions: int = 4
+    wait_timeout_s: float = 600.0  # how long to wait for rollout groups before failing loudly
+    poll_s: float = 0.5
+
+    def __post_init__(self):
+        require(self.groups_per_step >= 1, "groups_per_step", "must be >= 1")
+        require(self.micro_batches >= 1, "micro_batches", "must be >= 1")
+        require(self.max_seq_len >= 2, "max_seq_len", "must be >= 2")
+        require(self.total_steps >= 1, "total_steps", "must be >= 1")
+        require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
+        require(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+        require(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
+        require(self.publish_every >= 1, "publish_every", "must be >= 1")
+        require(self.keep_weight_versions >= 1, "keep_weight_versions", "must be >= 1")
+        require(self.wait_timeout_s > 0, "wait_timeout_s", "must be > 0")
+        require(self.poll_s > 0, "poll_s", "must be > 0")

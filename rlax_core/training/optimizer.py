@@ -1,0 +1,29 @@
+"""The optimizer: optax AdamW on a warmup-then-cosine (or constant) schedule, after global-norm clipping."""
+
+from __future__ import annotations
+
+import optax
+
+from rlax_core.training.config import OptimizerConfig
+
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
+    """Linear warmup from 0 to ``learning_rate``, then cosine decay or constant."""
+    peak = config.learning_rate
+    if config.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0, peak_value=peak, warmup_steps=config.warmup_steps,
+            decay_steps=config.warmup_steps + config.decay_steps, end_value=peak * config.min_lr_ratio)
+    if config.warmup_steps == 0:
+        return optax.constant_schedule(peak)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, config.warmup_steps), optax.constant_schedule(peak)],
+        boundaries=[config.warmup_steps])
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    adamw = optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
+                        weight_decay=config.weight_decay)
+    if config.max_grad_norm is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
