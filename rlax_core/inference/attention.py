@@ -1,0 +1,51 @@
+"""Attention over the paged KV cache in plain jnp: the reference the Pallas kernel is tested against.
+
+Shapes: B sequences, Hq query heads, Hkv key/value heads (GQA: each KV head serves Hq // Hkv
+query heads), D head dim, P pages per sequence of S tokens each. Softmax runs in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_MASKED = -1e30  # finite, so a fully masked row gives zeros instead of NaN
+
+
+def paged_decode_attention_reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
+                                     lengths: jax.Array, scale: float) -> jax.Array:
+    """One query token per sequence against that sequence's first ``lengths[b]`` cached tokens.
+
+    q [B, Hq, D]; k_pages, v_pages [num_pages, S, Hkv, D]; page_table [B, P]; lengths [B].
+    Returns [B, Hq, D] in q's dtype.
+    """
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_pages.shape[2]
+    group = num_heads // num_kv_heads
+    # [B, P, S, Hkv, D] -> [B, P*S, Hkv, D]: the sequence's tokens in order.
+    k = k_pages[page_table].reshape(batch, -1, num_kv_heads, head_dim)
+    v = v_pages[page_table].reshape(batch, -1, num_kv_heads, head_dim)
+    qg = q.reshape(batch, num_kv_heads, group, head_dim)
+    scores = jnp.einsum("bhgd,bthd->bhgt", qg, k, preferred_element_type=jnp.float32) * scale
+    visible = jnp.arange(k.shape[1])[None, :] < lengths[:, None]
+    scores = jnp.where(visible[:, None, None, :], scores, _MASKED)
+    # Zeroing masked weights makes an empty sequence (length 0) attend to nothing: output zeros.
+    weights = jnp.where(visible[:, None, None, :], jax.nn.softmax(scores, axis=-1), 0.0)
+    out = jnp.einsum("bhgt,bthd->bhgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(batch, num_heads, head_dim).astype(q.dtype)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array:
+    """Causal self-attention of a fresh prompt on itself: q [B, T, Hq, D], k/v [B, T, Hkv, D].
+
+    Prompts are right-padded, so the causal mask alone keeps real tokens from seeing padding.
+    """
+    batch, length, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    qg = q.reshape(batch, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    scores = jnp.where(causal, scores, _MASKED)
+    weights = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(batch, length, num_heads, head_dim).astype(q.dtype)

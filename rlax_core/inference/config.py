@@ -1,0 +1,122 @@
+"""The engine's two configuration types: how the engine is built, and how one request samples.
+
+``EngineConfig`` fixes every compiled shape (slots, pages, prompt buckets, steps per call), so an
+engine built from it compiles a bounded set of programs and then never again. ``SamplingParams``
+travels with each request and changes nothing that is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from rlax_core.config import require
+
+AttentionImpl = Literal["auto", "pallas", "reference"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Shapes and capacity of a rollout engine.
+
+    num_slots: sequences decoded together (the decode batch).
+    page_size / num_pages: the paged KV cache; a sequence holds ceil(len / page_size) pages. Page 0
+      is reserved as a write sink for padding and idle slots, so num_pages - 1 pages hold sequences.
+    max_prompt_len / max_new_tokens: the longest prompt and completion a request may ask for.
+    prefill_buckets: prompt lengths are padded up to the next bucket, so prefill compiles once per
+      bucket (and per power-of-two prefill batch) and never for a new length.
+    decode_steps_per_call: tokens decoded per compiled call before control returns to Python to
+      retire finished sequences and admit new ones.
+    attention_impl: "pallas" (the paged Pallas kernel; interpret mode on CPU), "reference" (plain
+      jnp), or "auto" (Pallas where it compiles natively, TPU and GPU; the reference on CPU).
+    """
+
+    num_slots: int = 16
+    page_size: int = 16
+    num_pages: int = 512
+    max_prompt_len: int = 256
+    max_new_tokens: int = 256
+    prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
+    decode_steps_per_call: int = 16
+    attention_impl: AttentionImpl = "auto"
+    cache_dtype: Literal["float32", "bfloat16"] = "float32"
+
+    def __post_init__(self):
+        require(self.num_slots >= 1, "num_slots", "must be at least 1")
+        require(self.page_size >= 1, "page_size", "must be at least 1")
+        require(self.max_prompt_len >= 1, "max_prompt_len", "must be at least 1")
+        require(self.max_new_tokens >= 1, "max_new_tokens", "must be at least 1")
+        require(self.decode_steps_per_call >= 1, "decode_steps_per_call", "must be at least 1")
+        require(len(self.prefill_buckets) > 0, "prefill_buckets", "must name at least one length")
+        require(
+            all(b >= 1 for b in self.prefill_buckets) and list(self.prefill_buckets) == sorted(set(self.prefill_buckets)),
+            "prefill_buckets",
+            "must be positive, strictly increasing lengths",
+        )
+        require(
+            self.prefill_buckets[-1] >= self.max_prompt_len,
+            "prefill_buckets",
+            f"the largest bucket must hold max_prompt_len={self.max_prompt_len}",
+        )
+        require(
+            self.num_pages >= self.pages_per_sequence + 1,
+            "num_pages",
+            f"must hold the reserved sink page plus one longest sequence ({self.pages_per_sequence} pages of {self.page_size})",
+        )
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_prompt_len + self.max_new_tokens
+
+    @property
+    def pages_per_sequence(self) -> int:
+        """Page-table width: pages of the longest sequence the engine accepts."""
+        return -(-self.max_seq_len // self.page_size)
+
+    def bucket_for(self, prompt_len: int) -> int:
+        """The padded prefill length of a prompt of ``prompt_len`` tokens."""
+        for bucket in self.prefill_buckets:
+            if bucket >= prompt_len:
+                return bucket
+        raise ValueError(f"prompt of {prompt_len} tokens exceeds max_prompt_len={self.max_prompt_len}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one prompt is sampled.
+
+    temperature 0 is greedy (argmax). top_k 0 and top_p 1.0 switch those filters off.
+    n: samples drawn for the prompt; sample i uses the key derived from (seed, prompt id, i).
+    stop_token_ids: a sampled token in this set ends the sample (finish reason "stop"); it is kept
+      as the last completion token so its log-prob is recorded.
+    stop_strings: decoded text containing one of these ends the sample; the completion is cut after
+      the token that completed the string. Needs the engine to have a tokenizer.
+    ignore_eos: keep going to max_new_tokens even after a stop token (benchmarks force lengths).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    n: int = 1
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        require(self.temperature >= 0.0, "temperature", "must be >= 0 (0 means greedy)")
+        require(self.top_k >= 0, "top_k", "must be >= 0 (0 means no top-k filter)")
+        require(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1] (1 means no nucleus filter)")
+        require(self.max_new_tokens >= 1, "max_new_tokens", "must be at least 1")
+        require(self.n >= 1, "n", "must be at least 1")
+        require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be token ids >= 0")
+        require(all(isinstance(s, str) and s for s in self.stop_strings), "stop_strings", "must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def filtered(self) -> bool:
+        """Whether top-k or top-p reshape the distribution (those need a sort over the vocabulary)."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)

@@ -1,0 +1,70 @@
+"""Sampling rules, per-sample keys and behavior log-probs."""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+
+from rlax_core.inference.sampling import SamplingMode, prompt_key_id, sample_key, sample_tokens, token_logprobs
+
+
+def _keys(seeds, prompt=7, sample=0, token=0):
+    n = len(seeds)
+    as_i32 = lambda x: jnp.full((n,), x, jnp.int32)
+    return jax.vmap(sample_key)(jnp.asarray(seeds, jnp.int32), as_i32(prompt), as_i32(sample), as_i32(token))
+
+
+def _draw(logits, seeds, temperature=1.0, top_k=0, top_p=1.0, mode=SamplingMode.FILTERED):
+    n = len(seeds)
+    return sample_tokens(jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, len(logits))), _keys(seeds),
+                         jnp.full((n,), temperature), jnp.full((n,), top_k, jnp.int32), jnp.full((n,), top_p), mode)
+
+
+def test_greedy_rows_take_the_argmax_in_every_mode():
+    logits = [0.1, 3.0, 2.9, -1.0]
+    for mode in SamplingMode:
+        tokens, _ = _draw(logits, [1, 2, 3], temperature=0.0, mode=mode)
+        assert np.asarray(tokens).tolist() == [1, 1, 1]
+
+
+def test_logprobs_are_raw_log_softmax_whatever_the_sampling_settings():
+    logits = jnp.asarray([[0.5, 2.0, -1.0, 1.0]] * 64)
+    tokens, logprobs = _draw(logits[0], list(range(64)), temperature=0.3, top_k=2)
+    expected = jax.nn.log_softmax(logits, axis=-1)[jnp.arange(64), tokens]
+    np.testing.assert_allclose(np.asarray(logprobs), np.asarray(expected), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(token_logprobs(logits, tokens)), np.asarray(expected), rtol=1e-6)
+
+
+def test_top_k_and_top_p_keep_only_the_allowed_tokens():
+    logits = np.log(np.asarray([0.4, 0.3, 0.2, 0.1]))
+    seeds = list(range(400))
+    assert set(np.asarray(_draw(logits, seeds, top_k=2)[0]).tolist()) == {0, 1}
+    # top_p 0.65: 0.4 < 0.65 so token 1 is needed; 0.7 >= 0.65 so token 2 is not.
+    assert set(np.asarray(_draw(logits, seeds, top_p=0.65)[0]).tolist()) == {0, 1}
+    assert set(np.asarray(_draw(logits, seeds, top_p=0.05)[0]).tolist()) == {0}
+    assert set(np.asarray(_draw(logits, seeds, top_k=3, top_p=1.0)[0]).tolist()) == {0, 1, 2}
+
+
+def test_temperature_sampling_follows_the_tempered_distribution():
+    logits = np.log(np.asarray([0.5, 0.3, 0.2]))
+    seeds = list(range(4000))
+    counts = np.bincount(np.asarray(_draw(logits, seeds, mode=SamplingMode.TEMPERATURE)[0]), minlength=3) / 4000
+    np.testing.assert_allclose(counts, [0.5, 0.3, 0.2], atol=0.03)
+    hot = np.exp(logits / 2.0) / np.exp(logits / 2.0).sum()
+    counts = np.bincount(np.asarray(_draw(logits, seeds, temperature=2.0)[0]), minlength=3) / 4000
+    np.testing.assert_allclose(counts, hot, atol=0.03)
+
+
+def test_keys_depend_on_seed_prompt_sample_and_token_only():
+    base = jax.random.key_data(sample_key(*map(jnp.int32, (5, 9, 2, 3))))
+    again = jax.random.key_data(sample_key(*map(jnp.int32, (5, 9, 2, 3))))
+    assert np.array_equal(base, again)
+    for changed in [(6, 9, 2, 3), (5, 10, 2, 3), (5, 9, 3, 3), (5, 9, 2, 4)]:
+        assert not np.array_equal(base, jax.random.key_data(sample_key(*map(jnp.int32, changed))))
+
+
+def test_prompt_key_ids_are_stable_and_checked():
+    assert prompt_key_id("gsm8k/17") == prompt_key_id("gsm8k/17") != prompt_key_id("gsm8k/18")
+    assert prompt_key_id(12) == 12
+    with pytest.raises(ValueError):
+        prompt_key_id(-1)
