@@ -1,0 +1,171 @@
+"""Run untrusted Python in a sandboxed child process: limits first, then isolation.
+
+:func:`run_sandboxed` hands a job to ``sandbox_launcher.py`` (a standard-library-only script run with
+``python -I -S``), which builds the sandbox and enforces the wall-clock limit; this side adds a
+second, outer timeout that kills the launcher's whole process group, so no program can hold a caller.
+See the launcher's docstring for what the sandbox contains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from rlax_core.config import require
+
+log = logging.getLogger(__name__)
+
+LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+# Each run gets a uid of its own from this range (unused by real accounts): its process-count limit
+# is then its own, and no two sandboxes can signal each other.
+SANDBOX_UID_BASE, SANDBOX_UID_COUNT = 1 << 20, 1 << 20
+# The launcher kills the program at its wall limit; this margin covers the launcher's own start.
+OUTER_TIMEOUT_MARGIN_S = 10.0
+MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """What one sandboxed program may use."""
+
+    cpu_seconds: int = 10
+    wall_seconds: float = 20.0
+    memory_bytes: int = 1024 * MIB  # address space (RLIMIT_AS) of each process
+    file_bytes: int = 16 * MIB  # largest file it may write (RLIMIT_FSIZE)
+    workdir_bytes: int = 64 * MIB  # its tmpfs working directory, all files together
+    processes: int = 4  # RLIMIT_NPROC for its own uid: the program and up to 3 children or threads
+    open_files: int = 64
+    output_bytes: int = 64 * 1024  # stdout, stderr and the verdict channel are each cut here
+    isolate: bool = True  # namespaces + chroot; False only for debugging on a trusted program
+
+    def __post_init__(self):
+        require(self.cpu_seconds >= 1, "cpu_seconds", "must be >= 1")
+        require(self.wall_seconds > 0, "wall_seconds", "must be > 0")
+        require(self.memory_bytes >= 64 * MIB, "memory_bytes", "must be >= 64 MiB (Python itself needs ~30 MiB)")
+        require(self.file_bytes >= 0, "file_bytes", "must be >= 0")
+        require(self.workdir_bytes >= MIB, "workdir_bytes", "must be >= 1 MiB")
+        require(self.processes >= 1, "processes", "must be >= 1")
+        require(self.open_files >= 8, "open_files", "must be >= 8")
+        require(self.output_bytes >= 1024, "output_bytes", "must be >= 1024")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxReport:
+    """How a sandboxed program ended, and what it wrote (each stream cut at ``output_bytes``)."""
+
+    exit_code: int | None  # None when killed by a signal
+    signal: int | None
+    timed_out: bool  # the wall-clock limit killed it
+    wall_seconds: float
+    cpu_seconds: float
+    stdout: str
+    stderr: str
+    results: str  # the verdict channel (fd 3)
+    isolated: bool
+    isolation_missing: str = ""  # why not isolated, when not
+
+    @property
+    def setup_failed(self) -> bool:
+        return self.exit_code == 125 and self.stderr.startswith("sandbox setup failed")
+
+
+@functools.cache
+def _python_and_mounts() -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The interpreter to run, the directories to bind read-only, and the symlinks leading to them."""
+    python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    files = [python, *_shared_libraries(python)]
+    dynload = Path(sysconfig.get_path("platstdlib")) / "lib-dynload"
+    for extension in sorted(dynload.glob("*.so")) if dynload.is_dir() else []:
+        files += _shared_libraries(str(extension))
+    directories = {os.path.realpath(sys.base_prefix)}
+    symlinks: dict[str, str] = {}
+    for file in files:
+        directories.add(os.path.dirname(_walk_symlinks(file, symlinks)))
+    # Keep only the outermost of nested directories; bind mounts are recursive.
+    outermost = sorted(d for d in directories if not any(d != o and d.startswith(o + "/") for o in directories))
+    return python, tuple(outermost), tuple(sorted(symlinks.items()))
+
+
+def _shared_libraries(binary: str) -> list[str]:
+    """Shared libraries a binary loads (``ldd``), including the dynamic loader."""
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    libraries = []
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) > parts.index("=>") + 1 and parts[parts.index("=>") + 1].startswith("/"):
+            libraries.append(parts[parts.index("=>") + 1])
+        elif parts and parts[0].startswith("/"):
+            libraries.append(parts[0])
+    return libraries
+
+
+def _walk_symlinks(path: str, symlinks: dict[str, str]) -> str:
+    """Resolve ``path`` component by component, recording each symlink met; return the real path."""
+    resolved = "/"
+    pending = [p for p in path.split("/") if p]
+    for _ in range(256):  # bounded: a symlink loop cannot spin forever
+        if not pending:
+            return resolved
+        candidate = os.path.join(resolved, pending.pop(0))
+        if os.path.islink(candidate):
+            target = os.readlink(candidate)
+            symlinks[candidate] = target
+            base = "/" if target.startswith("/") else resolved
+            pending = [p for p in os.path.join(base, target).split("/") if p] + pending
+            resolved = "/"
+        else:
+            resolved = candidate
+    raise OSError(f"too many symlinks resolving {path}")
+
+
+_warned_isolation = False
+
+
+def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits = SandboxLimits(),
+                  env: Mapping[str, str] | None = None) -> SandboxReport:
+    """Write ``files`` into a fresh sandbox directory and run ``python -I -S -B *argv`` there."""
+    global _warned_isolation
+    python, readonly_dirs, symlinks = _python_and_mounts()
+    job = {
+        "files": dict(files),
+        "argv": list(argv),
+        "python": python,
+        "readonly_dirs": list(readonly_dirs),
+        "symlinks": [list(pair) for pair in symlinks],
+        "limits": dataclasses.asdict(limits),
+        "isolate": limits.isolate,
+        "uid": SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_COUNT),
+        "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0",
+                **(env or {})},
+    }
+    process = subprocess.Popen([python, "-I", "-S", "-B", str(LAUNCHER)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, start_new_session=True)
+    try:
+        out, err = process.communicate(json.dumps(job).encode(), timeout=limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # its child dies with it (parent-death signal)
+        process.communicate()
+        raise TimeoutError(f"sandbox launcher did not return within {limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S:.0f} s")
+    if process.returncode != 0:
+        raise RuntimeError(f"sandbox launcher failed (exit {process.returncode}): {err.decode(errors='replace')[-2000:]}")
+    report = SandboxReport(**json.loads(out))
+    if not report.isolated and limits.isolate and not _warned_isolation:
+        _warned_isolation = True
+        log.warning("SANDBOX NOT ISOLATED: %s. Untrusted code runs with resource limits only: it can use the "
+                    "network and read files this user can read.", report.isolation_missing)
+    if report.setup_failed:
+        raise RuntimeError(report.stderr.strip())
+    return report

@@ -1,0 +1,238 @@
+"""Run one untrusted Python program in a sandbox; a standalone script, not an importable module.
+
+``sandbox.py`` starts this file with ``python -I -S`` as root, writes a JSON job to its stdin and reads a
+JSON report from its stdout. It uses nothing but the standard library so that it starts fast and does
+not depend on the package being importable.
+
+The job's program runs as PID 1 of fresh PID, mount, network, IPC and UTS namespaces, chrooted into a
+tmpfs that holds only its own writable directory (``/sandbox``, size-capped), ``/dev/null``,
+``/dev/zero``, ``/dev/urandom`` and read-only bind mounts of the Python install and the shared
+libraries it loads. Before ``execve`` it gets resource limits (CPU time, address space, file size,
+process count, open files, no core dumps), an empty supplementary group list, a uid/gid of its own
+that no other process uses (so the process-count limit is its own and ``kill(-1)`` reaches only it),
+``no_new_privs`` and a parent-death signal. Dropping from root to that uid clears every capability,
+so the chroot cannot be escaped and nothing else on the host can be signalled.
+
+When the kernel refuses namespaces the program still gets the limits, a private directory, the
+stripped environment and the unprivileged uid, and the report says which isolation is missing.
+
+Channels back: fd 1 and 2 (the program's stdout/stderr) and fd 3 (the test driver's verdict lines),
+each read up to ``max_output_bytes``. The wall-clock limit is enforced here, from outside the
+namespace: when it passes, PID 1 is SIGKILLed and the kernel kills every process left in its namespace.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+MNT_DETACH = 2
+SETUP_FAILED_EXIT = 125  # the child could not build the sandbox; its stderr says why
+RESULT_FD = 3
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def _mount(source, target, fstype, flags, data=None) -> None:
+    _check(libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
+                      ctypes.c_ulong(flags), data and data.encode()), f"mount {target}")
+
+
+def _bind_readonly(source: str, target: str) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC)
+    # A bind mount takes its flags only on a remount.
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _build_root(job: dict, root: str) -> None:
+    """Populate the new root (already a tmpfs mounted at ``root``) and chroot into it."""
+    uid = job["uid"]
+    for path in job["readonly_dirs"]:
+        os.makedirs(root + path, exist_ok=True)
+        _bind_readonly(path, root + path)
+    for link, target in job["symlinks"]:
+        os.makedirs(os.path.dirname(root + link), exist_ok=True)
+        if not os.path.lexists(root + link):
+            os.symlink(target, root + link)
+    os.makedirs(root + "/dev", exist_ok=True)
+    for device in ("/dev/null", "/dev/zero", "/dev/urandom"):
+        open(root + device, "w").close()
+        _mount(device, root + device, None, MS_BIND)
+    work = root + "/sandbox"
+    os.makedirs(work)
+    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={job['limits']['workdir_bytes']},mode=0700,uid={uid},gid={uid}")
+    _write_files(job["files"], work, uid)
+    os.symlink("sandbox", root + "/tmp")
+    # Nothing but /sandbox stays writable.
+    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(root)
+    os.chroot(".")
+    os.chdir("/sandbox")
+
+
+def _write_files(files: dict, directory: str, uid: int) -> None:
+    for name, text in files.items():
+        path = os.path.join(directory, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chown(path, uid, uid)
+
+
+def _limit_and_drop(job: dict) -> None:
+    limits = job["limits"]
+    cpu = limits["cpu_seconds"]
+    for which, value in (
+        (resource.RLIMIT_CORE, 0),
+        # SIGXCPU at the soft limit; SIGKILL one second later if it is ignored.
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, limits["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, limits["file_bytes"]),
+        (resource.RLIMIT_NPROC, limits["processes"]),
+        (resource.RLIMIT_NOFILE, limits["open_files"]),
+    ):
+        resource.setrlimit(which, value if isinstance(value, tuple) else (value, value))
+    uid = job["uid"]
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    # Set after the uid change, which clears it: if this launcher dies, the program dies with it.
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+
+
+def _child(job: dict, isolated: bool, root: str, pipes: dict) -> None:
+    """In the forked child (PID 1 of the new namespaces when isolated): build, limit, exec."""
+    try:
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        for fd, (_, write_end) in zip((1, 2, RESULT_FD), (pipes["stdout"], pipes["stderr"], pipes["results"])):
+            os.dup2(write_end, fd)
+        if isolated:
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks to the host
+            _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            _build_root(job, root)
+        else:
+            os.chmod(root, 0o700)
+            os.chown(root, job["uid"], job["uid"]) if os.geteuid() == 0 else None
+            _write_files(job["files"], root, job["uid"])
+            os.chdir(root)
+        _limit_and_drop(job)
+        os.closerange(RESULT_FD + 1, 1 << 16)
+        env = {**job["env"], "HOME": os.getcwd(), "TMPDIR": os.getcwd()}
+        os.execve(job["python"], [job["python"], "-I", "-S", "-B", *job["argv"]], env)
+    except BaseException as error:  # noqa: BLE001 - anything here means no sandbox: say why and stop
+        os.write(2, f"sandbox setup failed: {type(error).__name__}: {error}\n".encode())
+    finally:
+        os._exit(SETUP_FAILED_EXIT)
+
+
+def _unshare() -> tuple[bool, str]:
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    if os.geteuid() != 0:
+        return False, "not root: namespaces, chroot and the uid drop are unavailable"
+    if libc.unshare(flags) != 0:
+        return False, f"unshare refused ({os.strerror(ctypes.get_errno())})"
+    return True, ""
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` (the sandbox's own uid): stragglers outside a PID namespace."""
+    if os.geteuid() != 0:
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def main() -> int:
+    job = json.load(sys.stdin)
+    limits = job["limits"]
+    cap = limits["output_bytes"]
+    isolated, why_not = _unshare() if job.get("isolate", True) else (False, "isolation disabled by the caller")
+    root = tempfile.mkdtemp(prefix="rlax-sandbox-")
+    pipes = {name: os.pipe() for name in ("stdout", "stderr", "results")}
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        _child(job, isolated, root, pipes)
+    for read_end, write_end in pipes.values():
+        os.close(write_end)
+
+    buffers = {name: bytearray() for name in pipes}
+    open_fds = {pipes[name][0]: name for name in pipes}
+    deadline = start + limits["wall_seconds"]
+    timed_out, status, usage = False, None, None
+    while True:
+        if status is None:
+            done, status_now, usage_now = os.wait4(pid, os.WNOHANG)
+            if done:
+                status, usage = status_now, usage_now
+                if not isolated:  # PID 1 gone kills its namespace; without one, kill stragglers of the uid
+                    _kill_uid(job["uid"])
+                deadline = min(deadline, time.monotonic() + 1.0)  # drain what is left, briefly
+        if status is not None and not open_fds:
+            break
+        now = time.monotonic()
+        if now >= deadline:
+            if status is None:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                _, status, usage = os.wait4(pid, 0)
+                if not isolated:
+                    _kill_uid(job["uid"])
+                deadline = time.monotonic() + 1.0
+                continue
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], min(0.05, deadline - now))
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                del open_fds[fd]
+                os.close(fd)
+                continue
+            buffer = buffers[open_fds[fd]]
+            buffer += chunk[: max(0, cap - len(buffer))]
+    wall = time.monotonic() - start
+    if isolated:
+        libc.umount2(root.encode(), MNT_DETACH)  # the mount lives in our namespace until we exit
+        os.rmdir(root)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    report = {
+        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "timed_out": timed_out,
+        "wall_seconds": wall,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "isolated": isolated,
+        "isolation_missing": why_not,
+        **{name: bytes(buffer).decode("utf-8", "replace") for name, buffer in buffers.items()},
+    }
+    json.dump(report, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
