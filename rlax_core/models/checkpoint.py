@@ -1,0 +1,421 @@
+"""Weights in and out: Hugging Face safetensors folders (single file or sharded) and llama2.c ``.bin``.
+
+    model = from_pretrained("Qwen2.5-0.5B/", dtype=jnp.bfloat16)    # or "gs://bucket/ckpt", "stories260K.bin"
+    logits = model(input_ids, attention_mask)                       # float32 [B, S, V]
+    save_pretrained(model, "out/", max_shard_size="2GB")            # transformers and vLLM load it unchanged
+
+One table (``_hf_tensors``) maps every Hugging Face tensor name and ``[out, in]`` layout to our
+parameter path and layout; loading and saving both read it. Loading is strict: a missing, extra or
+mis-shaped tensor raises ``CheckpointError`` naming it. It streams: each stacked per-layer parameter
+is filled tensor by tensor from memory-mapped files and moved to the device before the next one, so
+host memory holds the model once plus one parameter. A gs:// folder is first copied to a local
+temporary folder (disk, not memory).
+
+llama2.c checkpoints are read through the same table: their q/k projection rows are permuted from
+llama2.c's interleaved RoPE pairs to Hugging Face's half-split layout (the model then runs with
+``rope_interleaved=False``), or kept as they are with ``keep_interleaved_rope=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from rlax_core.models.config import ModelConfig
+from rlax_core.models.transformer import Params, forward
+
+SAFETENSORS_SINGLE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+# Buffers some old checkpoints carry that are recomputed, not learned.
+_IGNORED_TENSORS = re.compile(r".*\.rotary_emb\.inv_freq$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint does not match its config: names the tensor or key at fault."""
+
+
+# ----------------------------------------------------------------------------- the name/layout table
+
+
+@dataclasses.dataclass(frozen=True)
+class _HFTensor:
+    """One Hugging Face tensor and where it lives in our params."""
+
+    name: str  # "{layer}" stands for the layer index in per-layer tensors
+    path: tuple[str, ...]
+    hf_shape: tuple[int, ...]
+    to_ours: Callable[[np.ndarray], np.ndarray]
+    to_hf: Callable[[np.ndarray], np.ndarray]
+
+    @property
+    def per_layer(self) -> bool:
+        return "{layer}" in self.name
+
+    def names(self, num_layers: int) -> list[str]:
+        return [self.name.format(layer=i) for i in range(num_layers)] if self.per_layer else [self.name]
+
+
+def _hf_tensors(config: ModelConfig) -> list[_HFTensor]:
+    e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
+    same = lambda w: w  # noqa: E731
+
+    def linear(out_features: int, in_features: int, ours_shape: tuple[int, ...]):
+        # HF stores y = x @ W.T with W [out, in]; we keep [in, out] reshaped to named axes.
+        return ((out_features, in_features),
+                lambda w: np.ascontiguousarray(w.T).reshape(ours_shape),
+                lambda k: np.ascontiguousarray(k.reshape(in_features, out_features).T))
+
+    tensors = [_HFTensor("model.embed_tokens.weight", ("embed_tokens", "embedding"), (config.vocab_size, e), same, same)]
+    layer = "model.layers.{layer}."
+    attention = ("layers", "attn")
+    for proj, heads in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads), ("v_proj", config.num_kv_heads)):
+        tensors.append(_HFTensor(f"{layer}self_attn.{proj}.weight", (*attention, proj, "kernel"),
+                                 *linear(heads * d, e, (e, heads, d))))
+        if config.qkv_bias:
+            tensors.append(_HFTensor(f"{layer}self_attn.{proj}.bias", (*attention, proj, "bias"), (heads * d,),
+                                     lambda b, h=heads: b.reshape(h, d), lambda b, h=heads: b.reshape(h * d)))
+    tensors.append(_HFTensor(f"{layer}self_attn.o_proj.weight", (*attention, "o_proj", "kernel"),
+                             *linear(e, config.num_heads * d, (config.num_heads, d, e))))
+    if config.qk_norm:
+        for norm in ("q_norm", "k_norm"):
+            tensors.append(_HFTensor(f"{layer}self_attn.{norm}.weight", (*attention, norm, "scale"), (d,), same, same))
+    for norm, ours in (("input_layernorm", "input_norm"), ("post_attention_layernorm", "post_attention_norm")):
+        tensors.append(_HFTensor(f"{layer}{norm}.weight", ("layers", ours, "scale"), (e,), same, same))
+    tensors.append(_HFTensor(f"{layer}mlp.gate_proj.weight", ("layers", "mlp", "gate_proj", "kernel"), *linear(f, e, (e, f))))
+    tensors.append(_HFTensor(f"{layer}mlp.up_proj.weight", ("layers", "mlp", "up_proj", "kernel"), *linear(f, e, (e, f))))
+    tensors.append(_HFTensor(f"{layer}mlp.down_proj.weight", ("layers", "mlp", "down_proj", "kernel"), *linear(e, f, (f, e))))
+    tensors.append(_HFTensor("model.norm.weight", ("norm", "scale"), (e,), same, same))
+    if not config.tie_word_embeddings:
+        tensors.append(_HFTensor("lm_head.weight", ("lm_head",), *linear(config.vocab_size, e, (e, config.vocab_size))))
+    return tensors
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+TensorReader = Callable[[str], np.ndarray]
+
+
+def load_params(names: set[str], read: TensorReader, config: ModelConfig, dtype=jnp.float32,
+                source: str = "checkpoint") -> Params:
+    """Build params from tensors by Hugging Face name: ``names`` is what the source holds, ``read`` gets one.
+
+    Checks the names first (missing and extra fail before any read), then every shape as it reads.
+    """
+    table = _hf_tensors(config)
+    expected = {name for tensor in table for name in tensor.names(config.num_layers)}
+    present = {name for name in names if not _IGNORED_TENSORS.match(name)}
+    missing, extra = sorted(expected - present), sorted(present - expected)
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if extra:
+        hint = " (the config ties word embeddings)" if extra[0] == "lm_head.weight" else ""
+        raise CheckpointError(f"{source}: unexpected tensor {extra[0]}{hint}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    params: Params = {}
+    for tensor in table:
+        arrays = None
+        for i, name in enumerate(tensor.names(config.num_layers)):
+            value = read(name)
+            if tuple(value.shape) != tensor.hf_shape:
+                raise CheckpointError(f"{source}: tensor {name} has shape {list(value.shape)}, "
+                                      f"expected {list(tensor.hf_shape)} from the config")
+            ours = tensor.to_ours(value).astype(np_dtype)
+            if not tensor.per_layer:
+                arrays = ours
+                break
+            if arrays is None:
+                arrays = np.empty((config.num_layers, *ours.shape), np_dtype)
+            arrays[i] = ours
+        _set_path(params, tensor.path, jax.device_put(arrays))
+        del arrays  # one host copy of one parameter at a time
+    return params
+
+
+def _set_path(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _get_path(tree: Mapping, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+@contextlib.contextmanager
+def _local_folder(path: str) -> Iterator[Path]:
+    """A local view of ``path``: itself, or a temporary copy of a remote (gs://, ...) folder or file."""
+    if "://" not in path or path.startswith("file://"):
+        yield Path(path.removeprefix("file://"))
+        return
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    with tempfile.TemporaryDirectory(prefix="rlax-ckpt-") as tmp:
+        if fs.isdir(root):
+            for remote in fs.ls(root, detail=False):
+                if fs.isfile(remote):
+                    fs.get(remote, os.path.join(tmp, os.path.basename(remote)))
+            yield Path(tmp)
+        else:
+            local = Path(tmp) / os.path.basename(root)
+            fs.get(root, str(local))
+            yield local
+
+
+def load_safetensors_folder(folder: Path, config: ModelConfig, dtype=jnp.float32) -> Params:
+    """Params from ``model.safetensors`` or the shards listed in ``model.safetensors.index.json``."""
+    if (folder / SAFETENSORS_INDEX).exists():
+        weight_map = json.loads((folder / SAFETENSORS_INDEX).read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    elif (folder / SAFETENSORS_SINGLE).exists():
+        files = [SAFETENSORS_SINGLE]
+    else:
+        raise CheckpointError(f"{folder}: no {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX}")
+    with contextlib.ExitStack() as stack:
+        handles = {}
+        for file in files:
+            if not (folder / file).exists():
+                raise CheckpointError(f"{folder}: shard {file} named in {SAFETENSORS_INDEX} is missing")
+            handle = stack.enter_context(safe_open(folder / file, framework="numpy"))
+            handles.update({name: handle for name in handle.keys()})
+        return load_params(set(handles), lambda name: handles[name].get_tensor(name), config, dtype, str(folder))
+
+
+# ----------------------------------------------------------------------------- llama2.c
+
+
+_LLAMA2C_HEADER = 7  # int32: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq_len
+
+
+def llama2c_config(path: Path) -> ModelConfig:
+    dim, hidden, layers, heads, kv_heads, vocab, max_len = (int(x) for x in np.fromfile(path, np.int32, _LLAMA2C_HEADER))
+    return ModelConfig(
+        architecture="llama", vocab_size=abs(vocab), hidden_size=dim, intermediate_size=hidden, num_layers=layers,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=dim // heads, rope_theta=10000.0, rms_norm_eps=1e-5,
+        # A negative vocab_size in the header means the classifier is stored separately.
+        tie_word_embeddings=vocab > 0, max_position_embeddings=max_len,
+        # llama2.c stories start with BOS and the model ends a story by emitting BOS again (run.c stops there).
+        bos_token_id=1, eos_token_ids=(2, 1))
+
+
+def _interleaved_to_half_split(w: np.ndarray, heads: int) -> np.ndarray:
+    """Reorder projection rows [heads*D, in] from pairs (2i, 2i+1) to pairs (i, i + D/2), per head."""
+    out_features, in_features = w.shape
+    d = out_features // heads
+    return w.reshape(heads, d // 2, 2, in_features).transpose(0, 2, 1, 3).reshape(out_features, in_features)
+
+
+def load_llama2c(path: Path, dtype=jnp.float32, keep_interleaved_rope: bool = False) -> tuple[ModelConfig, Params]:
+    """Read a llama2.c "version 0" checkpoint (memory-mapped) into Hugging Face names, then params."""
+    config = llama2c_config(path)
+    c = config
+    d = c.head_dim
+    shapes = [  # in file order
+        ("tok_embeddings", (c.vocab_size, c.hidden_size)),
+        ("rms_att", (c.num_layers, c.hidden_size)),
+        ("wq", (c.num_layers, c.num_heads * d, c.hidden_size)),
+        ("wk", (c.num_layers, c.num_kv_heads * d, c.hidden_size)),
+        ("wv", (c.num_layers, c.num_kv_heads * d, c.hidden_size)),
+        ("wo", (c.num_layers, c.hidden_size, c.num_heads * d)),
+        ("rms_ffn", (c.num_layers, c.hidden_size)),
+        ("w1", (c.num_layers, c.intermediate_size, c.hidden_size)),
+        ("w2", (c.num_layers, c.hidden_size, c.intermediate_size)),
+        ("w3", (c.num_layers, c.intermediate_size, c.hidden_size)),
+        ("rms_final", (c.hidden_size,)),
+        ("freq_cis_real", (c.max_position_embeddings, d // 2)),  # unused: RoPE is recomputed
+        ("freq_cis_imag", (c.max_position_embeddings, d // 2)),
+    ]
+    if not c.tie_word_embeddings:
+        shapes.append(("wcls", (c.vocab_size, c.hidden_size)))
+    expected_bytes = 4 * (_LLAMA2C_HEADER + sum(int(np.prod(s)) for _, s in shapes))
+    actual_bytes = path.stat().st_size
+    if actual_bytes != expected_bytes:
+        raise CheckpointError(f"{path}: {actual_bytes} bytes, but its header {llama2c_header_text(config)} "
+                              f"implies {expected_bytes} (not a llama2.c version-0 checkpoint?)")
+    data = np.memmap(path, np.float32, mode="r", offset=4 * _LLAMA2C_HEADER)
+    arrays, offset = {}, 0
+    for name, shape in shapes:
+        size = int(np.prod(shape))
+        arrays[name] = data[offset:offset + size].reshape(shape)
+        offset += size
+
+    def attention_rows(name: str, heads: int):
+        return lambda i: (arrays[name][i] if keep_interleaved_rope else _interleaved_to_half_split(arrays[name][i], heads))
+
+    layer_readers: dict[str, Callable[[int], np.ndarray]] = {
+        "self_attn.q_proj.weight": attention_rows("wq", c.num_heads),
+        "self_attn.k_proj.weight": attention_rows("wk", c.num_kv_heads),
+        "self_attn.v_proj.weight": lambda i: arrays["wv"][i],
+        "self_attn.o_proj.weight": lambda i: arrays["wo"][i],
+        "input_layernorm.weight": lambda i: arrays["rms_att"][i],
+        "post_attention_layernorm.weight": lambda i: arrays["rms_ffn"][i],
+        "mlp.gate_proj.weight": lambda i: arrays["w1"][i],
+        "mlp.down_proj.weight": lambda i: arrays["w2"][i],
+        "mlp.up_proj.weight": lambda i: arrays["w3"][i],
+    }
+    readers: dict[str, Callable[[], np.ndarray]] = {
+        "model.embed_tokens.weight": lambda: arrays["tok_embeddings"],
+        "model.norm.weight": lambda: arrays["rms_final"],
+    }
+    if not c.tie_word_embeddings:
+        readers["lm_head.weight"] = lambda: arrays["wcls"]
+    for i in range(c.num_layers):
+        for suffix, reader in layer_readers.items():
+            readers[f"model.layers.{i}.{suffix}"] = lambda reader=reader, i=i: reader(i)
+    if keep_interleaved_rope:
+        config = dataclasses.replace(config, rope_interleaved=True)
+    params = load_params(set(readers), lambda name: np.asarray(readers[name]()), config, dtype, str(path))
+    return config, params
+
+
+def llama2c_header_text(config: ModelConfig) -> str:
+    return (f"(dim={config.hidden_size}, hidden_dim={config.intermediate_size}, n_layers={config.num_layers}, "
+            f"n_heads={config.num_heads}, n_kv_heads={config.num_kv_heads}, vocab_size={config.vocab_size})")
+
+
+# ----------------------------------------------------------------------------- the Model
+
+
+_jit_forward = jax.jit(forward, static_argnames=("config", "remat"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A config and its params; call it on token ids for float32 logits [batch, seq, vocab]."""
+
+    config: ModelConfig
+    params: Params
+
+    def __call__(self, input_ids, attention_mask=None) -> jax.Array:
+        input_ids = jnp.asarray(input_ids, jnp.int32)
+        if attention_mask is not None:
+            attention_mask = jnp.asarray(attention_mask, jnp.int32)
+        return _jit_forward(self.params, self.config, input_ids, attention_mask=attention_mask)
+
+    @property
+    def dtype(self):
+        return self.params["embed_tokens"]["embedding"].dtype
+
+
+def _find_llama2c_bin(folder: Path) -> Path | None:
+    candidates = sorted(p for p in folder.glob("*.bin") if not p.name.startswith("tok"))
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, keep_interleaved_rope: bool = False) -> Model:
+    """Load a Hugging Face folder (config.json + safetensors) or a llama2.c ``.bin`` (or a folder holding one).
+
+    ``path`` may be local or remote (gs://...). ``keep_interleaved_rope`` applies to llama2.c only.
+    """
+    with _local_folder(str(path)) as local:
+        if local.is_file():
+            if local.suffix != ".bin":
+                raise CheckpointError(f"{path}: expected a checkpoint folder or a llama2.c .bin file")
+            return Model(*load_llama2c(local, dtype, keep_interleaved_rope))
+        if not local.is_dir():
+            raise CheckpointError(f"{path}: no such file or folder")
+        if (local / "config.json").exists():
+            config = ModelConfig.from_hf(json.loads((local / "config.json").read_text()))
+            return Model(config, load_safetensors_folder(local, config, dtype))
+        llama2c = _find_llama2c_bin(local)
+        if llama2c is not None:
+            return Model(*load_llama2c(llama2c, dtype, keep_interleaved_rope))
+        raise CheckpointError(f"{path}: neither a config.json (Hugging Face) nor one llama2.c .bin file")
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from 5000000, "5GB", "500MB", "2GiB"."""
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*", size, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"max_shard_size: cannot read {size!r}; write e.g. 5GB, 500MB or a byte count")
+    number, unit = float(match.group(1)), (match.group(2) or "B").upper()
+    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    return int(number * scale)
+
+
+def hf_state_items(config: ModelConfig, params: Params) -> Iterator[tuple[str, Callable[[], np.ndarray], int]]:
+    """(Hugging Face name, a function producing the tensor, its byte size), in Hugging Face order."""
+    table = _hf_tensors(config)
+    for tensor in table:
+        value = _get_path(params, tensor.path)
+        itemsize = np.dtype(value.dtype).itemsize
+        nbytes = int(np.prod(tensor.hf_shape)) * itemsize
+        for i, name in enumerate(tensor.names(config.num_layers)):
+            def produce(value=value, i=i, tensor=tensor):
+                host = np.asarray(value[i] if tensor.per_layer else value)
+                return tensor.to_hf(host)
+            yield name, produce, nbytes
+
+
+def save_pretrained(model: Model, path: str | os.PathLike, max_shard_size: int | str = "5GB") -> list[str]:
+    """Write ``config.json`` and safetensors in Hugging Face names and ``[out, in]`` layouts.
+
+    One ``model.safetensors`` when everything fits in ``max_shard_size``; otherwise
+    ``model-0000k-of-0000n.safetensors`` shards and ``model.safetensors.index.json``. A tied model
+    stores no ``lm_head.weight``. Returns the file names written. ``path`` may be gs://.
+    """
+    config, limit = model.config, parse_size(max_shard_size)
+    items = list(hf_state_items(config, model.params))
+    shards: list[list[tuple[str, Callable[[], np.ndarray], int]]] = [[]]
+    shard_bytes = 0
+    for item in items:
+        if shards[-1] and shard_bytes + item[2] > limit:
+            shards.append([])
+            shard_bytes = 0
+        shards[-1].append(item)
+        shard_bytes += item[2]
+    if len(shards) == 1:
+        names = [SAFETENSORS_SINGLE]
+    else:
+        names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+
+    remote = "://" in str(path) and not str(path).startswith("file://")
+    with tempfile.TemporaryDirectory(prefix="rlax-save-") if remote else contextlib.nullcontext(str(path)) as out:
+        out = Path(str(out).removeprefix("file://"))
+        out.mkdir(parents=True, exist_ok=True)
+        hf_config = config.to_hf()
+        hf_config["torch_dtype"] = np.dtype(model.dtype).name
+        (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        weight_map = {}
+        for shard, file in zip(shards, names):
+            # One shard in host memory at a time.
+            save_file({name: produce() for name, produce, _ in shard}, out / file, metadata={"format": "pt"})
+            weight_map.update({name: file for name, _, _ in shard})
+        written = ["config.json", *names]
+        (out / SAFETENSORS_INDEX).unlink(missing_ok=True)  # a stale index would shadow a single file
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": sum(item[2] for item in items)}, "weight_map": weight_map}
+            (out / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+            written.append(SAFETENSORS_INDEX)
+        if remote:
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(str(path))
+            fs.makedirs(root, exist_ok=True)
+            for file in written:
+                fs.put(str(out / file), f"{root.rstrip('/')}/{file}")
+    return written

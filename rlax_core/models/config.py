@@ -1,0 +1,288 @@
+"""The shape of a decoder-only transformer: one frozen dataclass for Llama 2/3, Qwen2/2.5 and Qwen3.
+
+``ModelConfig.from_hf(config_json_dict)`` reads a Hugging Face ``config.json`` in both the
+transformers 4 layout (``rope_theta`` + ``rope_scaling``) and the transformers 5 layout
+(``rope_parameters``). Any option that would change the model's math and that this code does not
+implement (sliding windows, biases on the output projection, YaRN, ...) raises a ``ConfigError``
+naming the key, so a checkpoint is never run with silently different numerics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal, Mapping
+
+from rlax_core.config import ConfigError, require
+
+Architecture = Literal["llama", "qwen2", "qwen3"]
+
+# Hugging Face `architectures` entries and `model_type` values we implement.
+_HF_ARCHITECTURES: dict[str, Architecture] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_HF_MODEL_TYPES: dict[str, Architecture] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_HF_CLASS_NAME = {arch: cls for cls, arch in _HF_ARCHITECTURES.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Long-context RoPE frequency scaling ("linear" as in Llama 2 long, "llama3" as in Llama 3.1+)."""
+
+    rope_type: Literal["linear", "llama3"]
+    factor: float
+    # llama3 only: wavelengths above original/low_freq_factor are divided by `factor`, those below
+    # original/high_freq_factor are kept, and the band between is interpolated.
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        require(self.factor >= 1.0, "factor", "must be >= 1")
+        if self.rope_type == "llama3":
+            require(self.high_freq_factor > self.low_freq_factor, "high_freq_factor", "must exceed low_freq_factor")
+            require(self.original_max_position_embeddings > 0, "original_max_position_embeddings", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Every number the forward pass needs. Field names follow the math, not one checkpoint format."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    architecture: Architecture = "llama"
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    # llama2.c rotates interleaved pairs (x[2i], x[2i+1]); Hugging Face rotates (x[i], x[i + D/2]).
+    rope_interleaved: bool = False
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    max_position_embeddings: int = 2048
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            require(getattr(self, name) > 0, name, "must be > 0")
+        require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", "must divide num_heads")
+        require(self.head_dim % 2 == 0, "head_dim", "must be even (RoPE rotates pairs)")
+        require(self.rope_theta > 0, "rope_theta", "must be > 0")
+        require(self.rms_norm_eps > 0, "rms_norm_eps", "must be > 0")
+        for name in ("bos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            require(value is None or 0 <= value < self.vocab_size, name, f"must lie in [0, {self.vocab_size})")
+        require(all(0 <= t < self.vocab_size for t in self.eos_token_ids), "eos_token_ids",
+                f"must lie in [0, {self.vocab_size})")
+
+    # ------------------------------------------------------------------ derived sizes
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The first end-of-sequence id (generation stops on any of ``eos_token_ids``)."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count, embedding included (and the classifier once if untied)."""
+        e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attention = e * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        if self.qkv_bias:
+            attention += d * (self.num_heads + 2 * self.num_kv_heads)
+        if self.qk_norm:
+            attention += 2 * d
+        per_layer = attention + 3 * e * f + 2 * e
+        embeddings = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + e
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token: 2 per weight multiply-add plus the attention score/value matmuls."""
+        # The embedding lookup is no matmul; the classifier (tied or not) is one of V x E.
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        matmul_params = self.num_params - embeddings + self.vocab_size * self.hidden_size
+        attention = 2 * 2 * self.num_layers * self.num_heads * self.head_dim * seq_len / 2  # causal: half
+        return 2.0 * matmul_params + attention
+
+    # ------------------------------------------------------------------ Hugging Face config.json
+
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any]) -> "ModelConfig":
+        """Build from a Hugging Face ``config.json`` dict (transformers 4 or 5 layout)."""
+        architecture = _architecture(hf)
+        _reject_unsupported(hf, architecture)
+        num_heads = int(hf["num_attention_heads"])
+        hidden = int(_get(hf, "hidden_size"))
+        rope_theta, rope_scaling = _rope(hf)
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
+        try:
+            return cls(
+                architecture=architecture,
+                vocab_size=int(_get(hf, "vocab_size")),
+                hidden_size=hidden,
+                intermediate_size=int(_get(hf, "intermediate_size")),
+                num_layers=int(_get(hf, "num_hidden_layers")),
+                num_heads=num_heads,
+                num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+                head_dim=int(hf.get("head_dim") or hidden // num_heads),
+                rope_theta=rope_theta,
+                rope_scaling=rope_scaling,
+                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", architecture != "llama")),
+                qkv_bias=architecture == "qwen2",
+                qk_norm=architecture == "qwen3",
+                max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+                bos_token_id=hf.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+                pad_token_id=hf.get("pad_token_id"),
+            )
+        except ConfigError as error:
+            raise ConfigError(f"config.json {error.path}", error.message) from None
+
+    def to_hf(self) -> dict[str, Any]:
+        """The transformers ``config.json`` for this model (the transformers 4 layout, which 5 also reads)."""
+        if self.rope_interleaved:
+            raise ConfigError("rope_interleaved", "Hugging Face layouts rotate half-split pairs; "
+                              "load llama2.c weights with their q/k rows permuted (the default) to save them")
+        hf: dict[str, Any] = {
+            "architectures": [_HF_CLASS_NAME[self.architecture]],
+            "model_type": self.architecture,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": (list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_id),
+            "pad_token_id": self.pad_token_id,
+            "torch_dtype": "float32",
+        }
+        if self.rope_scaling is not None:
+            hf["rope_scaling"] = {"rope_type": self.rope_scaling.rope_type, "factor": self.rope_scaling.factor}
+            if self.rope_scaling.rope_type == "llama3":
+                hf["rope_scaling"].update(
+                    low_freq_factor=self.rope_scaling.low_freq_factor,
+                    high_freq_factor=self.rope_scaling.high_freq_factor,
+                    original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
+        if self.architecture == "llama":
+            hf.update(attention_bias=False, mlp_bias=False)
+        else:
+            hf.update(use_sliding_window=False, sliding_window=None, attention_bias=self.qkv_bias)
+        return hf
+
+
+def _get(hf: Mapping[str, Any], key: str) -> Any:
+    if key not in hf or hf[key] is None:
+        raise ConfigError(f"config.json {key}", "missing")
+    return hf[key]
+
+
+def _architecture(hf: Mapping[str, Any]) -> Architecture:
+    names = hf.get("architectures") or []
+    for name in names:
+        if name in _HF_ARCHITECTURES:
+            return _HF_ARCHITECTURES[name]
+    if names:
+        raise ConfigError("config.json architectures",
+                          f"unknown architecture {names}; supported: {', '.join(_HF_ARCHITECTURES)}")
+    model_type = hf.get("model_type")
+    if model_type in _HF_MODEL_TYPES:
+        return _HF_MODEL_TYPES[model_type]
+    raise ConfigError("config.json model_type",
+                      f"unknown architecture {model_type!r}; supported: {', '.join(_HF_MODEL_TYPES)}")
+
+
+def _reject_unsupported(hf: Mapping[str, Any], architecture: Architecture) -> None:
+    """Options that change the math and are not implemented: fail naming the key."""
+
+    def unsupported(key: str, allowed: str) -> None:
+        raise ConfigError(f"config.json {key}", f"unsupported value {hf[key]!r}; supported: {allowed}")
+
+    if hf.get("hidden_act", "silu") != "silu":
+        unsupported("hidden_act", "'silu'")
+    if hf.get("mlp_bias"):
+        unsupported("mlp_bias", "false")
+    # Qwen2 always has q/k/v biases (the config's attention_bias is not read by transformers for it);
+    # Llama's attention_bias would also add an output-projection bias, Qwen3's the same.
+    if architecture != "qwen2" and hf.get("attention_bias"):
+        unsupported("attention_bias", "false")
+    if hf.get("use_sliding_window"):
+        unsupported("use_sliding_window", "false")
+    layer_types = hf.get("layer_types")
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        unsupported("layer_types", "'full_attention' for every layer")
+    if hf.get("pretraining_tp", 1) != 1:
+        unsupported("pretraining_tp", "1")
+
+
+def _rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    # transformers 5 keeps theta and scaling together in rope_parameters; 4 splits them.
+    if isinstance(hf.get("rope_parameters"), Mapping):
+        key, params = "rope_parameters", dict(hf["rope_parameters"])
+    else:
+        key, params = "rope_scaling", dict(hf.get("rope_scaling") or {})
+        params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type not in ("linear", "llama3"):
+        raise ConfigError(f"config.json {key}.rope_type",
+                          f"unsupported value {rope_type!r}; supported: 'default', 'linear', 'llama3'")
+    fields = {f.name for f in dataclasses.fields(RopeScaling)} - {"rope_type"}
+    kwargs = {name: params[name] for name in fields if name in params}
+    try:
+        return theta, RopeScaling(rope_type=rope_type, **kwargs)
+    except ConfigError as error:
+        raise error.under(f"config.json {key}") from None
+    except TypeError as error:
+        raise ConfigError(f"config.json {key}", str(error)) from None
+
+
+def toy_config(**overrides: Any) -> ModelConfig:
+    """A tiny random-init Qwen2-shaped model (GQA, q/k/v biases) for CPU tests of every RL path."""
+    defaults: dict[str, Any] = dict(
+        architecture="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True, tie_word_embeddings=True,
+        max_position_embeddings=512, bos_token_id=1, eos_token_ids=(2,), pad_token_id=0)
+    defaults.update(overrides)
+    return ModelConfig(**defaults)
+
+
+def rope_inverse_frequencies(config: ModelConfig):
+    """Per-pair rotation speeds ``theta ** (-2i/D)``, with the config's long-context scaling applied."""
+    import numpy as np
+
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: keep high frequencies, slow low frequencies down by `factor`, interpolate between.
+    original = scaling.original_max_position_embeddings
+    wavelength = 2 * math.pi / inv_freq
+    low_freq_wavelength = original / scaling.low_freq_factor
+    high_freq_wavelength = original / scaling.high_freq_factor
+    smooth = (original / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    return np.where(wavelength > low_freq_wavelength, inv_freq / scaling.factor,
+                    np.where(wavelength < high_freq_wavelength, inv_freq, blended))

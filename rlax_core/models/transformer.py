@@ -1,0 +1,312 @@
+"""A decoder-only transformer for Llama 2/3, Qwen2/2.5 and Qwen3, in Flax linen. Read top to bottom.
+
+    tokens -> embedding
+           -> num_layers x [ x + Attention(RMSNorm(x)) ; x + SwiGLU(RMSNorm(x)) ]   (one scanned Block)
+           -> RMSNorm -> classifier (the embedding itself when tied) -> float32 logits
+
+Attention is grouped-query (num_kv_heads <= num_heads) with rotary positions (RoPE), optional q/k/v
+biases (Qwen2) and optional RMSNorm on q and k (Qwen3). The layers are one ``Block`` scanned
+``num_layers`` times, so every per-layer weight carries a leading ``layers`` axis and the compile
+time does not grow with depth.
+
+Functional API (parameters are a plain nested dict; ``config`` is hashable, pass it as a static arg)::
+
+    params = init_params(config, jax.random.key(0), dtype=jnp.bfloat16)
+    axes   = param_logical_axes(config)    # same tree; leaves are tuples such as ("layers", "embed", "mlp")
+    logits = forward(params, config, input_ids, attention_mask=mask)           # float32 [B, S, V]
+    logits, cache = forward_with_cache(params, config, input_ids, positions, cache, attend)
+
+Pluggable attention (how the rollout engine brings its own paged KV cache and kernels)::
+
+    attend(layer, q, k, v, cache) -> (out, cache)
+
+      layer   int32 scalar, the layer index (traced: the layers run under a scan)
+      q       [B, T, num_heads, head_dim]     after q/k RMSNorm (Qwen3) and RoPE, compute dtype
+      k, v    [B, T, num_kv_heads, head_dim]  the new tokens' keys and values, after norm and RoPE
+      cache   the pytree given to ``forward_with_cache``, all layers at once, returned updated
+      out     [B, T, num_heads, head_dim]
+
+    ``positions`` [B, T] int32 are absolute token positions; a negative position marks a padding
+    slot that the default cache neither stores nor lets anyone attend to.
+
+``contiguous_attend(positions)`` with ``init_cache`` is the default: a dense ``[layers, B, max_len,
+kv_heads, head_dim]`` cache in which slot s holds position s. It serves ``greedy_generate`` and is
+the reference any faster attend must match. An attend needing more per-step data (page tables,
+slot ids) closes over it the same way ``contiguous_attend`` closes over ``positions``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from rlax_core.models.config import ModelConfig, rope_inverse_frequencies
+
+Params = dict[str, Any]
+Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+
+_INIT_STDDEV = 0.02  # Hugging Face's initializer_range for Llama and Qwen
+
+
+def _logical(init, *axes: str):
+    return nn.with_logical_partitioning(init, axes)
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * scale, computed in float32 (a bfloat16 mean of squares loses the small entries)."""
+
+    eps: float
+    axis_name: str = "embed"
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", _logical(nn.initializers.ones, self.axis_name), (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        # Hugging Face casts back to the input dtype before scaling; so do we, to match bf16 runs.
+        return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, config: ModelConfig) -> jax.Array:
+    """Rotate each (pair of) channel(s) of x [B, T, H, D] by position * frequency, in float32.
+
+    Hugging Face pairs channel i with i + D/2 ("half-split"); llama2.c pairs 2i with 2i + 1
+    ("interleaved"). They are the same rotation up to a permutation of the q/k projection rows.
+    """
+    inv_freq = jnp.asarray(rope_inverse_frequencies(config), jnp.float32)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    if config.rope_interleaved:
+        even, odd = x32[..., 0::2], x32[..., 1::2]
+        rotated = jnp.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1).reshape(x.shape)
+    else:
+        first, second = jnp.split(x32, 2, axis=-1)
+        rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention with grouped KV heads. q [B,T,H,D], k/v [B,S,K,D], mask [B,T,S] (True = see).
+
+    Scores and softmax in float32. Masked scores get the most negative float instead of -inf, so a
+    query that sees nothing (a padding row) gives a finite average instead of NaN.
+    """
+    batch, steps, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    q = q.reshape(batch, steps, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(batch, steps, num_heads, head_dim).astype(v.dtype)
+
+
+class Attention(nn.Module):
+    config: ModelConfig
+    attend: Attend
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, positions, layer, cache):
+        c = self.config
+
+        def project(name, num_heads, heads_axis):
+            return nn.DenseGeneral(
+                (num_heads, c.head_dim), use_bias=c.qkv_bias, param_dtype=self.param_dtype, name=name,
+                kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), "embed", heads_axis, "head_dim"),
+                bias_init=_logical(nn.initializers.zeros, heads_axis, "head_dim"))(x)
+
+        q = project("q_proj", c.num_heads, "heads")
+        # Separate name: fewer KV heads may not divide the mesh axis that q heads shard over.
+        k = project("k_proj", c.num_kv_heads, "kv_heads")
+        v = project("v_proj", c.num_kv_heads, "kv_heads")
+        if c.qk_norm:
+            q = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="q_norm")(q)
+            k = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="k_norm")(k)
+        q, k = apply_rope(q, positions, c), apply_rope(k, positions, c)
+        out, cache = self.attend(layer, q, k, v, cache)
+        out = nn.DenseGeneral(
+            c.hidden_size, axis=(-2, -1), use_bias=False, param_dtype=self.param_dtype, name="o_proj",
+            kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), "heads", "head_dim", "embed"))(out)
+        return out, cache
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    config: ModelConfig
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        def dense(name, features, axes):
+            return nn.Dense(features, use_bias=False, param_dtype=self.param_dtype, name=name,
+                            kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), *axes))
+
+        hidden = self.config.intermediate_size
+        gate = dense("gate_proj", hidden, ("embed", "mlp"))(x)
+        up = dense("up_proj", hidden, ("embed", "mlp"))(x)
+        return dense("down_proj", self.config.hidden_size, ("mlp", "embed"))(nn.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """One pre-norm layer. Its signature is a scan body: (carry, layer) -> (carry, None)."""
+
+    config: ModelConfig
+    attend: Attend
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, carry, layer, positions):
+        x, cache = carry
+        c = self.config
+        attention_in = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="input_norm")(x)
+        attention_out, cache = Attention(c, self.attend, self.param_dtype, name="attn")(
+            attention_in, positions, layer, cache)
+        x = x + attention_out
+        mlp_in = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="post_attention_norm")(x)
+        x = x + SwiGLU(c, self.param_dtype, name="mlp")(mlp_in)
+        return (x, cache), None
+
+
+class Transformer(nn.Module):
+    config: ModelConfig
+    attend: Attend
+    param_dtype: Any = jnp.float32
+    remat: bool = False  # recompute each layer's activations in the backward pass (saves memory)
+
+    @nn.compact
+    def __call__(self, input_ids, positions, cache, last_token_only: bool = False):
+        c = self.config
+        embed = nn.Embed(c.vocab_size, c.hidden_size, param_dtype=self.param_dtype, name="embed_tokens",
+                         embedding_init=_logical(nn.initializers.normal(_INIT_STDDEV), "vocab", "embed"))
+        x = embed(input_ids)  # in the parameter dtype: that is the compute dtype
+
+        block = nn.remat(Block, prevent_cse=False) if self.remat else Block
+        layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                         in_axes=(0, nn.broadcast), length=c.num_layers,
+                         metadata_params={nn.PARTITION_NAME: "layers"})
+        (x, cache), _ = layers(c, self.attend, self.param_dtype, name="layers")(
+            (x, cache), jnp.arange(c.num_layers, dtype=jnp.int32), positions)
+
+        x = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="norm")(x)
+        if last_token_only:
+            x = x[:, -1:]
+        # The classifier runs in float32 whatever the parameter dtype: log-probs feed the RL loss.
+        if c.tie_word_embeddings:
+            classifier = embed.embedding.T
+        else:
+            classifier = self.param("lm_head", _logical(nn.initializers.normal(_INIT_STDDEV), "embed", "vocab"),
+                                    (c.hidden_size, c.vocab_size), self.param_dtype)
+        logits = jnp.einsum("bte,ev->btv", x.astype(jnp.float32), classifier.astype(jnp.float32))
+        return logits, cache
+
+
+# ----------------------------------------------------------------------------- functional API
+
+
+def _full_sequence_attend(mask: jax.Array) -> Attend:
+    def attend(layer, q, k, v, cache):
+        return masked_attention(q, k, v, mask), cache
+
+    return attend
+
+
+def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
+    """Random parameters (normal(0.02) matrices, unit norms, zero biases) as a plain nested dict."""
+    return nn.unbox(_init_variables(config, rng, dtype)["params"])
+
+
+def _init_variables(config: ModelConfig, rng: jax.Array, dtype):
+    ids = jnp.zeros((1, 1), jnp.int32)
+    model = Transformer(config, _full_sequence_attend(jnp.ones((1, 1, 1), bool)), dtype)
+    return jax.jit(model.init)(rng, ids, ids, None)
+
+
+def param_logical_axes(config: ModelConfig) -> Params:
+    """The params tree with tuples of logical axis names as leaves (use ``is_leaf=lambda x: isinstance(x, tuple)``).
+
+    Names: vocab, embed, heads (query heads), kv_heads, head_dim, mlp, layers.
+    """
+    abstract = jax.eval_shape(lambda: _init_variables(config, jax.random.key(0), jnp.float32))
+    specs = nn.get_partition_spec(abstract)["params"]
+    return jax.tree.map(tuple, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def default_positions(attention_mask: jax.Array) -> jax.Array:
+    """0, 1, 2, ... over the real tokens of each row, whichever side the padding is on."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
+            attention_mask: jax.Array | None = None, remat: bool = False) -> jax.Array:
+    """Full-sequence forward for training and scoring: float32 logits [B, S, V].
+
+    Token i sees tokens j <= i whose ``attention_mask`` is 1. ``positions`` default to the count of
+    real tokens before each one, which is right for left and right padding alike.
+    """
+    batch, steps = input_ids.shape
+    if attention_mask is None:
+        attention_mask = jnp.ones((batch, steps), jnp.int32)
+    if positions is None:
+        positions = default_positions(attention_mask)
+    causal = jnp.tril(jnp.ones((steps, steps), bool))
+    mask = causal[None] & attention_mask.astype(bool)[:, None, :]
+    dtype = params["embed_tokens"]["embedding"].dtype
+    model = Transformer(config, _full_sequence_attend(mask), dtype, remat=remat)
+    logits, _ = model.apply({"params": params}, input_ids, positions, None)
+    return logits
+
+
+def forward_with_cache(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array, cache: Any,
+                       attend: Attend | None = None, *, last_token_only: bool = False) -> tuple[jax.Array, Any]:
+    """Forward T new tokens [B, T] at ``positions`` [B, T] against a KV cache; returns (logits, cache).
+
+    ``attend`` defaults to ``contiguous_attend(positions)`` (``cache`` from ``init_cache``). With
+    ``last_token_only`` the logits are [B, 1, V] for the last column (a prefill needs no more).
+    """
+    dtype = params["embed_tokens"]["embedding"].dtype
+    model = Transformer(config, attend or contiguous_attend(positions), dtype)
+    return model.apply({"params": params}, input_ids, positions, cache, last_token_only)
+
+
+# ----------------------------------------------------------------------------- the default KV cache
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> dict[str, jax.Array]:
+    """An empty contiguous cache: slot s of row b holds the key/value of position s."""
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+            "filled": jnp.zeros((batch, max_len), bool)}
+
+
+def contiguous_attend(positions: jax.Array) -> Attend:
+    """The default attend for ``init_cache``'s cache, for new tokens at ``positions`` [B, T].
+
+    Writes the new keys/values into the slots named by their positions (negative: dropped), then lets
+    each query see the filled slots at or before its own position.
+    """
+    batch, _ = positions.shape
+    rows = jnp.arange(batch)[:, None]
+
+    def attend(layer, q, k, v, cache):
+        max_len = cache["filled"].shape[1]
+        slots = jnp.where(positions >= 0, positions, max_len)  # out of range: mode="drop" skips it
+        filled = cache["filled"].at[rows, slots].set(True, mode="drop")
+        keys = cache["k"][layer].at[rows, slots].set(k.astype(cache["k"].dtype), mode="drop")
+        values = cache["v"][layer].at[rows, slots].set(v.astype(cache["v"].dtype), mode="drop")
+        visible = filled[:, None, :] & (jnp.arange(max_len)[None, None, :] <= positions[:, :, None])
+        out = masked_attention(q, keys.astype(q.dtype), values.astype(q.dtype), visible)
+        cache = {"k": cache["k"].at[layer].set(keys), "v": cache["v"].at[layer].set(values), "filled": filled}
+        return out, cache
+
+    return attend
