@@ -37,3 +37,11 @@ def shared_data(shared_dir) -> Path:
 @pytest.fixture(scope="session")
 def golden_dir(shared_dir) -> Path:
     return shared_dir / "golden"
+
+# The GCS emulator fixture (``gcs_emulator``) for gs:// tests; the repository root must be importable
+# for pytest to load it by module name under importlib import mode.
+import sys as _sys
+
+if str(REPO_ROOT) not in _sys.path:
+    _sys.path.insert(0, str(REPO_ROOT))
+pytest_plugins = ["tests.support.gcs_emulator"]
