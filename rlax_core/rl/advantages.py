@@ -34,6 +34,7 @@ Everything is jit-compatible with ``config`` static.
 
 from __future__ import annotations
 
+import functools
 import dataclasses
 from typing import Callable, NamedTuple, Optional
 
@@ -201,7 +202,8 @@ def _flatten_layout(rewards, mask, group_ids, values, kl):
             raise ValueError("pass either group_ids or rewards shaped [num_groups, G], not both")
         num_groups, group_size = rewards.shape
         group_ids = jnp.repeat(jnp.arange(num_groups), group_size)
-        flat = lambda x: None if x is None else jnp.reshape(x, (num_groups * group_size,) + x.shape[-1:])
+        # Arrays given as [num_groups, G, T] are flattened; [B, T] ones are checked below.
+        flat = lambda x: x if x is None or jnp.ndim(x) != 3 else jnp.reshape(x, (num_groups * group_size,) + x.shape[-1:])
         rewards, mask, values, kl = rewards.reshape(-1), flat(mask), flat(values), flat(kl)
     elif rewards.ndim != 1:
         raise ValueError(f"rewards must be [B] or [num_groups, G], got shape {rewards.shape}")
@@ -210,6 +212,7 @@ def _flatten_layout(rewards, mask, group_ids, values, kl):
     return rewards, mask, group_ids, values, kl
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def compute_advantages(
     config,
     rewards: jnp.ndarray,
@@ -265,6 +268,7 @@ def compute_advantages(
     return estimator.fn(config, batch) * mask
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def value_targets(config, rewards, mask, values, *, kl=None, group_ids=None) -> jnp.ndarray:
     """GAE returns [B, T] (advantages + values, before any whitening): the targets of :func:`value_loss`."""
     rewards, mask, _, values, kl = _flatten_layout(rewards, mask, group_ids, values, kl)

@@ -32,6 +32,7 @@ Everything is jit-compatible with ``config`` static; metrics are stop-gradient s
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
@@ -76,6 +77,7 @@ def mismatch_weights(config, old_logprobs, behavior_logprobs, mask) -> tuple[jnp
     return weights, metrics
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def policy_loss(
     config,
     logprobs: jnp.ndarray,
@@ -166,6 +168,7 @@ def policy_loss(
     return loss, jax.lax.stop_gradient(stats)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def value_loss(config, values, old_values, returns, mask) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
     """PPO's value loss ``0.5 (V - R)^2``, clipped around the old values when ``value_clip_eps`` is set.
 
