@@ -71,6 +71,7 @@ class SandboxReport:
     stdout: str
     stderr: str
     results: str  # the verdict channel (fd 3)
+    uid: int  # the run's own uid: no process of it outlives the run
     isolated: bool
     isolation_missing: str = ""  # why not isolated, when not
 

@@ -226,6 +226,7 @@ def main() -> int:
         "timed_out": timed_out,
         "wall_seconds": wall,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "uid": job["uid"],
         "isolated": isolated,
         "isolation_missing": why_not,
         **{name: bytes(buffer).decode("utf-8", "replace") for name, buffer in buffers.items()},
