@@ -1,0 +1,313 @@
+"""The rollout fleet as Beam transforms: schedule -> generate -> score -> assemble -> write.
+
+    ticks --ScheduleSteps--> ScheduledStep --GenerateRollouts--> RolloutGroup --ScoreRollouts-->
+          --AssembleGroups (dynamic sampling)--> WriteGroups --> rollout store
+
+Each DoFn wraps one piece of ``rlax_core`` or of ``transforms.rollout_schedule``; none holds model
+math. The newest committed weight version reaches ``ScheduleSteps`` and ``GenerateRollouts`` as a
+slowly updating side input (``transforms.live_side_input``), the same value in both for a window.
+
+``GenerateRollouts`` keeps one engine per worker process (``apache_beam.utils.shared.Shared``): the
+model compiles once and every DoFn instance of the process reuses it; when the side input names a
+newer version, the weights are loaded from the parameter server and swapped in without
+recompiling. Every rollout carries the version that generated it.
+
+Exactly-once at the store: groups are written under names from ``(run, step, prompt slot)`` only,
+so a retried bundle or a restarted pipeline rewrites the same file (the same tokens, when the same
+version regenerates it) and the trainer never sees a duplicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from typing import Any, Iterable, Optional
+
+import apache_beam as beam
+import fsspec
+from apache_beam.utils.shared import Shared
+
+from rlax_core.data.rollout_store import GroupKey, RolloutStore
+from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.weights.config import WeightStoreConfig
+from transforms.rollout_schedule import prompt_indices, rollout_prompt_id, sample_seed, steps_to_generate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+    """Everything a rollout worker needs; picklable, so Beam ships it to every worker."""
+
+    run: str
+    run_seed: int
+    model_path: str  # base checkpoint: architecture and tokenizer (weights come from the store)
+    train_set: tuple[dict, ...]  # Example rows (id, prompt, answer, task, meta)
+    rollout_root: str
+    weights: WeightStoreConfig
+    engine: EngineConfig
+    sampling: SamplingParams  # n = samples per prompt (G)
+    prompts_per_step: int
+    total_steps: int
+    max_staleness: int = 0
+    task: str = "story"
+    task_options: tuple[tuple[str, Any], ...] = ()
+    drop_uniform_groups: bool = False  # DAPO dynamic sampling: write only groups with reward variance
+
+    def store(self) -> RolloutStore:
+        return RolloutStore(self.rollout_root, self.run)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledStep:
+    """One schedule step to generate, and the newest version known when it was scheduled."""
+
+    step: int
+    version: int
+
+
+# ----------------------------------------------------------------------------- schedule
+
+# Steps handed to generation in this process and not yet written, with when: the schedule re-emits
+# a step only when its claim is older than ``claim_timeout_s`` (a lost bundle), so a step is not
+# generated twice while in flight. Correctness does not rest on it: writes are idempotent.
+_claims: dict[tuple[str, int], float] = {}
+_claims_lock = threading.Lock()
+
+
+def release_claim(run: str, step: int) -> None:
+    with _claims_lock:
+        _claims.pop((run, step), None)
+
+
+class ScheduleSteps(beam.DoFn):
+    """On each tick, the steps the latest committed version allows (``steps_to_generate``)."""
+
+    def __init__(self, spec: RolloutSpec, claim_timeout_s: float = 300.0):
+        self._spec = spec
+        self._claim_timeout_s = claim_timeout_s
+
+    def setup(self):
+        self._store = self._spec.store()
+
+    def process(self, _tick, latest_version: Optional[int]) -> Iterable[ScheduledStep]:
+        if latest_version is None:  # the trainer has not published its first weights yet
+            return
+        done = complete_steps(self._store, self._spec)
+        now = time.monotonic()
+        for step in steps_to_generate(latest_version, self._spec.max_staleness, self._spec.total_steps, done):
+            key = (self._spec.run, step)
+            with _claims_lock:
+                claimed = _claims.get(key)
+                if claimed is not None and now - claimed < self._claim_timeout_s:
+                    continue
+                _claims[key] = now
+            yield ScheduledStep(step=step, version=latest_version)
+
+
+def complete_steps(store: RolloutStore, spec: RolloutSpec) -> set[int]:
+    """Steps whose every group is in the store (a restarted pipeline skips them)."""
+    counts: dict[int, int] = {}
+    for key in store.list_groups():
+        counts[key.step] = counts.get(key.step, 0) + 1
+    done = {step for step, n in counts.items() if n >= spec.prompts_per_step}
+    # With dynamic sampling a step may keep fewer groups; its marker says it was fully generated.
+    done |= {step for step in counts if store_marker_exists(store, step)}
+    return done
+
+
+def _marker_path(store: RolloutStore, step: int) -> str:
+    return f"{store.root}/{store.run}/step_{step:08d}/_GENERATED"
+
+
+def store_marker_exists(store: RolloutStore, step: int) -> bool:
+    fs, path = fsspec.core.url_to_fs(_marker_path(store, step))
+    return fs.exists(path)
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+class _Worker:
+    """What one worker process holds: engine, tokenizer and the version its weights are at."""
+
+    def __init__(self, spec: RolloutSpec):
+        from rlax_core.inference.engine import Engine
+        from rlax_core.models import from_pretrained
+        from rlax_core.models.tokenizer import load_tokenizer
+        from rlax_core.weights.store import WeightStore
+
+        model = from_pretrained(spec.model_path)
+        self.model_config = model.config
+        self.tokenizer = load_tokenizer(spec.model_path)
+        self.store = WeightStore(spec.weights)
+        self.engine = Engine(spec.engine, model.config, model.params, version=-1)
+        self.lock = threading.Lock()  # one generate at a time per process: the engine is not reentrant
+        self.prompt_ids = [tuple(self.tokenizer.encode(row["prompt"], add_bos=True)) for row in spec.train_set]
+
+    def ensure_version(self, version: int) -> None:
+        if self.engine.version == version:
+            return
+        started = time.monotonic()
+        params = self.store.load(version)
+        self.engine.update_weights(params, version)
+        logger.info("rollout worker: loaded weights version %d in %.2f s", version, time.monotonic() - started)
+
+
+class GenerateRollouts(beam.DoFn):
+    """A scheduled step -> one RolloutGroup per prompt (G samples each), stamped with its version."""
+
+    def __init__(self, spec: RolloutSpec, shared: Shared):
+        self._spec = spec
+        self._shared = shared
+
+    def setup(self):
+        spec = self._spec
+        self._worker = self._shared.acquire(lambda: _Worker(spec), tag=f"rollout-worker-{spec.run}")
+
+    def process(self, scheduled: ScheduledStep, latest_version: Optional[int]):
+        spec, worker = self._spec, self._worker
+        version = scheduled.version if latest_version is None else max(scheduled.version, latest_version)
+        rows = prompt_indices(spec.run_seed, scheduled.step, len(spec.train_set), spec.prompts_per_step)
+        store = spec.store()
+        with worker.lock:
+            worker.ensure_version(version)
+            from rlax_core.inference.engine import Request
+
+            requests = [Request(worker.prompt_ids[row], spec.sampling,
+                                prompt_id=rollout_prompt_id(spec.run, scheduled.step, slot),
+                                seed=sample_seed(spec.run_seed, scheduled.step))
+                        for slot, row in enumerate(rows)]
+            started = time.monotonic()
+            completions = worker.engine.generate(requests)
+            seconds = time.monotonic() - started
+        by_prompt: dict[str, list] = {}
+        for completion in completions:
+            by_prompt.setdefault(completion.prompt_id, []).append(completion)
+        for slot, (row, request) in enumerate(zip(rows, requests)):
+            key = GroupKey(scheduled.step, slot)
+            example = spec.train_set[row]
+            samples = sorted(by_prompt[request.prompt_id], key=lambda c: c.sample_index)
+            group_rows = [{
+                "example_id": example["id"],
+                "group_id": store.group_id(key),
+                "sample_idx": c.sample_index,
+                "policy_version": c.weight_version,
+                "seed": c.seed,
+                "prompt_ids": list(c.prompt_ids),
+                "completion_ids": list(c.completion_ids),
+                "behavior_logprobs": list(c.logprobs),
+                "finish_reason": c.finish_reason,
+                "reward": None,
+                "reward_info": None,
+            } for c in samples]
+            yield {"key": (key.step, key.prompt_index), "example": example, "rows": group_rows,
+                   "texts": [worker.tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in samples],
+                   "generate_seconds": seconds / len(rows)}
+
+
+# ----------------------------------------------------------------------------- reward, assembly, write
+
+
+class ScoreRollouts(beam.DoFn):
+    """Scores every sample of a group with the task's verifier; fills ``reward`` and ``reward_info``."""
+
+    def __init__(self, spec: RolloutSpec):
+        self._spec = spec
+
+    def setup(self):
+        from rlax_core.tasks import reward_function
+
+        self._score = reward_function(self._spec.task, dict(self._spec.task_options))
+
+    def process(self, group: dict):
+        rows = []
+        for row, text in zip(group["rows"], group["texts"]):
+            reward, info = self._score(group["example"], text, row["finish_reason"])
+            rows.append({**row, "reward": float(reward), "reward_info": json.dumps(info, sort_keys=True)})
+        yield {**group, "rows": rows}
+
+
+class AssembleGroups(beam.DoFn):
+    """DAPO dynamic sampling at the group level: with ``drop_uniform_groups``, a group whose rewards
+    are all equal (no learning signal) goes to the ``dropped`` output instead of the store."""
+
+    DROPPED = "dropped"
+
+    def __init__(self, spec: RolloutSpec):
+        self._spec = spec
+
+    def process(self, group: dict):
+        from rlax_core.rl.dynamic_sampling import group_rewards, has_reward_variance
+
+        if self._spec.drop_uniform_groups and not has_reward_variance(group_rewards(group["rows"])):
+            yield beam.pvalue.TaggedOutput(self.DROPPED, group)
+        else:
+            yield group
+
+
+class WriteGroups(beam.DoFn):
+    """Writes each group under its idempotent name; marks a step generated once all its groups passed."""
+
+    def __init__(self, spec: RolloutSpec):
+        self._spec = spec
+
+    def setup(self):
+        self._store = self._spec.store()
+
+    def process(self, group: dict):
+        step, slot = group["key"]
+        path = self._store.write_group(GroupKey(step, slot), group["rows"])
+        yield {"step": step, "slot": slot, "path": path, "version": group["rows"][0]["policy_version"]}
+
+
+class MarkStepGenerated(beam.DoFn):
+    """Per step (after GroupByKey over its groups, written or dropped): the step's ``_GENERATED`` marker."""
+
+    def __init__(self, spec: RolloutSpec):
+        self._spec = spec
+
+    def setup(self):
+        self._store = self._spec.store()
+
+    def process(self, keyed):
+        step, slots = keyed
+        if len(set(slots)) >= self._spec.prompts_per_step:
+            fs, path = fsspec.core.url_to_fs(_marker_path(self._store, step))
+            fs.pipe_file(path, b"")
+            release_claim(self._spec.run, step)
+            yield step
+
+
+class RolloutStream(beam.PTransform):
+    """ticks (main input) + latest version (side input PCollection) -> rollout groups in the store."""
+
+    def __init__(self, spec: RolloutSpec):
+        super().__init__()
+        self._spec = spec
+
+    def expand(self, ticks_and_version):
+        ticks, latest = ticks_and_version
+        spec = self._spec
+        version = beam.pvalue.AsSingleton(latest, default_value=None)
+        scored = (
+            ticks
+            | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
+            | "Redistribute" >> beam.Reshuffle()
+            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, Shared()), version)
+            | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec))
+        )
+        assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(
+            AssembleGroups.DROPPED, main="kept")
+        written = assembled.kept | "WriteGroups" >> beam.ParDo(WriteGroups(spec))
+        finished = (
+            (written | "WrittenSlot" >> beam.Map(lambda w: (w["step"], w["slot"])),
+             assembled.dropped | "DroppedSlot" >> beam.Map(lambda g: tuple(g["key"])))
+            | "AllSlots" >> beam.Flatten()
+            | "ByStep" >> beam.GroupByKey()
+            | "MarkStepGenerated" >> beam.ParDo(MarkStepGenerated(spec))
+        )
+        return finished
