@@ -1,0 +1,58 @@
+"""Raw rows -> Example rows, with every row that cannot become one dead-lettered with its reason."""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from rlax_core.data.adapters import AdapterError, to_example
+from rlax_core.data.curation import InputSpec, dead_letter, parse_json_line
+
+DEAD_LETTER = "dead_letter"
+
+
+class _ToExampleFn(beam.DoFn):
+    def __init__(self, spec: InputSpec, max_record_bytes: int):
+        self.spec = spec
+        self.max_record_bytes = max_record_bytes
+        self.kept = Metrics.counter("curate", "examples")
+        self.rejected = Metrics.counter("curate", "dead_lettered")
+
+    def process(self, raw):
+        spec = self.spec
+        payload = raw["data"] if "data" in raw else raw["record"]
+        try:
+            if "data" in raw:
+                record = parse_json_line(raw["data"], self.max_record_bytes)
+            else:
+                record = raw["record"]
+                size = len(json.dumps(record, default=str).encode("utf-8"))
+                if size > self.max_record_bytes:
+                    raise AdapterError("too_large", f"record is {size} bytes, the limit is {self.max_record_bytes}")
+            example = to_example(spec.format, record, source=spec.source, split=spec.split, mapping=spec.mapping)
+        except AdapterError as error:
+            reason, detail = error.reason, error.detail
+        except (TypeError, ValueError, KeyError, AttributeError) as error:  # data no adapter foresaw
+            reason, detail = "invalid_record", f"{type(error).__name__}: {error}"
+        else:
+            self.kept.inc()
+            yield example
+            return
+        self.rejected.inc()
+        yield beam.pvalue.TaggedOutput(
+            DEAD_LETTER, dead_letter(reason, detail, payload, source=spec.source or spec.format, origin=raw["origin"]))
+
+
+class ToExamples(beam.PTransform):
+    """Decode, parse and adapt raw rows of one input; returns ``(examples, dead_letters)``."""
+
+    def __init__(self, spec: InputSpec, max_record_bytes: int):
+        super().__init__()
+        self.spec, self.max_record_bytes = spec, max_record_bytes
+
+    def expand(self, raw_rows):
+        outputs = raw_rows | "Adapt" >> beam.ParDo(_ToExampleFn(self.spec, self.max_record_bytes)).with_outputs(
+            DEAD_LETTER, main="examples")
+        return outputs.examples, outputs[DEAD_LETTER]
