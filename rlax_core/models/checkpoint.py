@@ -160,7 +160,7 @@ def _get_path(tree: Mapping, path: tuple[str, ...]):
 
 
 @contextlib.contextmanager
-def _local_folder(path: str) -> Iterator[Path]:
+def local_copy(path: str) -> Iterator[Path]:
     """A local view of ``path``: itself, or a temporary copy of a remote (gs://, ...) folder or file."""
     if "://" not in path or path.startswith("file://"):
         yield Path(path.removeprefix("file://"))
@@ -325,7 +325,7 @@ def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, keep_interlea
 
     ``path`` may be local or remote (gs://...). ``keep_interleaved_rope`` applies to llama2.c only.
     """
-    with _local_folder(str(path)) as local:
+    with local_copy(str(path)) as local:
         if local.is_file():
             if local.suffix != ".bin":
                 raise CheckpointError(f"{path}: expected a checkpoint folder or a llama2.c .bin file")
