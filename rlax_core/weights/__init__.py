@@ -1,0 +1,29 @@
+"""The parameter server: versioned weight store, asynchronous publisher, follower, staleness rule.
+
+    store = WeightStore(WeightStoreConfig(root="gs://bucket/run1/weights", run_id="run1"))
+    publisher = AsyncPublisher(store)            # trainer
+    publisher.submit(step, params)               #   returns after dispatching a copy
+    follower = WeightFollower(store, dtype="bfloat16", sharding=engine_sharding)   # rollout worker
+    follower.refresh(); follower.params, follower.version
+"""
+
+from rlax_core.weights.config import WeightStoreConfig
+from rlax_core.weights.errors import (
+    ForeignRunError,
+    IntegrityError,
+    ManifestError,
+    VersionExistsError,
+    VersionNotCommittedError,
+    WeightStoreError,
+)
+from rlax_core.weights.follower import WeightFollower
+from rlax_core.weights.manifest import CommitMarker, Manifest
+from rlax_core.weights.publisher import AsyncPublisher, stage_params
+from rlax_core.weights.staleness import is_fresh_enough, oldest_fresh_version
+from rlax_core.weights.store import WeightStore
+
+__all__ = [
+    "AsyncPublisher", "CommitMarker", "ForeignRunError", "IntegrityError", "Manifest", "ManifestError",
+    "VersionExistsError", "VersionNotCommittedError", "WeightFollower", "WeightStore", "WeightStoreConfig",
+    "WeightStoreError", "is_fresh_enough", "oldest_fresh_version", "stage_params",
+]

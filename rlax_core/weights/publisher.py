@@ -1,0 +1,139 @@
+"""``AsyncPublisher``: the trainer publishes weights without waiting for storage.
+
+``submit`` only dispatches a copy of the params (cast to the publish dtype, placed in host memory where
+the device has a separate host memory space) and returns; a background thread writes and commits. At
+most one publication is in flight and at most one waits behind it: a newer submit replaces the waiting
+one (counted as superseded), so memory stays bounded at two staged copies however fast the trainer runs.
+The one in flight always finishes, so that a trainer faster than storage still commits versions.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from rlax_core.weights.errors import VersionExistsError
+from rlax_core.weights.store import WeightStore, _dtype, _is_float
+
+log = logging.getLogger(__name__)
+
+
+def stage_params(params: Mapping[str, Any], publish_dtype: str | None = None) -> Any:
+    """A private copy of ``params`` that the trainer may donate or overwrite at once.
+
+    jax arrays are copied asynchronously (dispatch only; the copy overlaps the next train step), into
+    pinned host memory when the backend has it; numpy leaves are copied synchronously.
+    """
+    import jax
+
+    target = _dtype(publish_dtype) if publish_dtype else None
+
+    def stage(leaf):
+        if isinstance(leaf, jax.Array):
+            if target is not None and _is_float(np.dtype(leaf.dtype)) and leaf.dtype != target:
+                leaf = leaf.astype(target)  # a new buffer already, cast on the device
+            try:
+                return jax.device_put(leaf, leaf.sharding.with_memory_kind("pinned_host"))
+            except (ValueError, NotImplementedError, jax.errors.JaxRuntimeError):
+                return jax.numpy.copy(leaf)
+        array = np.asarray(leaf)
+        if target is not None and _is_float(array.dtype):
+            return array.astype(target)
+        return array.copy()
+
+    return jax.tree.map(stage, params)
+
+
+class AsyncPublisher:
+    """Publish from the training loop: ``submit(step, params)`` each time, ``flush()`` before exit."""
+
+    def __init__(self, store: WeightStore):
+        self.store = store
+        self._cond = threading.Condition()
+        self._pending: tuple[int, Any] | None = None
+        self._in_flight: int | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self.last_committed: int | None = None
+        self.superseded = 0
+        self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
+        self._thread.start()
+
+    def submit(self, version: int, params: Mapping[str, Any]) -> None:
+        """Stage ``params`` as ``version`` and return; raises the error of a failed earlier publication."""
+        self._raise_background_error()
+        staged = stage_params(params, self.store.config.publish_dtype)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("AsyncPublisher is closed")
+            if self._pending is not None:
+                self.superseded += 1
+                self.store._count("superseded", version)
+                log.info("weight version %d superseded by %d before it was written", self._pending[0], version)
+            self._pending = (version, staged)
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> int | None:
+        """Wait until everything submitted is committed (or superseded); returns the last committed version."""
+        timeout_s = self.store.config.commit_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending is not None or self._in_flight is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    busy = self._in_flight if self._in_flight is not None else self._pending[0]
+                    raise TimeoutError(f"weight publication of version {busy} did not finish within {timeout_s:.0f}s")
+                self._cond.wait(left)
+        self._raise_background_error()
+        return self.last_committed
+
+    def close(self, timeout_s: float | None = None) -> None:
+        try:
+            self.flush(timeout_s)
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "AsyncPublisher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _raise_background_error(self) -> None:
+        with self._cond:
+            error, self._error = self._error, None
+        if error is not None:
+            raise RuntimeError(f"an earlier weight publication failed: {error}") from error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                (version, staged), self._pending = self._pending, None
+                self._in_flight = version
+            try:
+                self.store.publish(version, staged)
+                self.last_committed = version
+            except VersionExistsError:
+                # After a restart from an older checkpoint the trainer reaches steps it already
+                # published; the committed version stays (immutable) and readers keep using it.
+                log.warning("weight version %d was already committed; kept the committed one", version)
+            except BaseException as error:  # noqa: BLE001 - handed to the trainer thread on its next call
+                log.exception("publishing weight version %d failed", version)
+                with self._cond:
+                    self._error = error
+            finally:
+                del staged
+                with self._cond:
+                    self._in_flight = None
+                    self._cond.notify_all()
