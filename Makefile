@@ -1,0 +1,53 @@
+# RLAX on Beam. `make quickstart` and `make test` work on a fresh machine: each sets up what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+UV_VERSION := 0.13.9
+OUTPUT ?= runs/quickstart
+PYTEST_WORKERS ?= 2
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup quickstart test test-slow test-all bench lock sdist clean
+
+# The virtual environment, from the lock file; Prism and the GCS emulator built from Go modules.
+$(VENV)/.installed: setup.py requirements/lock.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(UV) || $(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(UV) pip install --quiet -p $(PY) -r requirements/lock.txt
+	$(UV) pip install --quiet -p $(PY) --no-deps -e .
+	touch $@
+
+setup: $(VENV)/.installed
+	bash scripts/setup_prism.sh
+	bash scripts/build_fake_gcs.sh
+
+# The main job: curate -> filter -> RL (trainer + streaming rollouts) -> evaluate, on stories260K.
+quickstart: setup
+	$(VENV)/bin/rlax quickstart --output $(OUTPUT)
+
+# The default lane: everything but tests marked slow.
+test: setup
+	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --timeout 900
+
+# The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs).
+test-slow: setup
+	$(PY) -m pytest -m slow -n $(PYTEST_WORKERS) --timeout 1800
+
+test-all: test test-slow
+
+# Side-by-side benchmarks against torch/transformers/TRL (installed only here).
+bench: setup
+	$(UV) pip install --quiet -p $(PY) -c requirements/lock.txt -e '.[bench]'
+	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# Re-resolve the lock file after changing setup.py's dependencies.
+lock:
+	$(UV) pip compile setup.py --extra test --python-version 3.11 -o requirements/lock.txt
+
+sdist: setup
+	$(PY) -m build --sdist --outdir dist . 2>/dev/null || $(PY) setup.py -q sdist -d dist
+
+clean:
+	rm -rf $(VENV) dist build *.egg-info

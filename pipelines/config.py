@@ -1,0 +1,129 @@
+"""The configuration of a whole run: one tree, one YAML file, dotted overrides.
+
+Each section is the dataclass of the package it configures, so its validation lives beside the code
+that reads it; this module only assembles them::
+
+    run:       name, seed, output folder
+    model:     checkpoint path (HF folder, llama2.c .bin; local or gs://) and dtype
+    engine:    rlax_core.inference.EngineConfig     (rollout engine shapes)
+    algorithm: rlax_core.rl.AlgorithmConfig         (``preset: grpo`` plus single-field overrides)
+    trainer:   rlax_core.training.TrainerConfig     (optimizer, mesh, steps, staleness, checkpoints)
+    weights:   rlax_core.weights.WeightStoreConfig  (parameter server; defaults under run.output_dir)
+    curate:    rlax_core.data.curation.CurateConfig (Beam curation pipeline)
+    beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
+
+``load_run_config("configs/quickstart.yaml", ["trainer.total_steps=5"])`` gives a validated
+``RunConfig``; a bad key or value raises ``ConfigError`` naming its full path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence, Union
+
+from rlax_core.config import ConfigError, apply_overrides, from_dict, read_yaml, require, to_dict
+from rlax_core.data.curation import CurateConfig
+from rlax_core.inference.config import EngineConfig
+from rlax_core.rl.config import AlgorithmConfig
+from rlax_core.rl.presets import get_preset
+from rlax_core.training.config import TrainerConfig
+from rlax_core.weights.config import WeightStoreConfig
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CONFIG_DIR = PACKAGE_DIR.parent / "configs"
+ASSETS_DIR = PACKAGE_DIR / "assets"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    name: str = "rlax"
+    seed: int = 0
+    output_dir: str = "runs/rlax"  # local folder or gs://bucket/prefix
+
+    def __post_init__(self):
+        require(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    # A Hugging Face checkpoint folder or llama2.c .bin, local or gs://; "assets:NAME" is a model
+    # shipped inside this package (the quickstart's stories260K).
+    path: str = "assets:stories260K"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    tokenizer: Optional[str] = None  # defaults to the tokenizer files inside ``path``
+
+    def __post_init__(self):
+        require(bool(self.path), "path", "a checkpoint path")
+
+    def resolved_path(self) -> str:
+        return resolve_asset(self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamSpec:
+    """Beam options of the run's pipelines; flags on the command line win over these."""
+
+    runner: str = "DirectRunner"
+    options: dict[str, Union[str, int, float, bool]] = field(default_factory=dict)
+
+    def args(self) -> list[str]:
+        flags = [f"--runner={self.runner}"]
+        for key, value in self.options.items():
+            if isinstance(value, bool):
+                if value:
+                    flags.append(f"--{key}")
+            else:
+                flags.append(f"--{key}={value}")
+        return flags
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    run: RunSpec = field(default_factory=RunSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    algorithm: AlgorithmConfig = field(default_factory=lambda: get_preset("grpo"))
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    weights: Optional[WeightStoreConfig] = None
+    curate: CurateConfig = field(default_factory=CurateConfig)
+    beam: BeamSpec = field(default_factory=BeamSpec)
+
+    def weight_store(self) -> WeightStoreConfig:
+        """The parameter server's config; by default a folder under the run's output."""
+        if self.weights is not None:
+            return self.weights
+        return WeightStoreConfig(root=f"{self.run.output_dir.rstrip('/')}/weights", run_id=self.run.name)
+
+
+def resolve_asset(path: str) -> str:
+    """``assets:NAME`` -> the folder shipped in ``pipelines/assets/NAME``; other paths unchanged."""
+    if not path.startswith("assets:"):
+        return path
+    folder = ASSETS_DIR / path.split(":", 1)[1]
+    if not folder.exists():
+        raise ConfigError("model.path", f"no bundled asset {path!r}; bundled: "
+                          f"{', '.join(sorted(p.name for p in ASSETS_DIR.iterdir() if p.is_dir()))}")
+    return str(folder)
+
+
+def _resolve_algorithm_preset(data: dict[str, Any]) -> dict[str, Any]:
+    """``algorithm: {preset: dapo, clip_eps_high: 0.3}`` -> the preset's fields with the overrides."""
+    section = data.get("algorithm")
+    if not isinstance(section, dict) or "preset" not in section:
+        return data
+    section = dict(section)
+    name = section.pop("preset")
+    try:
+        preset = to_dict(get_preset(name))
+    except ConfigError as error:
+        raise error.under("algorithm") from None
+    return {**data, "algorithm": {**preset, **section}}
+
+
+def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """YAML file (``base:`` inheritance allowed) + dotted overrides -> a validated ``RunConfig``."""
+    data = read_yaml(path) if path else {}
+    data = apply_overrides(data, overrides)
+    return from_dict(RunConfig, _resolve_algorithm_preset(data))
