@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from rlax_core.weights.errors import WeightStoreError
+from rlax_core.weights.errors import VersionNotCommittedError, WeightStoreError
 from rlax_core.weights.store import ShardingSpec, WeightStore
 
 log = logging.getLogger(__name__)
@@ -26,17 +26,21 @@ class WeightFollower:
 
     def refresh(self) -> bool:
         """Load the newest committed version if it is newer than ours; True when the params changed."""
-        newest = self.store.latest()
-        if newest is None or (self.version is not None and newest <= self.version) or newest in self.refused:
-            return False
-        try:
-            params = self.store.load(newest, **self._load_options)
-        except WeightStoreError as error:
-            self.refused[newest] = str(error)
-            log.error("keeping weight version %s: version %d refused (%s)", self.version, newest, error)
-            return False
-        self.version, self.params = newest, params
-        return True
+        for _ in range(3):
+            newest = self.store.latest()
+            if newest is None or (self.version is not None and newest <= self.version) or newest in self.refused:
+                return False
+            try:
+                params = self.store.load(newest, **self._load_options)
+            except VersionNotCommittedError:
+                continue  # collected between listing and loading: a newer one exists, look again
+            except WeightStoreError as error:
+                self.refused[newest] = str(error)
+                log.error("keeping weight version %s: version %d refused (%s)", self.version, newest, error)
+                return False
+            self.version, self.params = newest, params
+            return True
+        return False
 
     def wait_for(self, min_version: int, *, timeout_s: float | None = None) -> int:
         """Block until a version >= ``min_version`` is loaded (the staleness bound's pacing); returns it."""

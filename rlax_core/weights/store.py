@@ -354,7 +354,10 @@ class WeightStore:
             if now - superseded_at < self.config.gc_grace_s:
                 continue
             self.storage.delete(mf.marker_path(older))
-            self.storage.delete_tree(mf.version_dir(older))
+            # A reader leases before it reads the marker; one that read the marker just before it went
+            # has its lease visible by now, so its files stay until a later gc finds the lease gone.
+            if older not in self._leased_versions():
+                self.storage.delete_tree(mf.version_dir(older))
             removed.append(older)
         newest = committed[-1]
         for name in self.storage.list(""):
