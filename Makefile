@@ -14,7 +14,8 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # The virtual environment, from the lock file; Prism and the GCS emulator built from Go modules.
 $(VENV)/.installed: setup.py requirements/lock.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	test -x $(UV) || $(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	test -x $(UV) || { $(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null; \
+	  $(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION); }
 	$(UV) pip install --quiet -p $(PY) -r requirements/lock.txt
 	$(UV) pip install --quiet -p $(PY) --no-deps -e .
 	touch $@
