@@ -35,17 +35,18 @@ def paged_decode_attention_reference(q: jax.Array, k_pages: jax.Array, v_pages: 
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array:
-    """Causal self-attention of a fresh prompt on itself: q [B, T, Hq, D], k/v [B, T, Hkv, D].
+def prefill_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, scale: float) -> jax.Array:
+    """Causal self-attention of fresh prompts on themselves: q [B, T, Hq, D], k/v [B, T, Hkv, D].
 
-    Prompts are right-padded, so the causal mask alone keeps real tokens from seeing padding.
+    ``key_valid`` [B, T] marks real tokens; prompts are left-padded so that every row's last column
+    is its last real token, and the mask keeps real tokens from seeing the padding before them.
     """
     batch, length, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     qg = q.reshape(batch, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32) * scale
-    causal = jnp.tril(jnp.ones((length, length), bool))
-    scores = jnp.where(causal, scores, _MASKED)
+    visible = jnp.tril(jnp.ones((length, length), bool))[None] & key_valid[:, None, :]
+    scores = jnp.where(visible[:, None, None], scores, _MASKED)
     weights = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out.reshape(batch, length, num_heads, head_dim).astype(q.dtype)

@@ -4,7 +4,7 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from rlax_core.inference.attention import causal_attention, paged_decode_attention_reference
+from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention
 from rlax_core.inference.kv_cache import write_pages
 from rlax_core.inference.pallas_attention import paged_decode_attention
 
@@ -63,13 +63,13 @@ def test_paged_attention_ignores_tokens_past_length():
     np.testing.assert_array_equal(np.asarray(before), np.asarray(after))
 
 
-def test_causal_attention_last_row_equals_paged_decode_of_the_same_tokens():
+def test_prefill_attention_rows_equal_paged_decode_of_the_same_tokens():
     rng = np.random.default_rng(2)
     batch, length, num_heads, num_kv_heads, head_dim, page_size = 2, 7, 4, 2, 8, 4
     q = rng.normal(size=(batch, length, num_heads, head_dim)).astype(np.float32)
     k = rng.normal(size=(batch, length, num_kv_heads, head_dim)).astype(np.float32)
     v = rng.normal(size=(batch, length, num_kv_heads, head_dim)).astype(np.float32)
-    dense = causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), scale=0.5)
+    dense = prefill_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.ones((batch, length), bool), 0.5)
 
     page_table = jnp.asarray([[1, 2], [4, 3]], jnp.int32)
     pool = jnp.zeros((2, 5, page_size, num_kv_heads, head_dim))  # [layer, page, slot, head, dim]
@@ -81,3 +81,14 @@ def test_causal_attention_last_row_equals_paged_decode_of_the_same_tokens():
         decoded = paged_decode_attention_reference(
             jnp.asarray(q[:, t]), k_pool, v_pool, page_table, jnp.full((batch,), t + 1), scale=0.5)
         np.testing.assert_allclose(np.asarray(decoded), np.asarray(dense[:, t]), atol=2e-6)
+
+
+def test_prefill_attention_ignores_left_padding():
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(1, 6, 4, 8)).astype(np.float32) for _ in range(3))
+    k, v = k[:, :, :2], v[:, :, :2]
+    unpadded = prefill_attention(*map(jnp.asarray, (q[:, 2:], k[:, 2:], v[:, 2:])), jnp.ones((1, 4), bool), 0.4)
+    garbage_k, garbage_v = k.copy(), v.copy()
+    garbage_k[:, :2], garbage_v[:, :2] = 50.0, -50.0
+    padded = prefill_attention(*map(jnp.asarray, (q, garbage_k, garbage_v)), jnp.asarray([[0, 0, 1, 1, 1, 1]], bool), 0.4)
+    np.testing.assert_allclose(np.asarray(padded)[:, 2:], np.asarray(unpadded), atol=2e-6)

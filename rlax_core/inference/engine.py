@@ -1,0 +1,457 @@
+"""The rollout engine: prompts and sampling parameters in, completions with log-probs out.
+
+    engine = Engine(EngineConfig(num_slots=16), model_config, params, version=0)
+    completions = engine.generate([Request(prompt_ids, SamplingParams(temperature=1.0, n=4), "gsm8k/17", seed=3)])
+    engine.update_weights(new_params, version=1)     # the next generate() runs on version 1
+
+How it runs. A fixed number of slots decode together. Each sample of each request waits in a FIFO
+queue until a slot is free and the page allocator can reserve every page the sample may need
+(prompt + its max_new_tokens): that admission control means a running sequence never runs out of
+cache. Admitted samples are prefilled together (left-padded to a length bucket, batch padded to a
+power of two), which also samples their first token. Then one compiled call decodes
+``decode_steps_per_call`` tokens for all slots in a ``lax.while_loop`` (no Python per token) and
+returns to Python, which retires finished sequences, frees their pages and admits new samples at
+once (continuous batching). Every compiled shape is fixed by ``EngineConfig``, so after warm-up
+nothing recompiles whatever the prompt lengths, sampling settings or batch fill.
+
+Weights are an argument of the compiled programs, not a constant in them, so ``update_weights``
+swaps them without recompiling. A swap requested while sequences are in flight waits: admission
+pauses, the in-flight sequences finish on the weights they started with, then the new weights take
+over. Every completion therefore comes from exactly one version, which it carries.
+
+Numerics: see ``sampling`` for the keys (per seed, prompt id, sample index, token index) and for
+the log-probs (float32 log_softmax of the raw logits, i.e. the untempered, unfiltered policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Literal, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention
+from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.inference.kv_cache import KVCache, PageAllocator, init_kv_cache, pages_needed, write_pages
+from rlax_core.inference.pallas_attention import paged_decode_attention
+from rlax_core.inference.sampling import SamplingMode, prompt_key_id, sample_key, sample_tokens
+from rlax_core.models.config import ModelConfig
+from rlax_core.models.transformer import forward_with_cache
+
+logger = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "abort"]
+MAX_STOP_TOKEN_IDS = 8  # stop ids per sequence checked on the device (EOS ids included)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One prompt to complete ``sampling.n`` times. ``prompt_id`` and ``seed`` fix the samples' keys."""
+
+    prompt_ids: Sequence[int]
+    sampling: SamplingParams = SamplingParams()
+    prompt_id: int | str = 0
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sample. ``logprobs[i]`` is the float32 log-softmax of the raw logits at ``completion_ids[i]``."""
+
+    prompt_id: int | str
+    sample_index: int
+    seed: int
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    weight_version: int
+
+
+@dataclasses.dataclass
+class _Sequence:
+    """Host-side bookkeeping of one sample from admission to retirement."""
+
+    order: int  # position in the output of the generate() call
+    request: Request
+    sample_index: int
+    pages: list[int] = dataclasses.field(default_factory=list)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    version: int = -1
+    finish_reason: FinishReason | None = None
+    text_checked_upto: int = 0  # tokens already searched for stop strings
+
+
+class _SlotState:
+    """Per-slot decode state as numpy arrays: uploaded before each decode call, read back after."""
+
+    FIELDS = {
+        "active": np.bool_, "last_token": np.int32, "length": np.int32, "generated": np.int32,
+        "max_new": np.int32, "seed": np.int32, "prompt_key": np.int32, "sample_index": np.int32,
+        "temperature": np.float32, "top_k": np.int32, "top_p": np.float32,
+    }
+
+    def __init__(self, num_slots: int, pages_per_sequence: int):
+        for name, dtype in self.FIELDS.items():
+            setattr(self, name, np.zeros(num_slots, dtype))
+        self.stop_ids = np.full((num_slots, MAX_STOP_TOKEN_IDS), -1, np.int32)
+        self.page_table = np.zeros((num_slots, pages_per_sequence), np.int32)
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        names = [*self.FIELDS, "stop_ids", "page_table"]
+        return {name: getattr(self, name) for name in names}
+
+
+def _mode_of(sampling: SamplingParams) -> SamplingMode:
+    if sampling.greedy:
+        return SamplingMode.GREEDY
+    return SamplingMode.FILTERED if sampling.filtered else SamplingMode.TEMPERATURE
+
+
+def _power_of_two_buckets(limit: int) -> tuple[int, ...]:
+    sizes, size = [], 1
+    while size < limit:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, limit)
+
+
+class Engine:
+    """Load once, generate many times. Not re-entrant: one ``generate`` at a time per engine.
+
+    ``detokenize`` (ids -> text) is needed only for requests with stop strings.
+    """
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, params: Any, version: int = 0,
+                 detokenize: Callable[[Sequence[int]], str] | None = None):
+        self.config = config
+        self.model_config = model_config
+        self.detokenize = detokenize
+        self._params, self._version = params, int(version)
+        self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
+        self._pending_weights: tuple[Any, int] | None = None
+        self._lock = threading.Lock()
+        self._use_pallas = self._resolve_attention(config.attention_impl)
+        self._prefill_batches = _power_of_two_buckets(config.num_slots)
+        dtype = jnp.bfloat16 if config.cache_dtype == "bfloat16" else jnp.float32
+        self._cache = init_kv_cache(model_config.num_layers, config.num_pages, config.page_size,
+                                    model_config.num_kv_heads, model_config.head_dim, dtype)
+        self._allocator = PageAllocator(config.num_pages)
+        self._slots = _SlotState(config.num_slots, config.pages_per_sequence)
+        self._running: list[_Sequence | None] = [None] * config.num_slots
+        self._queue: deque[_Sequence] = deque()
+        self._finished: list[_Sequence] = []
+        self._next_order = 0
+        self.stats = {"prefill_calls": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0, "weight_swaps": 0}
+        self._prefill = jax.jit(self._prefill_fn, static_argnames=("mode",), donate_argnames=("cache",))
+        self._decode = jax.jit(self._decode_fn, static_argnames=("mode",), donate_argnames=("cache",))
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def version(self) -> int:
+        """The weight version new sequences start on."""
+        return self._version
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Complete every request ``n`` times; results in request order, then sample index."""
+        if self.has_unfinished():
+            raise RuntimeError("generate() called while other requests are in flight; use add_request/step")
+        for request in requests:
+            self.add_request(request)
+        completions = []
+        while self.has_unfinished():
+            completions.extend(self.step())
+        completions.extend(self._drain_finished())
+        return [completion for _, completion in sorted(completions, key=lambda pair: pair[0])]
+
+    def add_request(self, request: Request) -> None:
+        """Queue ``request`` (all of its samples); bad requests fail here with the reason."""
+        self._validate(request)
+        for sample_index in range(request.sampling.n):
+            self._queue.append(_Sequence(self._next_order, request, sample_index))
+            self._next_order += 1
+
+    def has_unfinished(self) -> bool:
+        return bool(self._queue) or any(seq is not None for seq in self._running)
+
+    def step(self) -> list[tuple[int, Completion]]:
+        """Admit and prefill what fits, decode one chunk, retire what finished: (order, completion) pairs."""
+        self._maybe_swap_weights()
+        if self._pending_weights is None:
+            self._admit()
+        if any(seq is not None for seq in self._running):
+            self._decode_chunk()
+        return self._drain_finished()
+
+    def abort(self, prompt_id: int | str) -> None:
+        """Stop every sample of ``prompt_id``: queued ones return empty, running ones what they have."""
+        for seq in [s for s in self._queue if s.request.prompt_id == prompt_id]:
+            self._queue.remove(seq)
+            seq.version = self._version
+            self._finish(seq, "abort")
+        for slot, seq in enumerate(self._running):
+            if seq is not None and seq.request.prompt_id == prompt_id:
+                self._retire(slot, "abort")
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Use ``params`` (same structure, shapes and dtypes: no recompilation) for sequences started from now.
+
+        Safe to call from another thread. Sequences in flight finish on their own version first.
+        """
+        shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
+        if shapes != self._param_shapes:
+            raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
+                             "engine's; build a new Engine for a different model")
+        with self._lock:
+            self._pending_weights = (params, int(version))
+        self._maybe_swap_weights()
+
+    # ------------------------------------------------------------------ scheduling (host)
+
+    def _validate(self, request: Request) -> None:
+        sampling, length = request.sampling, len(request.prompt_ids)
+        if length == 0:
+            raise ValueError(f"request {request.prompt_id!r}: empty prompt")
+        if length > self.config.max_prompt_len:
+            raise ValueError(f"request {request.prompt_id!r}: prompt of {length} tokens exceeds "
+                             f"max_prompt_len={self.config.max_prompt_len}")
+        if sampling.max_new_tokens > self.config.max_new_tokens:
+            raise ValueError(f"request {request.prompt_id!r}: max_new_tokens={sampling.max_new_tokens} exceeds the "
+                             f"engine's max_new_tokens={self.config.max_new_tokens}")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= int(t) < vocab for t in request.prompt_ids):
+            raise ValueError(f"request {request.prompt_id!r}: prompt token ids must lie in [0, {vocab})")
+        if len(self._stop_ids(sampling)) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"request {request.prompt_id!r}: at most {MAX_STOP_TOKEN_IDS} stop token ids (EOS included)")
+        if sampling.stop_strings and self.detokenize is None:
+            raise ValueError(f"request {request.prompt_id!r}: stop_strings need an Engine built with detokenize=")
+        if not 0 <= request.seed < 2**31:
+            raise ValueError(f"request {request.prompt_id!r}: seed must lie in [0, 2**31)")
+        prompt_key_id(request.prompt_id)  # raises on a bad id
+
+    def _stop_ids(self, sampling: SamplingParams) -> tuple[int, ...]:
+        if sampling.ignore_eos:
+            return ()
+        return tuple(dict.fromkeys((*sampling.stop_token_ids, *self.model_config.eos_token_ids)))
+
+    def _admit(self) -> None:
+        """Move queued samples into free slots while their pages can be reserved; prefill them together."""
+        free_slots = [slot for slot, seq in enumerate(self._running) if seq is None]
+        admitted: list[tuple[int, _Sequence]] = []
+        while self._queue and len(admitted) < len(free_slots):
+            seq = self._queue[0]
+            budget = len(seq.request.prompt_ids) + seq.request.sampling.max_new_tokens
+            pages = self._allocator.allocate(pages_needed(budget, self.config.page_size))
+            if pages is None:
+                break  # FIFO: the head waits for pages rather than being overtaken and starved
+            self._queue.popleft()
+            seq.pages, seq.version = pages, self._version
+            admitted.append((free_slots[len(admitted)], seq))
+        if admitted:
+            self._prefill_group(admitted)
+
+    def _prefill_group(self, admitted: list[tuple[int, _Sequence]]) -> None:
+        config = self.config
+        batch = next(b for b in self._prefill_batches if b >= len(admitted))
+        length = config.bucket_for(max(len(seq.request.prompt_ids) for _, seq in admitted))
+        tokens = np.zeros((batch, length), np.int32)
+        positions = np.full((batch, length), -1, np.int32)
+        page_table = np.zeros((batch, config.pages_per_sequence), np.int32)
+        rows = _SlotState(batch, config.pages_per_sequence)
+        for row, (_, seq) in enumerate(admitted):
+            prompt = np.asarray(seq.request.prompt_ids, np.int32)
+            tokens[row, length - len(prompt):] = prompt  # left-padded: the last column is the last token
+            positions[row, length - len(prompt):] = np.arange(len(prompt))
+            page_table[row, : len(seq.pages)] = seq.pages
+            self._fill_sampling(rows, row, seq)
+        mode = max(_mode_of(seq.request.sampling) for _, seq in admitted)
+        first_tokens, first_logprobs, self._cache = self._prefill(
+            self._params, self._cache, tokens, positions, page_table, rows.as_dict(), mode=mode)
+        first_tokens, first_logprobs = np.asarray(first_tokens), np.asarray(first_logprobs)
+        self.stats["prefill_calls"] += 1
+        for row, (slot, seq) in enumerate(admitted):
+            self._running[slot] = seq
+            slots = self._slots
+            self._fill_sampling(slots, slot, seq)
+            slots.page_table[slot] = page_table[row]
+            slots.length[slot] = len(seq.request.prompt_ids)
+            slots.last_token[slot] = first_tokens[row]
+            slots.active[slot] = True
+            self._record(slot, [int(first_tokens[row])], [float(first_logprobs[row])])
+
+    def _fill_sampling(self, state: _SlotState, row: int, seq: _Sequence) -> None:
+        sampling, request = seq.request.sampling, seq.request
+        state.seed[row] = request.seed
+        state.prompt_key[row] = prompt_key_id(request.prompt_id)
+        state.sample_index[row] = seq.sample_index
+        state.temperature[row] = sampling.temperature
+        state.top_k[row] = sampling.top_k
+        state.top_p[row] = sampling.top_p
+        state.max_new[row] = sampling.max_new_tokens
+        state.generated[row] = 0
+        stop_ids = self._stop_ids(sampling)
+        state.stop_ids[row] = -1
+        state.stop_ids[row, : len(stop_ids)] = stop_ids
+
+    def _decode_chunk(self) -> None:
+        slots = self._slots
+        mode = max(_mode_of(seq.request.sampling) for seq in self._running if seq is not None)
+        tokens, logprobs, steps, state, self._cache = self._decode(self._params, self._cache, slots.as_dict(), mode=mode)
+        tokens, logprobs, steps = np.asarray(tokens), np.asarray(logprobs), int(steps)
+        self.stats["decode_calls"] += 1
+        self.stats["decode_steps"] += steps
+        for name in ("last_token", "length", "generated"):
+            getattr(slots, name)[:] = np.asarray(state[name])
+        for slot, seq in enumerate(self._running):
+            if seq is not None:
+                produced = tokens[slot, :steps]
+                count = int((produced >= 0).sum())
+                self._record(slot, produced[:count].tolist(), logprobs[slot, :count].tolist())
+
+    def _record(self, slot: int, tokens: list[int], logprobs: list[float]) -> None:
+        """Append new tokens to the slot's sequence and retire it if a stop rule fired."""
+        seq, sampling = self._running[slot], self._running[slot].request.sampling
+        seq.tokens.extend(tokens)
+        seq.logprobs.extend(logprobs)
+        self.stats["tokens"] += len(tokens)
+        stop_ids = set(self._stop_ids(sampling))
+        for i, token in enumerate(seq.tokens[len(seq.tokens) - len(tokens):]):
+            if token in stop_ids:
+                del seq.tokens[len(seq.tokens) - len(tokens) + i + 1:]
+                del seq.logprobs[len(seq.tokens):]
+                return self._retire(slot, "stop")
+        if sampling.stop_strings and self._cut_at_stop_string(seq):
+            return self._retire(slot, "stop")
+        if len(seq.tokens) >= sampling.max_new_tokens:
+            return self._retire(slot, "length")
+
+    def _cut_at_stop_string(self, seq: _Sequence) -> bool:
+        """Cut ``seq`` right after the first token whose text completes a stop string; True if cut."""
+        stops = seq.request.sampling.stop_strings
+        if not any(s in self.detokenize(seq.tokens) for s in stops):
+            seq.text_checked_upto = len(seq.tokens)
+            return False
+        # A stop string found now ends somewhere in the tokens added since the last check.
+        for end in range(max(seq.text_checked_upto, 1), len(seq.tokens) + 1):
+            if any(s in self.detokenize(seq.tokens[:end]) for s in stops):
+                del seq.tokens[end:]
+                del seq.logprobs[end:]
+                return True
+        return False  # unreachable: the full text held a stop string
+
+    def _retire(self, slot: int, reason: FinishReason) -> None:
+        seq = self._running[slot]
+        self._running[slot] = None
+        self._slots.active[slot] = False
+        self._slots.page_table[slot] = 0
+        self._allocator.free(seq.pages)
+        seq.pages = []
+        self._finish(seq, reason)
+
+    def _finish(self, seq: _Sequence, reason: FinishReason) -> None:
+        seq.finish_reason = reason
+        self._finished.append(seq)
+
+    def _drain_finished(self) -> list[tuple[int, Completion]]:
+        done, self._finished = self._finished, []
+        return [(seq.order, Completion(
+            prompt_id=seq.request.prompt_id, sample_index=seq.sample_index, seed=seq.request.seed,
+            prompt_ids=tuple(int(t) for t in seq.request.prompt_ids), completion_ids=tuple(seq.tokens),
+            logprobs=tuple(seq.logprobs), finish_reason=seq.finish_reason, weight_version=seq.version))
+            for seq in done]
+
+    def _maybe_swap_weights(self) -> None:
+        with self._lock:
+            if self._pending_weights is None or any(seq is not None for seq in self._running):
+                return
+            (self._params, self._version), self._pending_weights = self._pending_weights, None
+        self.stats["weight_swaps"] += 1
+        logger.info("engine now on weight version %d", self._version)
+
+    @staticmethod
+    def _resolve_attention(impl: str) -> bool:
+        if impl == "auto":
+            return jax.default_backend() in ("tpu", "gpu")
+        return impl == "pallas"
+
+    # ------------------------------------------------------------------ compiled programs (device)
+
+    def _keys(self, state, token_index):
+        return jax.vmap(sample_key)(state["seed"], state["prompt_key"], state["sample_index"], token_index)
+
+    def _prefill_fn(self, params, cache: KVCache, tokens, positions, page_table, state, *, mode):
+        """Run left-padded prompts [B, T] through the model, fill their pages, sample each first token."""
+        valid = positions >= 0
+        scale = self.model_config.head_dim ** -0.5
+
+        def attend(layer, q, k, v, cache):
+            cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, valid),
+                            write_pages(cache.v, layer, v, page_table, positions, valid))
+            return prefill_attention(q, k, v, valid, scale), cache
+
+        logits, cache = forward_with_cache(params, self.model_config, tokens, positions, cache, attend,
+                                           last_token_only=True)
+        keys = self._keys(state, jnp.zeros_like(state["seed"]))
+        first, logprobs = sample_tokens(logits[:, 0], keys, state["temperature"], state["top_k"], state["top_p"], mode)
+        return first, logprobs, cache
+
+    def _decode_fn(self, params, cache: KVCache, state, *, mode):
+        """Decode up to ``decode_steps_per_call`` tokens for every active slot; stop early when all are done.
+
+        Returns tokens and log-probs [num_slots, steps] (-1 where a slot produced nothing), the
+        number of steps run, the updated slot state and the cache.
+        """
+        chunk = self.config.decode_steps_per_call
+        num_slots = state["active"].shape[0]
+        scale = self.model_config.head_dim ** -0.5
+        page_table = state["page_table"]
+
+        def step(carry):
+            index, cache, s, out_tokens, out_logprobs = carry
+            active = s["active"]
+            positions = s["length"][:, None]
+
+            def attend(layer, q, k, v, cache):
+                cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
+                                write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
+                attention = self._decode_attention(q[:, 0], cache.k[layer], cache.v[layer], page_table,
+                                                   s["length"] + 1, scale)
+                return attention[:, None], cache
+
+            logits, cache = forward_with_cache(params, self.model_config, s["last_token"][:, None], positions, cache,
+                                               attend)
+            keys = self._keys(s, s["generated"] + 1)  # token 0 was sampled by the prefill
+            tokens, logprobs = sample_tokens(logits[:, 0], keys, s["temperature"], s["top_k"], s["top_p"], mode)
+            out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
+            out_logprobs = out_logprobs.at[:, index].set(jnp.where(active, logprobs, 0.0))
+            generated = s["generated"] + active
+            stopped = (tokens[:, None] == s["stop_ids"]).any(axis=1)
+            # generated counts decode steps; the prefill's token makes the total generated + 1.
+            done = stopped | (generated + 1 >= s["max_new"])
+            s = {**s, "generated": generated, "length": s["length"] + active, "active": active & ~done,
+                 "last_token": jnp.where(active, tokens, s["last_token"])}
+            return index + 1, cache, s, out_tokens, out_logprobs
+
+        def keep_going(carry):
+            index, _, s, _, _ = carry
+            return (index < chunk) & s["active"].any()
+
+        init = (jnp.int32(0), cache, state, jnp.full((num_slots, chunk), -1, jnp.int32),
+                jnp.zeros((num_slots, chunk), jnp.float32))
+        steps, cache, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
+        return out_tokens, out_logprobs, steps, state, cache
+
+    def _decode_attention(self, q, k_pages, v_pages, page_table, lengths, scale):
+        if self._use_pallas:
+            return paged_decode_attention(q, k_pages, v_pages, page_table, lengths, scale=scale,
+                                          interpret=jax.default_backend() == "cpu")
+        return paged_decode_attention_reference(q, k_pages, v_pages, page_table, lengths, scale)
