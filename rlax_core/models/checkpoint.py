@@ -366,8 +366,10 @@ def hf_state_items(config: ModelConfig, params: Params) -> Iterator[tuple[str, C
         nbytes = int(np.prod(tensor.hf_shape)) * itemsize
         for i, name in enumerate(tensor.names(config.num_layers)):
             def produce(value=value, i=i, tensor=tensor):
-                host = np.asarray(value[i] if tensor.per_layer else value)
-                return tensor.to_hf(host)
+                # np.asarray of a host-resident array is a view; slicing it on the host avoids
+                # compiling one device slice per layer.
+                host = np.asarray(value)
+                return tensor.to_hf(host[i] if tensor.per_layer else host)
             yield name, produce, nbytes
 
 
