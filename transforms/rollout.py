@@ -282,6 +282,9 @@ class MarkStepGenerated(beam.DoFn):
             yield step
 
 
+StepSlot = beam.typehints.KV[int, int]
+
+
 class RolloutStream(beam.PTransform):
     """ticks (main input) + latest version (side input PCollection) -> rollout groups in the store."""
 
@@ -304,8 +307,8 @@ class RolloutStream(beam.PTransform):
             AssembleGroups.DROPPED, main="kept")
         written = assembled.kept | "WriteGroups" >> beam.ParDo(WriteGroups(spec))
         finished = (
-            (written | "WrittenSlot" >> beam.Map(lambda w: (w["step"], w["slot"])),
-             assembled.dropped | "DroppedSlot" >> beam.Map(lambda g: tuple(g["key"])))
+            (written | "WrittenSlot" >> beam.Map(lambda w: (w["step"], w["slot"])).with_output_types(StepSlot),
+             assembled.dropped | "DroppedSlot" >> beam.Map(lambda g: (g["key"][0], g["key"][1])).with_output_types(StepSlot))
             | "AllSlots" >> beam.Flatten()
             | "ByStep" >> beam.GroupByKey()
             | "MarkStepGenerated" >> beam.ParDo(MarkStepGenerated(spec))

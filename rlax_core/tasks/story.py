@@ -44,7 +44,7 @@ WORD = re.compile(r"[a-z']+")
 class StoryTaskConfig:
     """What a passing paragraph is; the quickstart measured these defaults on stories260K."""
 
-    target_word: str = "friend"
+    target_word: str = "happy"
     max_new_tokens: int = 64  # the paragraph must end within this many tokens
     min_words: int = 8
     no_repeat_ngram: int = 3
@@ -95,7 +95,7 @@ def score_story(completion: str, finish_reason: str, config: StoryTaskConfig = S
 
 # ----------------------------------------------------------------------------- prompts
 
-_CHARACTERS = ["little girl", "little boy", "small dog", "big cat", "tiny bird", "old man", "kind woman", "happy bunny",
+_CHARACTERS = ["little girl", "little boy", "small dog", "big cat", "tiny bird", "old man", "kind woman", "fluffy bunny",
                "brave mouse", "shy bear", "funny frog", "young fox"]
 _TRAIN_NAMES = ["Lily", "Tom", "Max", "Sue", "Ben", "Mia", "Sam", "Anna", "Tim", "Lucy", "Jack", "Zoe", "Leo", "Emma",
                 "Jake", "Kitty"]
@@ -106,9 +106,9 @@ _HELDOUT_SCENES = ["in a quiet village", "by the lake", "in the garden"]
 _LIKES = ["to play with a ball", "to run and jump", "to sing songs", "to eat cake", "to look at the sky",
           "to draw pictures"]
 _TEMPLATES = [
-    "Once upon a time, there was a {character} named {name}. {name} lived {scene}. Every day, {name} liked {like}.",
-    "One day, a {character} named {name} was {scene}. {name} wanted {like}.",
-    "{name} was a {character} who lived {scene}. {name} loved {like}.",
+    "Once upon a time, there was a {character} named {name}. {name} lived {scene}.",
+    "One day, {name} the {character} was {scene}. {name} wanted {like}.",
+    "{name} was a {character}. {name} loved {like}.",
 ]
 
 
@@ -116,10 +116,9 @@ def story_prompts(split: str) -> list[str]:
     """Every prompt of ``split`` ("train" or "heldout"), in a fixed order."""
     require(split in ("train", "heldout"), "split", "train or heldout")
     names, scenes = (_TRAIN_NAMES, _TRAIN_SCENES) if split == "train" else (_HELDOUT_NAMES, _HELDOUT_SCENES)
-    prompts = []
-    for template, character, name, scene, like in itertools.product(_TEMPLATES, _CHARACTERS, names, scenes, _LIKES):
-        prompts.append(template.format(character=character, name=name, scene=scene, like=like))
-    return prompts
+    prompts = (template.format(character=character, name=name, scene=scene, like=like)
+               for template, character, name, scene, like in itertools.product(_TEMPLATES, _CHARACTERS, names, scenes, _LIKES))
+    return list(dict.fromkeys(prompts))  # templates that skip a field would repeat prompts
 
 
 def story_examples(split: str, count: int, seed: int = 0, config: StoryTaskConfig = StoryTaskConfig()) -> list[dict[str, Any]]:

@@ -1,0 +1,185 @@
+"""``rlax rollout``: the rollout fleet, a Beam streaming pipeline.
+
+    rlax rollout --config configs/quickstart.yaml --train-set runs/q/filtered/ loop.samples_per_prompt=8
+
+Two clocks drive it (``transforms.live_side_input``): ``PollEveryInterval`` reads the weight store's
+newest committed version, the slowly updating side input; ``TicksEveryInterval`` is the main input.
+On each tick the prompt schedule emits the steps that version allows, the engine (one per worker
+process) generates them with the latest weights, the task's verifier scores them, and every group is
+written to the rollout store under its idempotent name. Locally it runs on Prism (the default
+streaming runner, see ``pipelines.runners``); on Dataflow the same pipeline runs with
+``--runner DataflowRunner --streaming --enable_streaming_engine`` and accelerator workers
+(``configs/qwen25_7b_math_dataflow_tpu.yaml`` documents the options).
+
+The pipeline ends by itself once every step of ``trainer.total_steps`` is generated (or after
+``--max-runtime-s``); ``rlax launch`` also stops it when the trainer is done.
+
+Settings of the loop that no other section owns live under ``loop.`` overrides (see ``LoopConfig``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from rlax_core.config import from_dict, require, to_dict
+
+HELP = "Beam streaming: generate and score rollouts with the latest weights"
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """The rollout side of the online loop (``loop.KEY=VALUE`` on the command line)."""
+
+    train_set: str = ""  # parquet file or folder of Example rows (the difficulty filter's output)
+    samples_per_prompt: int = 8  # G
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
+    task: str = "story"
+    task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    drop_uniform_groups: bool = False  # DAPO dynamic sampling
+    poll_interval_s: float = 1.0  # how often the side input re-reads the latest version
+    max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
+
+    def __post_init__(self):
+        require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
+        require(self.temperature > 0, "temperature", "> 0 (RL samples; greedy gives identical groups)")
+        require(0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
+        require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``loop.*`` overrides (without the prefix) and the rest (the run config's)."""
+    loop = [o[len("loop."):] for o in overrides if o.startswith("loop.")]
+    return loop, [o for o in overrides if not o.startswith("loop.")]
+
+
+def load_configs(config_path: str | None, overrides: Sequence[str]):
+    """(RunConfig, LoopConfig) from a run config file, an optional ``loop:`` file beside it, overrides."""
+    from rlax_core.config import apply_overrides, read_yaml
+    from pipelines.config import load_run_config
+
+    loop_overrides, run_overrides = split_overrides(overrides)
+    run_config = load_run_config(config_path, run_overrides)
+    loop_data = apply_overrides({}, loop_overrides)
+    return run_config, from_dict(LoopConfig, loop_data, "loop")
+
+
+def read_examples(path: str) -> list[dict[str, Any]]:
+    """Example rows from a parquet file, a folder of parquet shards or a JSON-lines file."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    if path.endswith(".jsonl"):
+        with fsspec.open(path, "r", encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    fs, root = fsspec.core.url_to_fs(path)
+    files = sorted(fs.glob(f"{root.rstrip('/')}/*.parquet")) if fs.isdir(root) else [root]
+    rows: list[dict[str, Any]] = []
+    for file in files:
+        with fs.open(file, "rb") as handle:
+            rows.extend(pq.read_table(handle).to_pylist())
+    if not rows:
+        raise FileNotFoundError(f"no examples under {path}")
+    # The schedule indexes rows, so their order must not depend on how shards were written.
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def build_spec(run_config, loop: LoopConfig, examples: list[dict[str, Any]]):
+    from rlax_core.inference.config import SamplingParams
+    from transforms.rollout import RolloutSpec
+
+    keep = ("id", "prompt", "answer", "task", "meta")
+    engine = run_config.engine
+    sampling = SamplingParams(temperature=loop.temperature, top_p=loop.top_p, max_new_tokens=engine.max_new_tokens,
+                              n=loop.samples_per_prompt, stop_token_ids=tuple(loop.stop_token_ids))
+    return RolloutSpec(
+        run=run_config.run.name,
+        run_seed=run_config.run.seed,
+        model_path=run_config.model.resolved_path(),
+        train_set=tuple({k: row.get(k) for k in keep} for row in examples),
+        rollout_root=rollout_root(run_config),
+        weights=run_config.weight_store(),
+        engine=engine,
+        sampling=sampling,
+        prompts_per_step=run_config.trainer.groups_per_step,
+        total_steps=run_config.trainer.total_steps,
+        max_staleness=run_config.trainer.max_staleness,
+        task=loop.task,
+        task_options=tuple(sorted(loop.task_options.items())),
+        drop_uniform_groups=loop.drop_uniform_groups,
+    )
+
+
+def rollout_root(run_config) -> str:
+    return f"{run_config.run.output_dir.rstrip('/')}/rollouts"
+
+
+class _LatestVersion:
+    """Picklable ``read()`` of the side input: the weight store's newest committed version."""
+
+    def __init__(self, weights_config):
+        self._config = weights_config
+        self._store = None
+
+    def __call__(self):
+        if self._store is None:
+            from rlax_core.weights.store import WeightStore
+
+            self._store = WeightStore(self._config)
+        return self._store.latest()
+
+
+def build(pipeline, spec, loop: LoopConfig, start: float | None = None):
+    """Wire the streaming pipeline onto ``pipeline``; returns the PCollection of finished steps."""
+    from transforms.live_side_input import PollEveryInterval, TicksEveryInterval
+    from transforms.rollout import RolloutStream
+
+    start = time.time() if start is None else start
+    stop = start + loop.max_runtime_s
+    latest = pipeline | "LatestVersion" >> PollEveryInterval(_LatestVersion(spec.weights), loop.poll_interval_s,
+                                                              start=start, stop=stop)
+    ticks = pipeline | "Ticks" >> TicksEveryInterval(loop.poll_interval_s, start=start, stop=stop)
+    return (ticks, latest) | "RolloutStream" >> RolloutStream(spec)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--train-set", help="parquet file/folder or .jsonl of Example rows (overrides loop.train_set)")
+    parser.add_argument("--max-runtime-s", type=float, help="stop the pipeline after this many seconds")
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    import apache_beam as beam
+
+    from pipelines.runners import pipeline_options
+
+    overrides = list(args.overrides)
+    if args.train_set:
+        overrides.append(f"loop.train_set={args.train_set}")
+    if args.max_runtime_s:
+        overrides.append(f"loop.max_runtime_s={args.max_runtime_s}")
+    run_config, loop = load_configs(args.config, overrides)
+    if not loop.train_set:
+        print("rlax rollout: say which prompts to train on: --train-set PATH (or loop.train_set=PATH)", file=sys.stderr)
+        return 2
+    examples = read_examples(loop.train_set)
+    spec = build_spec(run_config, loop, examples)
+    # A streaming pipeline needs a live runner: unless told otherwise, pipeline_options picks Prism.
+    runner_args = list(beam_args) or ([] if run_config.beam.runner == "DirectRunner" else run_config.beam.args())
+    options = pipeline_options(runner_args, streaming=True)
+    log.info("rollout: %d training prompts, %d steps x %d prompts x %d samples, k=%d, store %s",
+             len(examples), spec.total_steps, spec.prompts_per_step, loop.samples_per_prompt, spec.max_staleness,
+             spec.rollout_root)
+    with beam.Pipeline(options=options) as pipeline:
+        build(pipeline, spec, loop)
+    return 0
