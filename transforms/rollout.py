@@ -250,7 +250,7 @@ class AssembleGroups(beam.DoFn):
 
 
 class WriteGroups(beam.DoFn):
-    """Writes each group under its idempotent name; marks a step generated once all its groups passed."""
+    """Writes each group under its idempotent name; yields the group's summary for its step."""
 
     def __init__(self, spec: RolloutSpec):
         self._spec = spec
@@ -260,12 +260,46 @@ class WriteGroups(beam.DoFn):
 
     def process(self, group: dict):
         step, slot = group["key"]
-        path = self._store.write_group(GroupKey(step, slot), group["rows"])
-        yield {"step": step, "slot": slot, "path": path, "version": group["rows"][0]["policy_version"]}
+        self._store.write_group(GroupKey(step, slot), group["rows"])
+        yield step, group_summary(group, written=True)
+
+
+def group_summary(group: dict, *, written: bool) -> dict:
+    """What the step's metrics need of one group (small: it travels through a GroupByKey)."""
+    rows = group["rows"]
+    return {
+        "slot": group["key"][1],
+        "written": written,
+        "rewards": [row["reward"] for row in rows],
+        "passes": [bool(json.loads(row["reward_info"]).get("pass", False)) for row in rows],
+        "lengths": [len(row["completion_ids"]) for row in rows],
+        "versions": [row["policy_version"] for row in rows],
+        "generate_seconds": group["generate_seconds"],
+    }
+
+
+def step_metrics(step: int, summaries: list[dict]) -> dict:
+    """Rollout-side metrics of one schedule step from its groups' summaries."""
+    rewards = [r for s in summaries for r in s["rewards"]]
+    passes = [p for s in summaries for p in s["passes"]]
+    lengths = [n for s in summaries for n in s["lengths"]]
+    seconds = sum(s["generate_seconds"] for s in summaries)
+    return {
+        "step": step,
+        "policy_version": min(v for s in summaries for v in s["versions"]),
+        "groups": len(summaries),
+        "groups_dropped_uniform": sum(not s["written"] for s in summaries),
+        "reward_mean": sum(rewards) / len(rewards),
+        "pass_rate": sum(passes) / len(passes),
+        "response_length_mean": sum(lengths) / len(lengths),
+        "rollout_seconds": seconds,
+        "rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else None,
+    }
 
 
 class MarkStepGenerated(beam.DoFn):
-    """Per step (after GroupByKey over its groups, written or dropped): the step's ``_GENERATED`` marker."""
+    """Per step (its groups' summaries, written or dropped): write ``ROOT/RUN-metrics/step_N.json`` and
+    the step's ``_GENERATED`` marker once every prompt slot is accounted for. Both are idempotent."""
 
     def __init__(self, spec: RolloutSpec):
         self._spec = spec
@@ -274,15 +308,31 @@ class MarkStepGenerated(beam.DoFn):
         self._store = self._spec.store()
 
     def process(self, keyed):
-        step, slots = keyed
-        if len(set(slots)) >= self._spec.prompts_per_step:
-            fs, path = fsspec.core.url_to_fs(_marker_path(self._store, step))
-            fs.pipe_file(path, b"")
-            release_claim(self._spec.run, step)
-            yield step
+        step, summaries = keyed
+        by_slot = {s["slot"]: s for s in summaries}  # a retried bundle may deliver a slot twice
+        if len(by_slot) < self._spec.prompts_per_step:
+            return
+        metrics = step_metrics(step, list(by_slot.values()))
+        fs, folder = fsspec.core.url_to_fs(f"{self._spec.rollout_root}/{self._spec.run}-metrics")
+        fs.makedirs(folder, exist_ok=True)
+        fs.pipe_file(f"{folder}/step_{step:08d}.json", json.dumps(metrics, sort_keys=True).encode())
+        fs, path = fsspec.core.url_to_fs(_marker_path(self._store, step))
+        fs.pipe_file(path, b"")
+        release_claim(self._spec.run, step)
+        yield metrics
 
 
-StepSlot = beam.typehints.KV[int, int]
+def read_step_metrics(rollout_root: str, run: str) -> list[dict]:
+    """Every step's rollout metrics written so far, by step."""
+    fs, folder = fsspec.core.url_to_fs(f"{rollout_root}/{run}-metrics")
+    try:
+        files = sorted(fs.glob(f"{folder}/step_*.json"))
+    except FileNotFoundError:
+        return []
+    return [json.loads(fs.cat_file(f)) for f in files]
+
+
+StepSummary = beam.typehints.KV[int, dict]
 
 
 class RolloutStream(beam.PTransform):
@@ -305,11 +355,12 @@ class RolloutStream(beam.PTransform):
         )
         assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(
             AssembleGroups.DROPPED, main="kept")
-        written = assembled.kept | "WriteGroups" >> beam.ParDo(WriteGroups(spec))
+        written = assembled.kept | "WriteGroups" >> beam.ParDo(WriteGroups(spec)).with_output_types(StepSummary)
         finished = (
-            (written | "WrittenSlot" >> beam.Map(lambda w: (w["step"], w["slot"])).with_output_types(StepSlot),
-             assembled.dropped | "DroppedSlot" >> beam.Map(lambda g: (g["key"][0], g["key"][1])).with_output_types(StepSlot))
-            | "AllSlots" >> beam.Flatten()
+            (written,
+             assembled.dropped | "SummarizeDropped" >> beam.Map(
+                 lambda g: (g["key"][0], group_summary(g, written=False))).with_output_types(StepSummary))
+            | "AllGroups" >> beam.Flatten()
             | "ByStep" >> beam.GroupByKey()
             | "MarkStepGenerated" >> beam.ParDo(MarkStepGenerated(spec))
         )
