@@ -1,0 +1,97 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlax_core.data.rollout_store import GroupKey, RolloutStore
+from rlax_core.models.config import toy_config
+from rlax_core.rl.config import AlgorithmConfig
+from rlax_core.training.batching import make_batch
+from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig
+from rlax_core.training.mesh import make_mesh
+from rlax_core.training.step import Trainer, token_logprobs
+
+from training_helpers import write_random_groups
+
+MODEL = toy_config()
+# A large Adam eps: the first Adam step is lr * g / (|g| + eps), which turns float noise in a
+# near-zero gradient into a full lr-sized step; eps = 1e-4 keeps the comparison about the math.
+OPTIMIZER = OptimizerConfig(learning_rate=1e-3, eps=1e-4)
+
+
+def batch_from_store(tmp_path, groups=4, samples=4, row_multiple=1):
+    store = RolloutStore(tmp_path, run="t")
+    write_random_groups(store, [0], groups_per_step=groups, samples=samples)
+    return make_batch([store.read_group(k) for k in store.list_groups()], max_seq_len=16, row_multiple=row_multiple)
+
+
+def trainer(mesh_config=MeshConfig(), algorithm=AlgorithmConfig(), **overrides):
+    config = TrainerConfig(max_seq_len=16, mesh=mesh_config, optimizer=OPTIMIZER, **overrides)
+    return Trainer(MODEL, algorithm, config, make_mesh(config.mesh, jax.devices()[: _devices(mesh_config)]))
+
+
+def _devices(mesh_config):
+    return max(1, mesh_config.data) * max(1, mesh_config.fsdp) * max(1, mesh_config.tensor)
+
+
+def test_batch_layout_aligns_completion_tokens_with_their_predictions(tmp_path):
+    batch = batch_from_store(tmp_path, groups=2, samples=3, row_multiple=4)
+    assert batch["tokens"].shape == (8, 16) and batch["loss_mask"].shape == (8, 15)
+    assert batch["sample_mask"].tolist() == [1] * 6 + [0] * 2
+    assert batch["group_ids"].tolist() == [0, 0, 0, 1, 1, 1, -1, -1]
+    # prompt 5 + completion 6: predictions of positions 4..9 are completion tokens 5..10
+    assert batch["loss_mask"][0].nonzero()[0].tolist() == list(range(4, 10))
+    assert batch["attention_mask"][0].sum() == 11
+
+
+@pytest.mark.slow
+def test_first_update_is_on_policy_and_micro_batches_add_up(tmp_path):
+    batch = batch_from_store(tmp_path, groups=4, samples=4)
+    whole, split = trainer(micro_batches=1), trainer(micro_batches=4)
+    params = whole.init_state().params
+    state_a, metrics_a = whole.step(whole.init_state(params), batch)
+    state_b, metrics_b = split.step(split.init_state(params), batch)
+    assert float(metrics_a["ratio_min"]) == float(metrics_a["ratio_max"]) == 1.0  # pi / pi_old, exactly
+    assert float(metrics_a["approx_kl_old"]) == 0.0
+    np.testing.assert_allclose(float(metrics_a["loss"]), float(metrics_b["loss"]), atol=1e-6)
+    np.testing.assert_allclose(float(metrics_a["grad_norm"]), float(metrics_b["grad_norm"]), rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), state_a.params, state_b.params)
+    assert int(state_a.step) == 1 and not np.array_equal(state_a.rng, whole.init_state(params).rng)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_config", [MeshConfig(fsdp=2, tensor=4), MeshConfig(data=2, fsdp=2, tensor=2)])
+def test_sharded_step_equals_unsharded(tmp_path, mesh_config):
+    assert len(jax.devices()) == 8, "conftest simulates 8 CPU devices"
+    batch = batch_from_store(tmp_path, groups=4, samples=4)
+    single, sharded = trainer(MeshConfig(fsdp=1)), trainer(mesh_config, micro_batches=2)
+    params = single.init_state().params
+    state_1, metrics_1 = single.step(single.init_state(params), batch)
+    state_8, metrics_8 = sharded.step(sharded.init_state(params), batch)
+    embedding = state_8.params["embed_tokens"]["embedding"]
+    assert len(embedding.sharding.device_set) == 8 and not embedding.sharding.is_fully_replicated
+    np.testing.assert_allclose(float(metrics_1["loss"]), float(metrics_8["loss"]), rtol=1e-5, atol=1e-7)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6),
+                 state_1.params, state_8.params)
+
+
+def test_kl_to_reference_is_computed_in_the_graph(tmp_path):
+    batch = batch_from_store(tmp_path)
+    kl = trainer(algorithm=AlgorithmConfig(kl_coef=0.1))
+    state = kl.init_state()
+    with pytest.raises(ValueError, match="needs ref_params"):
+        kl.step(state, batch)
+    reference = jax.tree.map(jnp.copy, state.params)
+    state, metrics = kl.step(state, batch, ref_params=reference)
+    assert float(metrics["kl_ref"]) == 0.0  # the policy is the reference before its first step
+    state, metrics = kl.step(state, batch, ref_params=reference)
+    assert float(metrics["kl_ref"]) > 0.0
+
+
+def test_bfloat16_parameters_keep_float32_log_probs(tmp_path):
+    batch = batch_from_store(tmp_path)
+    bf16 = trainer(param_dtype="bfloat16")
+    state, metrics = bf16.step(bf16.init_state(), batch)
+    assert state.params["embed_tokens"]["embedding"].dtype == jnp.bfloat16
+    logprobs, _ = token_logprobs(state.params, MODEL, jnp.asarray(batch["tokens"]), jnp.asarray(batch["attention_mask"]))
+    assert logprobs.dtype == jnp.float32 and np.isfinite(float(metrics["loss"]))

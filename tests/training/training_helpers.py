@@ -1,0 +1,58 @@
+"""Small real pieces the trainer tests share: a sampler over the toy model and rollout groups from it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlax_core.data.rollout_store import GroupKey, RolloutStore
+from rlax_core.models.transformer import forward
+
+
+def sample(params, config, prompts: np.ndarray, num_new: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Sample ``num_new`` tokens after each prompt row (full recompute: tiny model, few tokens).
+
+    Returns the completions [N, num_new] and the sampler's log-probs of them.
+    """
+    rows, prompt_len = prompts.shape
+
+    @jax.jit
+    def run(params, prompts, rng):
+        buffer = jnp.concatenate([prompts, jnp.zeros((rows, num_new), jnp.int32)], axis=1)
+
+        def body(i, carry):
+            buffer, logps, rng = carry
+            rng, key = jax.random.split(rng)
+            logits = forward(params, config, buffer)[:, prompt_len + i - 1]
+            token = jax.random.categorical(key, logits)
+            logp = jax.nn.log_softmax(logits)[jnp.arange(rows), token]
+            return buffer.at[:, prompt_len + i].set(token), logps.at[:, i].set(logp), rng
+
+        buffer, logps, _ = jax.lax.fori_loop(0, num_new, body, (buffer, jnp.zeros((rows, num_new)), rng))
+        return buffer[:, prompt_len:], logps
+
+    completions, logps = run(params, jnp.asarray(prompts, jnp.int32), rng)
+    return np.asarray(completions), np.asarray(logps)
+
+
+def rollout_rows(store: RolloutStore, key: GroupKey, prompt, completions, logps, rewards, version: int):
+    return [dict(example_id=f"ex{key.prompt_index}", group_id=store.group_id(key), sample_idx=j,
+                 policy_version=version, seed=j, prompt_ids=[int(t) for t in prompt],
+                 completion_ids=[int(t) for t in completions[j]], behavior_logprobs=[float(x) for x in logps[j]],
+                 finish_reason="length", reward=float(rewards[j]), reward_info="{}")
+            for j in range(len(completions))]
+
+
+def write_random_groups(store: RolloutStore, steps, *, groups_per_step: int, samples: int = 4,
+                        prompt_len: int = 5, completion_len: int = 6, vocab: int = 256, seed: int = 0):
+    """Groups with random tokens and rewards: enough to exercise the job's bookkeeping exactly."""
+    for step in steps:
+        for index in range(groups_per_step):
+            key = GroupKey(step, index)
+            rng = np.random.default_rng([seed, step, index])
+            prompt = rng.integers(3, vocab, prompt_len)
+            completions = rng.integers(3, vocab, (samples, completion_len))
+            logps = -rng.random((samples, completion_len)) * 5
+            rewards = rng.random(samples)
+            store.write_group(key, rollout_rows(store, key, prompt, completions, logps, rewards, version=step))
