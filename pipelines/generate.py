@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
                                                 tokenize=True)
         else:
             # Models with a BOS token (Llama, llama2.c) were trained with it in front of every text.
-            ids = tokenizer.encode(text, add_bos=tokenizer.bos_id is not None)
+            ids = tokenizer.encode(text, add_bos=True)
         if not ids:
             print("rlax generate: the prompt is empty and the tokenizer has no BOS token to start from", file=sys.stderr)
             return 2

@@ -63,10 +63,10 @@ class Tokenizer:
         raise NotImplementedError
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_bos`` prepends BOS where the tokenizer has one (Qwen has none),
+        as transformers' ``add_special_tokens`` does, so callers need not know the family."""
         ids = self._encode(text)
-        if add_bos:
-            if self.bos_id is None:
-                raise ValueError("add_bos=True but this tokenizer has no BOS token")
+        if add_bos and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return ids
 
