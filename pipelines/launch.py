@@ -1,0 +1,212 @@
+"""``rlax launch``: the trainer job and the rollout pipeline together on this machine.
+
+    rlax launch --config configs/quickstart.yaml --train-set runs/q/filtered trainer.max_staleness=0
+
+Starts ``rlax train`` and ``rlax rollout`` as two processes (each in its own process group, logs
+under ``OUTPUT/logs/``), waits until the trainer has finished ``trainer.total_steps`` steps, then
+stops the rollout pipeline (SIGTERM, then SIGKILL after a grace period) and writes the loop's
+per-step metrics (``OUTPUT/loop/metrics.jsonl`` + TensorBoard), joining the trainer's metrics with
+the rollout side's: reward, pass rate, response length, staleness histogram, stale drops, rollout
+and train time, trainer idle fraction, tokens/s, mismatch KL. A process that dies early stops the
+other and fails the launch loudly; so does ``--timeout-s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+HELP = "run the trainer and the rollout pipeline together on this machine"
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def stop(self, grace_s: float) -> int | None:
+        """SIGTERM the process group, SIGKILL it after ``grace_s``; returns the exit code."""
+        if self.popen.poll() is None:
+            _signal_group(self.popen, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s of SIGTERM; killing it", self.name, grace_s)
+                _signal_group(self.popen, signal.SIGKILL)
+                self.popen.wait(timeout=30)
+        else:
+            _signal_group(self.popen, signal.SIGKILL)  # children it may have left (Prism, workers)
+        return self.popen.returncode
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+def _signal_group(popen: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def start(name: str, argv: Sequence[str], log_dir: Path) -> Process:
+    """``python -m pipelines.cli ARGV`` in its own session, output to ``log_dir/NAME.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    handle = open(log_path, "ab")
+    command = [sys.executable, "-m", "pipelines.cli", *argv]
+    log.info("launch: starting %s: %s", name, " ".join(command))
+    popen = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                             cwd=Path(__file__).resolve().parents[1])
+    handle.close()
+    return Process(name, popen, log_path)
+
+
+def trainer_argv(config: str | None, run_overrides: Sequence[str]) -> list[str]:
+    return ["train", *(["--config", config] if config else []), *run_overrides]
+
+
+def rollout_argv(config: str | None, overrides: Sequence[str], train_set: str, beam_args: Sequence[str]) -> list[str]:
+    return ["rollout", *(["--config", config] if config else []), "--train-set", train_set, *overrides, *beam_args]
+
+
+def trainer_metrics_dir(run_config) -> Path:
+    return Path(run_config.run.output_dir) / "metrics"
+
+
+def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, metrics_dir: Path, timeout_s: float,
+                     poll_s: float = 2.0) -> None:
+    """Until the trainer exits 0; raise if either process fails or the timeout passes."""
+    from rlax_core.utils.logging import progress
+    from rlax_core.utils.metrics import read_metrics
+
+    deadline = time.monotonic() + timeout_s
+    bar = iter(progress(range(total_steps), desc="trainer steps", total=total_steps, unit="step"))
+    shown = 0
+    while True:
+        code = trainer.popen.poll()
+        steps = len({row["step"] for row in read_metrics(metrics_dir) if "step" in row})
+        while shown < min(steps, total_steps):
+            next(bar, None)
+            shown += 1
+        if code is not None:
+            if code != 0:
+                raise RuntimeError(f"the trainer exited with code {code}; last lines of {trainer.log_path}:\n"
+                                   f"{trainer.tail()}")
+            return
+        if rollout.popen.poll() is not None and rollout.popen.returncode != 0:
+            raise RuntimeError(f"the rollout pipeline exited with code {rollout.popen.returncode}; last lines of "
+                               f"{rollout.log_path}:\n{rollout.tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the trainer did not finish {total_steps} steps within {timeout_s:.0f} s "
+                               f"({steps} done); see {trainer.log_path} and {rollout.log_path}")
+        time.sleep(poll_s)
+
+
+def loop_metrics(run_config, rollout_root: str) -> list[dict[str, Any]]:
+    """The loop's per-step metrics: trainer rows joined with the rollout side's, by step."""
+    from rlax_core.data.rollout_store import RolloutStore
+    from rlax_core.utils.metrics import read_metrics
+    from transforms.rollout import read_step_metrics
+
+    trainer_rows = {row["step"]: row for row in read_metrics(trainer_metrics_dir(run_config))}
+    rollout_rows = {row["step"]: row for row in read_step_metrics(rollout_root, run_config.run.name)}
+    store = RolloutStore(rollout_root, run_config.run.name)
+    versions_by_step: dict[int, list[int]] = collections.defaultdict(list)
+    for key in store.list_groups():
+        versions_by_step[key.step].extend(store.read_group(key).column("policy_version").to_pylist())
+    rows = []
+    previous_time = None
+    for step in sorted(set(trainer_rows) | set(rollout_rows)):
+        row: dict[str, Any] = {"step": step}
+        trained = trainer_rows.get(step, {})
+        row.update({f"trainer/{k}": v for k, v in trained.items() if k not in ("step", "time")})
+        row.update({f"rollout/{k}": v for k, v in rollout_rows.get(step, {}).items() if k != "step"})
+        staleness = collections.Counter(step - v for v in versions_by_step.get(step, []))
+        for lag, count in sorted(staleness.items()):
+            row[f"staleness/{lag}"] = count
+        if "time" in trained:
+            if previous_time is not None:
+                row["loop/step_wall_s"] = trained["time"] - previous_time
+            previous_time = trained["time"]
+        rows.append(row)
+    return rows
+
+
+def write_loop_metrics(rows: list[dict[str, Any]], directory: Path) -> None:
+    from rlax_core.utils.metrics import MetricsWriter
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metrics.jsonl").unlink(missing_ok=True)
+    with MetricsWriter(directory) as writer:
+        for row in rows:
+            writer.write(row["step"], {k: v for k, v in row.items() if k != "step"})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--train-set", help="training prompts for the rollout pipeline (overrides loop.train_set)")
+    parser.add_argument("--timeout-s", type=float, default=3600.0, help="fail if the trainer is not done by then")
+    parser.add_argument("--stop-grace-s", type=float, default=30.0, help="SIGTERM-to-SIGKILL grace when stopping")
+
+
+def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str], *, train_set: str | None = None,
+           timeout_s: float = 3600.0, stop_grace_s: float = 30.0) -> dict[str, str]:
+    """Run both jobs to the end; returns where the run's outputs are."""
+    from pipelines.rl_stream import load_configs, rollout_root
+
+    overrides = list(overrides)
+    if train_set:
+        overrides.append(f"loop.train_set={train_set}")
+    run_config, loop = load_configs(config, overrides)
+    if not loop.train_set:
+        raise ValueError("say which prompts to train on: --train-set PATH (or loop.train_set=PATH)")
+    run_overrides = [o for o in overrides if not o.startswith("loop.")]
+    output = Path(run_config.run.output_dir)
+    logs = output / "logs"
+    trainer = start("trainer", trainer_argv(config, run_overrides), logs)
+    rollout = start("rollout", rollout_argv(config, overrides, loop.train_set, beam_args), logs)
+    started = time.monotonic()
+    try:
+        wait_for_trainer(trainer, rollout, total_steps=run_config.trainer.total_steps,
+                         metrics_dir=trainer_metrics_dir(run_config), timeout_s=timeout_s)
+    finally:
+        for process in (rollout, trainer):
+            process.stop(stop_grace_s)
+    log.info("launch: %d trainer steps in %.1f s", run_config.trainer.total_steps, time.monotonic() - started)
+    loop_dir = output / "loop"
+    write_loop_metrics(loop_metrics(run_config, rollout_root(run_config)), loop_dir)
+    return {
+        "metrics": str(loop_dir / "metrics.jsonl"),
+        "trainer_metrics": str(trainer_metrics_dir(run_config)),
+        "tensorboard": str(loop_dir / "tensorboard"),
+        "checkpoints": str(output / "checkpoints"),
+        "weights": run_config.weight_store().root,
+        "rollouts": rollout_root(run_config),
+        "logs": str(logs),
+    }
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    where = launch(args.config, args.overrides, beam_args, train_set=args.train_set, timeout_s=args.timeout_s,
+                   stop_grace_s=args.stop_grace_s)
+    width = max(map(len, where))
+    print("rlax launch: done.")
+    for name, path in where.items():
+        print(f"  {name:<{width}}  {path}")
+    return 0
