@@ -1,0 +1,32 @@
+"""Verifiers: math answers, sandboxed code, format, and length shaping, selected by name in config.
+
+    from rlax_core.rewards import Rewarder, RewardConfig, math_equal
+
+    math_equal("\\frac{1}{2}", "0.5")                       # True; never hangs (hard 5 s timeout)
+    config = from_dict(RewardConfig, {"terms": {"task": 1.0, "format_boxed": 0.1}})
+    with Rewarder(config) as rewarder:
+        reward, info = rewarder(example, completion_text)    # example: an Example row (answer / tests / task)
+
+Modules: ``answers`` (final-answer extraction), ``math_verifier`` (equivalence in a killable process
+pool), ``sandbox`` + ``sandbox_launcher`` (untrusted Python in namespaces with limits),
+``code_verifier`` (HumanEval / MBPP / assert tests, per-test verdicts, parallel pool), ``terms``
+(the built-in reward terms), ``registry`` (names -> terms), ``config``, ``scorer`` (``Rewarder``).
+"""
+
+from rlax_core.rewards.answers import EXTRACTION_METHODS, ExtractedAnswer, extract_answer, last_boxed
+from rlax_core.rewards.code_verifier import CodeResult, CodeTests, CodeVerifier, TestVerdict, run_tests
+from rlax_core.rewards.config import CodeRewardConfig, FormatConfig, OverlongConfig, RewardConfig
+from rlax_core.rewards.math_verifier import MathResult, MathVerifier, MathVerifierConfig, math_equal
+from rlax_core.rewards.registry import REWARDS, RewardResult, RewardTerm, Sample, register_reward, reward_names
+from rlax_core.rewards.sandbox import SandboxLimits, SandboxReport, run_sandboxed
+from rlax_core.rewards.scorer import Rewarder
+
+__all__ = [
+    "EXTRACTION_METHODS", "ExtractedAnswer", "extract_answer", "last_boxed",
+    "CodeResult", "CodeTests", "CodeVerifier", "TestVerdict", "run_tests",
+    "CodeRewardConfig", "FormatConfig", "OverlongConfig", "RewardConfig",
+    "MathResult", "MathVerifier", "MathVerifierConfig", "math_equal",
+    "REWARDS", "RewardResult", "RewardTerm", "Sample", "register_reward", "reward_names",
+    "SandboxLimits", "SandboxReport", "run_sandboxed",
+    "Rewarder",
+]

@@ -1,0 +1,83 @@
+"""``RewardConfig``: which reward terms, their weights, and how each verifier runs.
+
+In YAML (the ``rewards`` section of a run)::
+
+    rewards:
+      terms: {math: 1.0, format_boxed: 0.1}
+      math: {workers: 2, timeout_seconds: 5}
+      code: {workers: 2, per_test_seconds: 5, limits: {memory_bytes: 1073741824}}
+
+The reward of a sample is ``sum(weight * term score)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from rlax_core.config import require
+from rlax_core.rewards.answers import EXTRACTION_METHODS
+from rlax_core.rewards.math_verifier import MathVerifierConfig
+from rlax_core.rewards.sandbox import SandboxLimits
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeRewardConfig:
+    workers: int = 2  # sandboxes running at once
+    per_test_seconds: float = 5.0  # each test's alarm inside the sandbox; limits.wall_seconds caps the whole run
+    partial_credit: bool = False  # score = fraction of tests passed, instead of 1 only when all pass
+    limits: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
+
+    def __post_init__(self):
+        require(self.workers >= 1, "workers", "must be >= 1")
+        require(0 < self.per_test_seconds <= self.limits.wall_seconds, "per_test_seconds",
+                "must be > 0 and at most limits.wall_seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class FormatConfig:
+    think_open: str = "<think>"
+    think_close: str = "</think>"
+
+    def __post_init__(self):
+        require(bool(self.think_open) and bool(self.think_close), "think_open", "tags must be non-empty")
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlongConfig:
+    """DAPO's soft overlong punishment at reward time (``rlax_core.rl.reward_shaping`` computes it).
+
+    The trainer can apply the same shaping from ``AlgorithmConfig.overlong_*``; use one of the two.
+    """
+
+    max_length: int = 0  # L_max in tokens
+    cache_length: int = 0  # L_cache: the band below L_max where the penalty grows linearly
+    penalty: float = 1.0
+
+    def __post_init__(self):
+        require(self.max_length >= 0, "max_length", "must be >= 0")
+        require(0 <= self.cache_length <= self.max_length, "cache_length", "must be in [0, max_length]")
+        require(self.penalty >= 0, "penalty", "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    terms: dict[str, float] = dataclasses.field(default_factory=lambda: {"task": 1.0})
+    extraction: tuple[str, ...] = EXTRACTION_METHODS  # math answer extraction, tried in this order
+    math: MathVerifierConfig = dataclasses.field(default_factory=MathVerifierConfig)
+    code: CodeRewardConfig = dataclasses.field(default_factory=CodeRewardConfig)
+    format: FormatConfig = dataclasses.field(default_factory=FormatConfig)
+    overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)
+
+    def __post_init__(self):
+        from rlax_core.rewards.registry import reward_names
+
+        known = reward_names()
+        require(len(self.terms) > 0, "terms", f"at least one reward term; known: {', '.join(known)}")
+        for name, weight in self.terms.items():
+            require(name in known, f"terms.{name}", f"unknown reward; known: {', '.join(known)}")
+            require(math.isfinite(weight), f"terms.{name}", "weight must be a finite number")
+        require(len(self.extraction) > 0 and all(m in EXTRACTION_METHODS for m in self.extraction), "extraction",
+                f"a non-empty list of {', '.join(EXTRACTION_METHODS)}")
+        require("overlong" not in self.terms or self.overlong.max_length > 0, "overlong.max_length",
+                "must be > 0 when the overlong term is used")

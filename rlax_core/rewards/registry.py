@@ -1,0 +1,74 @@
+"""Reward terms by name: what a term sees, what it returns, and the registry that finds it.
+
+A term is a class registered under a name; it is built once from the :class:`RewardConfig` (so it can
+own a process pool) and scores batches, so that pools work on many samples at once::
+
+    @register_reward("mentions_cat")
+    class MentionsCat(RewardTerm):
+        def score(self, sample):
+            hit = "cat" in sample.completion
+            return RewardResult(float(hit), {"pass": hit})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    from rlax_core.rewards.config import RewardConfig
+
+
+class RewardResult(NamedTuple):
+    """A score and a JSON-friendly info record; unpacks as ``reward, info = ...``."""
+
+    score: float
+    info: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One completion to score, with the Example row it answers (``rlax_core.data.records``)."""
+
+    example: Mapping[str, Any]
+    completion: str
+    finish_reason: str = "stop"  # "stop", "length" or "abort"
+    num_tokens: int | None = None  # completion length in tokens, for length shaping
+
+
+class RewardTerm:
+    """A named reward. Implement ``score`` (one sample) or ``score_many`` (a batch, e.g. through a pool)."""
+
+    def __init__(self, config: "RewardConfig"):
+        self.config = config
+
+    def score(self, sample: Sample) -> RewardResult:
+        raise NotImplementedError(f"{type(self).__name__} implements neither score nor score_many")
+
+    def score_many(self, samples: Sequence[Sample]) -> list[RewardResult]:
+        return [self.score(sample) for sample in samples]
+
+    def close(self) -> None:
+        """Release pools and processes."""
+
+
+T = TypeVar("T", bound=type[RewardTerm])
+REWARDS: dict[str, type[RewardTerm]] = {}
+
+
+def register_reward(name: str) -> Callable[[T], T]:
+    """Class decorator: make a :class:`RewardTerm` selectable as ``rewards.terms.<name>`` in config."""
+
+    def decorate(cls: T) -> T:
+        if name in REWARDS and REWARDS[name] is not cls:
+            raise ValueError(f"reward {name!r} is already registered by {REWARDS[name].__qualname__}")
+        REWARDS[name] = cls
+        return cls
+
+    return decorate
+
+
+def reward_names() -> list[str]:
+    import rlax_core.rewards.terms  # noqa: F401 - registers the built-in terms
+
+    return sorted(REWARDS)
