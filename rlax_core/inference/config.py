@@ -91,7 +91,8 @@ class SamplingParams:
       as the last completion token so its log-prob is recorded.
     stop_strings: decoded text containing one of these ends the sample; the completion is cut after
       the token that completed the string. Needs the engine to have a tokenizer.
-    ignore_eos: keep going to max_new_tokens even after a stop token (benchmarks force lengths).
+    ignore_eos: do not stop at the model's end-of-sequence ids (stop_token_ids still apply); benchmarks
+      use it to force lengths.
     """
 
     temperature: float = 1.0

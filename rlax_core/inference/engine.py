@@ -239,9 +239,8 @@ class Engine:
         prompt_key_id(request.prompt_id)  # raises on a bad id
 
     def _stop_ids(self, sampling: SamplingParams) -> tuple[int, ...]:
-        if sampling.ignore_eos:
-            return ()
-        return tuple(dict.fromkeys((*sampling.stop_token_ids, *self.model_config.eos_token_ids)))
+        eos = () if sampling.ignore_eos else self.model_config.eos_token_ids
+        return tuple(dict.fromkeys((*sampling.stop_token_ids, *eos)))
 
     def _admit(self) -> None:
         """Move queued samples into free slots while their pages can be reserved; prefill them together."""

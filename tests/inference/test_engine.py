@@ -1,0 +1,170 @@
+"""The engine against the model's own full forward, plus its sampling, stopping and scheduling rules."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlax_core.inference.config import SamplingParams
+from rlax_core.inference.engine import Engine, Request
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(stories, small_engine_config):
+    model, tokenizer = stories
+    return Engine(small_engine_config, model.config, model.params, detokenize=tokenizer.decode)
+
+
+def _teacher_forced(model, prompt, completion, padded_to=288):
+    """Full-forward logits over prompt + completion: row t predicts token t + 1.
+
+    Right-padded to one length so that the jitted forward compiles once for all tests.
+    """
+    ids = list(prompt) + list(completion)
+    mask = np.zeros((1, padded_to), np.int32)
+    mask[0, : len(ids)] = 1
+    padded = np.zeros((1, padded_to), np.int32)
+    padded[0, : len(ids)] = ids
+    return np.asarray(model(padded, mask)[0, : len(ids)])
+
+
+def test_greedy_reproduces_the_stories260K_readme_text(engine, stories, shared_data):
+    model, tokenizer = stories
+    readme = (shared_data / "model" / "stories260K" / "README_stories260K.md").read_text()
+    expected = readme.split("```")[3].split("\n", 2)[2].strip()  # the `./run ... -t 0.0` output block
+    [completion] = engine.generate([Request([model.config.bos_token_id], SamplingParams(
+        temperature=0.0, max_new_tokens=256, ignore_eos=True))])
+    text = tokenizer.decode([model.config.bos_token_id, *completion.completion_ids], skip_special_tokens=True)
+    assert text.startswith(expected), text
+    # ... and every token is the argmax of the full forward over the tokens before it.
+    logits = _teacher_forced(model, [model.config.bos_token_id], completion.completion_ids)
+    assert np.argmax(logits[:-1], axis=-1).tolist() == list(completion.completion_ids)
+
+
+def test_ragged_greedy_batch_equals_full_forward_argmax_and_logprobs(engine, stories):
+    model, tokenizer = stories
+    texts = ["Once upon a time", "The dog", "Lily and Ben went to the park with their mom and", "A"]
+    extra = ["Tom had a red ball", "The sun was hot"]  # more prompts than slots: continuous batching
+    requests = [Request(tokenizer.encode(t, add_bos=True), GREEDY, prompt_id=i) for i, t in enumerate(texts + extra)]
+    completions = engine.generate(requests)
+    assert [c.prompt_id for c in completions] == list(range(len(requests)))
+    for request, completion in zip(requests, completions):
+        assert completion.finish_reason == "length" and len(completion.completion_ids) == GREEDY.max_new_tokens
+        logits = _teacher_forced(model, request.prompt_ids, completion.completion_ids)
+        predicting = logits[len(request.prompt_ids) - 1: -1]  # rows that predict each completion token
+        assert np.argmax(predicting, axis=-1).tolist() == list(completion.completion_ids)
+        expected = jax.nn.log_softmax(predicting, axis=-1)[np.arange(len(predicting)), list(completion.completion_ids)]
+        np.testing.assert_allclose(completion.logprobs, expected, atol=2e-5)
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(engine, stories):
+    _, tokenizer = stories
+    prompt = tokenizer.encode("Once upon a time", add_bos=True)
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=20, n=3, ignore_eos=True)
+    first = engine.generate([Request(prompt, params, prompt_id="p", seed=7)])
+    again = engine.generate([Request(prompt, params, prompt_id="p", seed=7)])
+    other = engine.generate([Request(prompt, params, prompt_id="p", seed=8)])
+    assert [c.completion_ids for c in first] == [c.completion_ids for c in again]
+    assert [c.logprobs for c in first] == [c.logprobs for c in again]
+    assert [c.sample_index for c in first] == [0, 1, 2]
+    assert len({c.completion_ids for c in first}) == 3, "samples of one prompt use different keys"
+    assert [c.completion_ids for c in first] != [c.completion_ids for c in other]
+
+
+def test_a_sample_does_not_depend_on_its_batch_companions(engine, stories):
+    """One rollout regenerated alone equals the same rollout made in a full, busy batch."""
+    _, tokenizer = stories
+    params = SamplingParams(temperature=0.8, top_k=40, max_new_tokens=32, n=2, ignore_eos=True)
+    target = Request(tokenizer.encode("The little cat", add_bos=True), params, prompt_id="target", seed=3)
+    alone = engine.generate([target])
+    companions = [Request(tokenizer.encode(t, add_bos=True), params, prompt_id=f"c{i}", seed=i)
+                  for i, t in enumerate(["Once upon a time there was", "Sam", "The big tree was very old and"])]
+    crowded = [c for c in engine.generate([companions[0], companions[1], target, companions[2]])
+               if c.prompt_id == "target"]
+    assert [c.completion_ids for c in crowded] == [c.completion_ids for c in alone]
+    np.testing.assert_allclose([c.logprobs for c in crowded], [c.logprobs for c in alone], atol=1e-5)
+
+
+def test_stop_tokens_stop_strings_and_lengths(engine, stories):
+    model, tokenizer = stories
+    prompt = tokenizer.encode("Once upon a time", add_bos=True)
+    [free] = engine.generate([Request(prompt, GREEDY)])
+    stop_token = free.completion_ids[5]
+    first_at = free.completion_ids.index(stop_token)
+    [by_token] = engine.generate([Request(prompt, dataclasses.replace(GREEDY, stop_token_ids=(stop_token,)))])
+    assert by_token.finish_reason == "stop" and by_token.completion_ids == free.completion_ids[: first_at + 1]
+    assert len(by_token.logprobs) == len(by_token.completion_ids)
+
+    [by_string] = engine.generate([Request(prompt, dataclasses.replace(GREEDY, stop_strings=("little",)))])
+    text = tokenizer.decode(by_string.completion_ids)
+    assert by_string.finish_reason == "stop" and text.endswith("little") or "little" in text
+    assert "little" not in tokenizer.decode(by_string.completion_ids[:-1])
+
+    [short] = engine.generate([Request(prompt, dataclasses.replace(GREEDY, max_new_tokens=1))])
+    assert short.finish_reason == "length" and short.completion_ids == free.completion_ids[:1]
+
+
+@pytest.mark.slow
+def test_eos_stops_unless_ignored(engine, stories):
+    model, tokenizer = stories
+    prompt = tokenizer.encode("Once upon a time", add_bos=True)
+    stopping = SamplingParams(temperature=1.0, max_new_tokens=256, n=4)
+    completions = engine.generate([Request(prompt, stopping, seed=1)])
+    # stories260K ends a story with BOS (ids 1 and 2 are both its stop ids).
+    eos = set(model.config.eos_token_ids)
+    assert any(c.finish_reason == "stop" for c in completions)
+    for c in completions:
+        assert not set(c.completion_ids[:-1]) & eos
+        assert (c.finish_reason == "stop") == (c.completion_ids[-1] in eos)
+    ignoring = engine.generate([Request(prompt, dataclasses.replace(stopping, ignore_eos=True), seed=1)])
+    assert all(c.finish_reason == "length" and len(c.completion_ids) == 256 for c in ignoring)
+    for stopped, kept_going in zip(completions, ignoring):
+        assert kept_going.completion_ids[: len(stopped.completion_ids)] == stopped.completion_ids
+
+
+@pytest.mark.slow
+def test_admission_waits_for_pages_and_frees_them(stories, small_engine_config):
+    model, tokenizer = stories
+    # 12 usable pages of 8 tokens; each request reserves ceil((5 + 40) / 8) = 6: two fit at a time.
+    config = dataclasses.replace(small_engine_config, num_pages=13, max_new_tokens=40)
+    engine = Engine(config, model.config, model.params)
+    prompt = tokenizer.encode("Once upon a time", add_bos=True)
+    params = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    for i in range(5):
+        engine.add_request(Request(prompt, params, prompt_id=i))
+    running_counts, finished = [], []
+    while engine.has_unfinished():
+        finished += engine.step()
+        running_counts.append(sum(seq is not None for seq in engine._running))
+    assert max(running_counts) == 2 and len(finished) == 5
+    assert all(len(c.completion_ids) == 40 for _, c in finished)
+    assert len({c.completion_ids for _, c in finished}) == 1
+    assert engine._allocator.num_free == 12
+
+
+def test_abort_returns_what_was_generated(engine, stories):
+    _, tokenizer = stories
+    prompt = tokenizer.encode("Once upon a time", add_bos=True)
+    engine.add_request(Request(prompt, dataclasses.replace(GREEDY, max_new_tokens=200), prompt_id="long"))
+    done = engine.step()
+    engine.abort("long")
+    done += engine.step()
+    [(_, aborted)] = done
+    assert aborted.finish_reason == "abort" and 0 < len(aborted.completion_ids) < 200
+    assert not engine.has_unfinished()
+
+
+@pytest.mark.parametrize("bad, match", [
+    (Request([], GREEDY), "empty prompt"),
+    (Request([1] * 33, GREEDY), "max_prompt_len"),
+    (Request([1, 9999], GREEDY), "token ids"),
+    (Request([1], SamplingParams(max_new_tokens=257)), "max_new_tokens"),
+    (Request([1], GREEDY, seed=-1), "seed"),
+])
+def test_bad_requests_fail_with_the_reason(engine, bad, match):
+    with pytest.raises(ValueError, match=match):
+        engine.add_request(bad)
