@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlax_core.config import from_dict, require, to_dict
+import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before configs name them)
+from rlax_core.config import from_dict, require
+from rlax_core.rewards.config import RewardConfig
 
 HELP = "Beam streaming: generate and score rollouts with the latest weights"
 
@@ -44,8 +46,7 @@ class LoopConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
-    task: str = "story"
-    task_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
     drop_uniform_groups: bool = False  # DAPO dynamic sampling
     poll_interval_s: float = 1.0  # how often the side input re-reads the latest version
     max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
@@ -115,8 +116,7 @@ def build_spec(run_config, loop: LoopConfig, examples: list[dict[str, Any]]):
         prompts_per_step=run_config.trainer.groups_per_step,
         total_steps=run_config.trainer.total_steps,
         max_staleness=run_config.trainer.max_staleness,
-        task=loop.task,
-        task_options=tuple(sorted(loop.task_options.items())),
+        rewards=loop.rewards,
         drop_uniform_groups=loop.drop_uniform_groups,
     )
 

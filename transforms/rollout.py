@@ -32,6 +32,7 @@ from apache_beam.utils.shared import Shared
 
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.rewards.config import RewardConfig
 from rlax_core.weights.config import WeightStoreConfig
 from transforms.rollout_schedule import prompt_indices, rollout_prompt_id, sample_seed, steps_to_generate
 
@@ -53,8 +54,7 @@ class RolloutSpec:
     prompts_per_step: int
     total_steps: int
     max_staleness: int = 0
-    task: str = "story"
-    task_options: tuple[tuple[str, Any], ...] = ()
+    rewards: RewardConfig = RewardConfig(terms={"story_word": 1.0})
     drop_uniform_groups: bool = False  # DAPO dynamic sampling: write only groups with reward variance
 
     def store(self) -> RolloutStore:
@@ -213,21 +213,28 @@ class GenerateRollouts(beam.DoFn):
 
 
 class ScoreRollouts(beam.DoFn):
-    """Scores every sample of a group with the task's verifier; fills ``reward`` and ``reward_info``."""
+    """Scores every sample of a group with the configured reward terms (``rlax_core.rewards``)."""
 
     def __init__(self, spec: RolloutSpec):
         self._spec = spec
 
     def setup(self):
-        from rlax_core.tasks import reward_function
+        import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms)
+        from rlax_core.rewards.scorer import Rewarder
 
-        self._score = reward_function(self._spec.task, dict(self._spec.task_options))
+        self._rewarder = Rewarder(self._spec.rewards)
+
+    def teardown(self):
+        self._rewarder.close()
 
     def process(self, group: dict):
-        rows = []
-        for row, text in zip(group["rows"], group["texts"]):
-            reward, info = self._score(group["example"], text, row["finish_reason"])
-            rows.append({**row, "reward": float(reward), "reward_info": json.dumps(info, sort_keys=True)})
+        from rlax_core.rewards.registry import Sample
+
+        samples = [Sample(group["example"], text, row["finish_reason"], len(row["completion_ids"]))
+                   for row, text in zip(group["rows"], group["texts"])]
+        results = self._rewarder.score_many(samples)
+        rows = [{**row, "reward": float(reward), "reward_info": json.dumps(info, sort_keys=True)}
+                for row, (reward, info) in zip(group["rows"], results)]
         yield {**group, "rows": rows}
 
 

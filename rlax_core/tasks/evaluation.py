@@ -1,6 +1,6 @@
 """Held-out evaluation of a policy on a task: pass@k with its standard error, reward, and fluency.
 
-    report = evaluate_policy(model_config, params, tokenizer, examples, task="story", engine=EngineConfig(...),
+    report = evaluate_policy(model_config, params, tokenizer, examples, rewards=RewardConfig(...), engine=...,
                              samples=8, base_params=base_params)
 
 pass@k is the unbiased estimator (``rlax_core.eval.metrics.pass_at_k``) averaged over prompts;
@@ -23,7 +23,9 @@ from rlax_core.eval.metrics import pass_at_k
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward
-from rlax_core.tasks import reward_function
+from rlax_core.rewards.config import RewardConfig
+from rlax_core.rewards.registry import Sample
+from rlax_core.rewards.scorer import Rewarder
 from rlax_core.tasks.story import distinct_n
 
 
@@ -57,36 +59,34 @@ def completion_nll(config: ModelConfig, params: Any, prompts: Sequence[Sequence[
 
 
 def evaluate_policy(model_config: ModelConfig, params: Any, tokenizer, examples: Sequence[Mapping[str, Any]], *,
-                    task: str, engine: EngineConfig, samples: int = 8, ks: Sequence[int] = (1, 8),
+                    rewards: RewardConfig, engine: EngineConfig, samples: int = 8, ks: Sequence[int] = (1, 8),
                     temperature: float = 1.0, stop_token_ids: Sequence[int] = (), seed: int = 0,
-                    task_options: Mapping[str, Any] | None = None, base_params: Any = None,
+                    base_params: Any = None,
                     keep_texts: int = 8) -> dict[str, Any]:
     """Sample ``samples`` completions per example and score them; see the module docstring."""
     from rlax_core.inference.engine import Engine, Request
 
-    score = reward_function(task, task_options)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=engine.max_new_tokens, n=samples,
                               stop_token_ids=tuple(stop_token_ids))
     prompt_ids = [tuple(tokenizer.encode(example["prompt"], add_bos=True)) for example in examples]
     requests = [Request(ids, sampling, prompt_id=i, seed=seed) for i, ids in enumerate(prompt_ids)]
     completions = Engine(engine, model_config, params).generate(requests)
+    texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in completions]
+    with Rewarder(rewards) as rewarder:
+        scores = rewarder.score_many([Sample(examples[c.prompt_id], text, c.finish_reason, len(c.completion_ids))
+                                      for c, text in zip(completions, texts)])
 
     correct = np.zeros((len(examples), samples), bool)
-    rewards, lengths, texts = [], [], []
-    for completion in completions:
-        text = tokenizer.decode(completion.completion_ids, skip_special_tokens=True)
-        reward, info = score(examples[completion.prompt_id], text, completion.finish_reason)
+    for completion, (_, info) in zip(completions, scores):
         correct[completion.prompt_id, completion.sample_index] = bool(info.get("pass", False))
-        rewards.append(reward)
-        lengths.append(len(completion.completion_ids))
-        texts.append(text)
+    lengths = [len(c.completion_ids) for c in completions]
 
     per_prompt = correct.mean(axis=1)
     report: dict[str, Any] = {
         "prompts": len(examples),
         "samples_per_prompt": samples,
         "pass@1_se": float(per_prompt.std(ddof=1) / math.sqrt(len(examples))) if len(examples) > 1 else None,
-        "reward_mean": float(np.mean(rewards)),
+        "reward_mean": float(np.mean([reward for reward, _ in scores])),
         "response_length_mean": float(np.mean(lengths)),
         "distinct_1": distinct_n(texts, 1),
         "distinct_2": distinct_n(texts, 2),

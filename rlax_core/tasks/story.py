@@ -34,6 +34,7 @@ from typing import Any, Iterable, Sequence
 
 from rlax_core.config import require
 from rlax_core.data.records import make_example
+from rlax_core.rewards.registry import RewardResult, RewardTerm, Sample, register_reward
 
 TASK = "story"
 SOURCE = "story_word"
@@ -93,9 +94,18 @@ def score_story(completion: str, finish_reason: str, config: StoryTaskConfig = S
     return float(reward), info
 
 
+@register_reward("story_word")
+class StoryWordReward(RewardTerm):
+    """``rewards.terms.story_word``: :func:`score_story` with the example's answer as the target word."""
+
+    def score(self, sample: Sample) -> RewardResult:
+        word = sample.example.get("answer") or StoryTaskConfig.target_word
+        return RewardResult(*score_story(sample.completion, sample.finish_reason, StoryTaskConfig(target_word=word)))
+
+
 # ----------------------------------------------------------------------------- prompts
 
-_CHARACTERS = ["little girl", "little boy", "small dog", "big cat", "tiny bird", "old man", "kind woman", "fluffy bunny",
+_CHARACTERS = ["little girl", "little boy", "small dog", "big cat", "tiny bird", "kind old man", "nice lady", "fluffy bunny",
                "brave mouse", "shy bear", "funny frog", "young fox"]
 _TRAIN_NAMES = ["Lily", "Tom", "Max", "Sue", "Ben", "Mia", "Sam", "Anna", "Tim", "Lucy", "Jack", "Zoe", "Leo", "Emma",
                 "Jake", "Kitty"]
