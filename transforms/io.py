@@ -135,6 +135,41 @@ class WriteJsonFile(beam.PTransform):
         )
 
 
+class WriteBinaryFile(beam.PTransform):
+    """A PCollection holding one ``bytes`` value (an image, say), written as the file ``path``."""
+
+    def __init__(self, path: str, mime_type: str = "application/octet-stream"):
+        super().__init__()
+        self.path, self.mime_type = path, mime_type
+
+    def expand(self, singleton):
+        path, mime_type = self.path, self.mime_type
+
+        def write(data: bytes) -> str:
+            from apache_beam.io.filesystems import FileSystems
+
+            with FileSystems.create(path, mime_type=mime_type) as handle:
+                handle.write(data)
+            return path
+
+        return singleton | "Write" >> beam.Map(write)
+
+
+class TakeSmallestIds(beam.PTransform):
+    """The ``count`` rows with the smallest ids: a fixed, order-independent slice (0 keeps all)."""
+
+    def __init__(self, count: int):
+        super().__init__()
+        self.count = count
+
+    def expand(self, rows):
+        if self.count <= 0:
+            return rows
+        return (rows
+                | "Smallest" >> beam.combiners.Top.Smallest(self.count, key=lambda row: row["id"])
+                | "Flatten" >> beam.FlatMap(lambda chosen: chosen))
+
+
 def read_json(path: str) -> Any:
     """A JSON file through Beam's file systems (local or gs://)."""
     from apache_beam.io.filesystems import FileSystems

@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from rlax_core.config import require
 from rlax_core.data.answers import EXTRACTORS, AnswerError, gsm8k_answer, last_boxed, plain_answer
-from rlax_core.data.records import make_example
+from rlax_core.data.records import EXAMPLE_FIELDS, example_id, make_example
 
 
 class AdapterError(ValueError):
@@ -126,6 +126,20 @@ def generic(raw: Mapping[str, Any], source: str, split: str | None, mapping: Fie
     return make_example(source=source, split=split, prompt=prompt, task=mapping.task, answer=answer, meta=meta)
 
 
+def example(raw: Mapping[str, Any], source: str, split: str | None) -> dict[str, Any]:
+    """A row that is already an Example (curate's output, task generators): checked and completed."""
+    prompt, task = _text_field(raw, "prompt"), _text_field(raw, "task")
+    row = {name: raw.get(name) for name in EXAMPLE_FIELDS}
+    row["source"] = raw.get("source") or source
+    row["id"] = raw.get("id") or example_id(row["source"], prompt)
+    row["split"] = raw.get("split") or split
+    row["meta"] = raw.get("meta") or "{}"
+    if not isinstance(row["meta"], str):
+        raise AdapterError("bad_field", "field 'meta' must be a JSON-encoded object")
+    row["prompt"], row["task"] = prompt, task
+    return row
+
+
 ADAPTERS: dict[str, Callable[[Mapping[str, Any], str, str | None], dict[str, Any]]] = {
     "gsm8k": gsm8k,
     "math": math,
@@ -134,6 +148,7 @@ ADAPTERS: dict[str, Callable[[Mapping[str, Any], str, str | None], dict[str, Any
     "amc": competition,
     "humaneval": humaneval,
     "mbpp": mbpp,
+    "example": example,
 }
 FORMATS = (*ADAPTERS, "generic", "auto")
 

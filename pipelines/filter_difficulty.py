@@ -1,0 +1,126 @@
+"""``rlax filter``: keep the prompts a model solves sometimes but not always.
+
+    rlax filter --input curated/examples-*.parquet --model pipelines/assets/stories260K \\
+        --samples 8 --low 0.1 --high 0.9 --output filtered/
+
+Each prompt is sampled ``samples`` times by the RLAX engine inside RunInference, every sample is
+verified (math answers by the math verifier, other tasks by their reward's pass test), and the
+prompt's pass rate decides: kept when ``low <= pass rate <= high``. Writes
+``DIR/examples-*.parquet`` (kept rows with ``pass_rate``, ``n_samples``, ``filter_model_version``),
+``DIR/rejected-*.jsonl`` (too easy, too hard, skipped, unreadable, with reasons),
+``DIR/pass_rate_histogram.png`` and ``DIR/stats.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+from collections import Counter
+
+import apache_beam as beam
+
+from rlax_core.config import ConfigError, load_config, require, to_dict
+from rlax_core.data.curation import InputSpec
+from rlax_core.eval.report import pass_rate_histogram
+from transforms.difficulty import KeepPassRateBand, pass_rates_of
+from transforms.examples import ToExamples
+from transforms.inference import GenerationSpec, SampleAndVerify
+from transforms.io import (ReadRawRecords, TakeSmallestIds, WriteBinaryFile, WriteExamples, WriteJsonFile,
+                           WriteJsonLines, read_json)
+
+HELP = "Beam batch: keep prompts whose pass rate lies in a band"
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterConfig:
+    input: str = ""  # Example rows: curate's parquet shards or a jsonl of Example rows (glob; local or gs://)
+    output: str = ""
+    generation: GenerationSpec = GenerationSpec()
+    low: float = 0.1  # keep prompts with low <= pass rate <= high
+    high: float = 0.9
+    limit: int = 0  # only the first N prompts by id (0: all)
+    model_version: str = ""  # recorded in filter_model_version; default: the model's label
+
+    def __post_init__(self):
+        require(0.0 <= self.low <= self.high <= 1.0, "low", "0 <= low <= high <= 1")
+        require(self.limit >= 0, "limit", "an integer >= 0")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", help="Example rows: parquet or jsonl (glob; local or gs://)")
+    parser.add_argument("--model", help="checkpoint: Hugging Face folder or llama2.c .bin (local or gs://)")
+    parser.add_argument("--samples", type=int, help="samples per prompt (k)")
+    parser.add_argument("--low", type=float, help="lowest pass rate kept")
+    parser.add_argument("--high", type=float, help="highest pass rate kept")
+    parser.add_argument("--limit", type=int, help="only the first N prompts by id")
+    parser.add_argument("--output", help="output folder (local or gs://)")
+
+
+def resolve_config(args: argparse.Namespace) -> FilterConfig:
+    config = load_config(args.config, args.overrides, FilterConfig)
+    top = {k: v for k, v in (("input", args.input), ("output", args.output), ("low", args.low),
+                             ("high", args.high), ("limit", args.limit)) if v is not None}
+    generation = {k: v for k, v in (("model", args.model), ("samples", args.samples)) if v is not None}
+    if generation:
+        top["generation"] = dataclasses.replace(config.generation, **generation)
+    config = dataclasses.replace(config, **top)
+    for key in ("input", "output"):
+        if not getattr(config, key):
+            raise ConfigError(key, f"missing: give --{key} or {key} in --config")
+    if not config.generation.model:
+        raise ConfigError("generation.model", "missing: give --model or generation.model in --config")
+    return config
+
+
+def build(pipeline: beam.Pipeline, config: FilterConfig) -> None:
+    out = config.output.rstrip("/")
+    version = config.model_version or config.generation.label
+    examples, unreadable = (pipeline | "Read" >> ReadRawRecords(config.input)
+                            | "ToExamples" >> ToExamples(InputSpec(path=config.input, format="example"), 1 << 20))
+    results = (examples | "Limit" >> TakeSmallestIds(config.limit)
+               | "SampleAndVerify" >> SampleAndVerify(config.generation))
+    kept, rejected = results | "KeepBand" >> KeepPassRateBand(config.low, config.high, version)
+    all_rejected = (rejected, unreadable) | "AllRejected" >> beam.Flatten()
+    kept | "WriteExamples" >> WriteExamples(f"{out}/examples")
+    all_rejected | "WriteRejected" >> WriteJsonLines(f"{out}/rejected")
+
+    rates = pass_rates_of(results)
+    (rates | "AllRates" >> beam.combiners.ToList()
+     | "Histogram" >> beam.Map(lambda r: pass_rate_histogram(r, (config.low, config.high), f"pass rates ({version})"))
+     | "WriteHistogram" >> WriteBinaryFile(f"{out}/pass_rate_histogram.png", "image/png"))
+    outcomes = ((kept | "KeptOutcome" >> beam.Map(lambda _: "kept"),
+                 all_rejected | "RejectedOutcome" >> beam.Map(lambda row: row["reason"]))
+                | "Outcomes" >> beam.Flatten() | "CountOutcomes" >> beam.combiners.Count.PerElement()
+                | "OutcomeDict" >> beam.combiners.ToDict())
+    (outcomes
+     | "Stats" >> beam.Map(_stats, beam.pvalue.AsSingleton(rates | "AllRates2" >> beam.combiners.ToList()), config)
+     | "WriteStats" >> WriteJsonFile(f"{out}/stats.json"))
+
+
+def _stats(outcomes: dict, rates: list, config: FilterConfig) -> dict:
+    counts = Counter(outcomes)
+    return {"prompts": sum(counts.values()), "kept": counts["kept"], "too_easy": counts["too_easy"],
+            "too_hard": counts["too_hard"], "skipped": counts["skipped"],
+            "unreadable": sum(v for k, v in counts.items() if k not in ("kept", "too_easy", "too_hard", "skipped")),
+            "band": [config.low, config.high], "samples_per_prompt": config.generation.samples,
+            "mean_pass_rate": sum(rates) / len(rates) if rates else None,
+            "model": config.generation.model, "model_version": config.model_version or config.generation.label}
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.curate import beam_options
+
+    config = resolve_config(args)
+    logger.info("filter config: %s", json.dumps(to_dict(config)))
+    start = time.perf_counter()
+    with beam.Pipeline(options=beam_options(beam_args)) as pipeline:
+        build(pipeline, config)
+    stats = read_json(f"{config.output.rstrip('/')}/stats.json")
+    print(json.dumps(stats, indent=2))
+    print(f"rlax filter: kept {stats['kept']} of {stats['prompts']} prompts in {time.perf_counter() - start:.1f} s; "
+          f"output {config.output}")
+    return 0

@@ -1,0 +1,163 @@
+"""Sampling completions with the RLAX engine inside Beam's RunInference, and verifying them.
+
+:class:`EngineModelHandler` is a RunInference ``ModelHandler``: RunInference loads the model once per
+worker process (through ``apache_beam.utils.shared``) and every DoFn thread of that process uses it;
+it batches examples (``batch_size`` prompts per engine call) and the engine decodes the samples of a
+batch together with continuous batching. Samples are keyed by (seed, example id, sample index), so
+the same example gets the same samples whatever batch or worker it lands in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import PurePosixPath
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import apache_beam as beam
+from apache_beam.ml.inference.base import ModelHandler, RunInference
+
+from rlax_core.config import require
+from rlax_core.inference.config import EngineConfig, SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSpec:
+    """A model and how to sample it; picklable, so Beam ships it to every worker."""
+
+    model: str = ""  # Hugging Face folder, llama2.c .bin or a folder holding one (local or gs://)
+    tokenizer: str | None = None  # default: the model's folder
+    name: str | None = None  # label in reports; default: the model folder's name
+    samples: int = 8  # completions per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    prompt_style: Literal["raw", "chat"] = "raw"  # raw: BOS + text; chat: one user turn in the chat template
+    instruction: str = ""  # appended to every prompt, e.g. "Put your final answer within \\boxed{}."
+    stop_strings: tuple[str, ...] = ()
+    seed: int = 0
+    batch_size: int = 8  # prompts per engine call
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    engine: EngineConfig = EngineConfig(max_prompt_len=256, max_new_tokens=256)
+
+    def __post_init__(self):
+        require(self.samples >= 1, "samples", "at least 1")
+        require(self.batch_size >= 1, "batch_size", "at least 1")
+        require(self.max_new_tokens <= self.engine.max_new_tokens, "max_new_tokens",
+                f"at most engine.max_new_tokens={self.engine.max_new_tokens}")
+        require(0 <= self.seed < 2**31, "seed", "in [0, 2**31)")
+
+    @property
+    def label(self) -> str:
+        return self.name or PurePosixPath(self.model.rstrip("/")).name
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens, n=self.samples, stop_strings=self.stop_strings)
+
+
+class LoadedEngine:
+    """What one worker process holds: the engine over the loaded weights, and the tokenizer."""
+
+    def __init__(self, spec: GenerationSpec):
+        import jax.numpy as jnp
+
+        if not spec.model:
+            raise ValueError("GenerationSpec.model is empty: name the checkpoint to sample")
+
+        from rlax_core.inference.engine import Engine
+        from rlax_core.models import from_pretrained
+        from rlax_core.models.tokenizer import load_tokenizer
+
+        model_path = spec.model.rstrip("/")
+        tokenizer_path = spec.tokenizer or (model_path.rsplit("/", 1)[0] if model_path.endswith(".bin") else model_path)
+        self.spec = spec
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        model = from_pretrained(spec.model, dtype=jnp.dtype(spec.dtype))
+        self.engine = Engine(spec.engine, model.config, model.params, detokenize=self.tokenizer.decode)
+        self.lock = threading.Lock()  # the engine is not re-entrant; RunInference threads share it
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        text = prompt + self.spec.instruction
+        if self.spec.prompt_style == "chat":
+            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                           add_generation_prompt=True, tokenize=True))
+        return self.tokenizer.encode(text, add_bos=True)
+
+    def complete(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Every example with its samples: texts, token lengths and finish reasons (or why it was skipped)."""
+        from rlax_core.inference.engine import Request
+
+        sampling = self.spec.sampling()
+        results, requests = [], []
+        for example in examples:
+            ids = self.prompt_ids(example["prompt"])
+            result = {"example": dict(example), "model": self.spec.label, "texts": [], "lengths": [],
+                      "finish_reasons": [], "skipped": None}
+            if len(ids) > self.spec.engine.max_prompt_len:
+                result["skipped"] = f"prompt of {len(ids)} tokens exceeds max_prompt_len={self.spec.engine.max_prompt_len}"
+            else:
+                requests.append(Request(ids, sampling, prompt_id=example["id"], seed=self.spec.seed))
+            results.append(result)
+        with self.lock:
+            completions = self.engine.generate(requests) if requests else []
+        by_id = {r["example"]["id"]: r for r in results}
+        for completion in completions:  # in request order, then sample index
+            result = by_id[completion.prompt_id]
+            result["texts"].append(self.tokenizer.decode(completion.completion_ids, skip_special_tokens=True))
+            result["lengths"].append(len(completion.completion_ids))
+            result["finish_reasons"].append(completion.finish_reason)
+        return results
+
+
+class EngineModelHandler(ModelHandler[dict, dict, LoadedEngine]):
+    """RunInference handler: Example rows in, ``{example, model, texts, lengths, finish_reasons}`` out."""
+
+    def __init__(self, spec: GenerationSpec):
+        super().__init__(min_batch_size=1, max_batch_size=spec.batch_size)
+        self.spec = spec
+
+    def load_model(self) -> LoadedEngine:
+        return LoadedEngine(self.spec)
+
+    def run_inference(self, batch: Sequence[dict], model: LoadedEngine,
+                      inference_args: dict[str, Any] | None = None) -> Iterable[dict]:
+        return model.complete(batch)
+
+    def get_num_bytes(self, batch: Sequence[dict]) -> int:
+        return sum(len(example["prompt"].encode("utf-8")) for example in batch)
+
+    def get_metrics_namespace(self) -> str:
+        return "rlax_engine"
+
+
+class _VerifyFn(beam.DoFn):
+    """Samples -> per-prompt verdicts: ``correct`` and canonical ``answers`` per sample."""
+
+    def setup(self):
+        from rlax_core.eval.verify import Verifier
+
+        self._verifier = Verifier()
+
+    def process(self, result):
+        verdicts = self._verifier.verify(result["example"], result["texts"], result["finish_reasons"], result["lengths"])
+        yield {**result, "correct": [v.correct for v in verdicts], "answers": [v.answer for v in verdicts]}
+
+    def teardown(self):
+        self._verifier.close()
+
+
+class SampleAndVerify(beam.PTransform):
+    """Example rows -> ``{example, model, texts, lengths, finish_reasons, correct, answers, skipped}``."""
+
+    def __init__(self, spec: GenerationSpec):
+        super().__init__()
+        self.spec = spec
+
+    def expand(self, examples):
+        return (
+            examples
+            | "Generate" >> RunInference(EngineModelHandler(self.spec))
+            | "Verify" >> beam.ParDo(_VerifyFn())
+        )
