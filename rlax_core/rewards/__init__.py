@@ -2,7 +2,7 @@
 
     from rlax_core.rewards import Rewarder, RewardConfig, math_equal
 
-    math_equal("\\frac{1}{2}", "0.5")                       # True; never hangs (hard 5 s timeout)
+    math_equal("\\frac{1}{2}", "0.5")                       # True; never hangs (hard 10 s timeout)
     config = from_dict(RewardConfig, {"terms": {"task": 1.0, "format_boxed": 0.1}})
     with Rewarder(config) as rewarder:
         reward, info = rewarder(example, completion_text)    # example: an Example row (answer / tests / task)

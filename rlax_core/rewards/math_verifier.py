@@ -35,7 +35,7 @@ _STRIP = re.compile(r"^\s*(?:\\\$|\$|\\\(|\\\[)?\s*|\s*(?:\\\)|\\\]|\$)?\s*\.?\s
 @dataclasses.dataclass(frozen=True)
 class MathVerifierConfig:
     workers: int = 1  # processes running math-verify
-    timeout_seconds: float = 5.0  # hard limit per comparison; the worker is killed past it
+    timeout_seconds: float = 10.0  # hard limit per comparison; the worker is killed past it
     memory_bytes: int = 2 << 30  # address-space limit of each worker
     relative_tolerance: float = 1e-6  # for plain numbers
     max_answer_chars: int = 2000  # longer answers are not equal, without parsing
@@ -86,7 +86,7 @@ def _worker_init(memory_bytes: int) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    import math_verify  # noqa: F401 - import once per worker, not once per task
+    import rlax_core.rewards.math_worker  # noqa: F401 - a no-op when the fork server preloaded it
 
 
 @functools.lru_cache(maxsize=4096)  # a group's samples share one gold answer
@@ -109,6 +109,19 @@ def _symbolic_equal(gold: str, prediction: str, seconds: int | None) -> bool:
 # ----------------------------------------------------------------------------- the caller's side
 
 
+def _fork_server() -> multiprocessing.context.BaseContext:
+    """Workers forked from a single-threaded server that has math-verify loaded and warm.
+
+    Not plain fork: the caller may hold threads (JAX, Beam) that a fork would copy mid-lock. Not
+    spawn: a worker replacing a killed one would need seconds to import sympy, and the next
+    comparison would wait for it.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["rlax_core.rewards.math_worker"])  # applies when the server starts
+    return context
+
+
+
 class MathVerifier:
     """Answer equivalence with a hard per-call timeout; safe to call from many threads."""
 
@@ -121,10 +134,8 @@ class MathVerifier:
     def _get_pool(self) -> pebble.ProcessPool:
         with self._lock:
             if self._pool is None:
-                # spawn, not fork: the caller may hold threads (JAX, Beam) that a fork would copy mid-lock.
                 self._pool = pebble.ProcessPool(max_workers=self.config.workers, initializer=_worker_init,
-                                                initargs=(self.config.memory_bytes,),
-                                                context=multiprocessing.get_context("spawn"))
+                                                initargs=(self.config.memory_bytes,), context=_fork_server())
             return self._pool
 
     def _fast(self, gold: str, prediction: str) -> MathResult | None:
@@ -185,7 +196,7 @@ _default_lock = threading.Lock()
 
 
 def default_math_verifier() -> MathVerifier:
-    """The process-wide verifier behind :func:`math_equal` (one worker, 5 s timeout), made on first use."""
+    """The process-wide verifier behind :func:`math_equal` (one worker, 10 s timeout), made on first use."""
     global _default
     with _default_lock:
         if _default is None:
@@ -195,5 +206,5 @@ def default_math_verifier() -> MathVerifier:
 
 
 def math_equal(gold: str, prediction: str) -> bool:
-    """Whether ``prediction`` is mathematically the same answer as ``gold``; never hangs (5 s at most)."""
+    """Whether ``prediction`` is mathematically the same answer as ``gold``; never hangs (10 s at most)."""
     return default_math_verifier().compare(gold, prediction).equal

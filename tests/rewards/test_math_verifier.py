@@ -1,0 +1,124 @@
+"""Math answer equivalence: the forms answers take, and pathological answers that must not hang."""
+
+import json
+import time
+
+import pytest
+
+from rlax_core.config import ConfigError
+from rlax_core.rewards.math_verifier import MathVerifier, MathVerifierConfig, math_equal, plain_number
+
+EQUAL = [
+    # fractions and decimals
+    ("0.5", "\\frac{1}{2}"), ("\\frac12", "0.5"), ("\\dfrac{3}{4}", "0.75"), ("1/2", "\\frac{1}{2}"),
+    ("0.1", "10\\%"),
+    # LaTeX forms
+    ("3\\sqrt{3}", "\\sqrt{27}"), ("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2"), ("x^2+2x+1", "(x+1)^2"),
+    ("\\{1,2\\}", "\\{2,1\\}"), ("45^\\circ", "45"), ("\\left(3, 4\\right)", "(3,4)"),
+    # thousands separators and currency (GSM8K)
+    ("1,234", "1234"), ("1234", "1,234.0"), ("\\$1,234.50", "1234.5"), ("1,000,000", "10^6"), ("$5", "5"),
+    # units
+    ("5", "5 \\text{ cm}"), ("18", "18 dollars"), ("72", "72 \\text{ dollars}"), ("3", "3 hours."),
+    # intervals
+    ("(1,2]", "\\left(1, 2\\right]"), ("[2,5)", "x \\in [2, 5)"), ("(-\\infty, 3)", "(-\\infty,3)"),
+]
+
+NOT_EQUAL = [
+    ("[1,2]", "(1,2)"), ("(1,2]", "[1,2)"), ("\\frac{1}{3}", "0.333"), ("2", "3"), ("1,234", "1.234"),
+    ("5", "5x"), ("x^2+1", "(x+1)^2"), ("\\{1,2\\}", "\\{1,3\\}"), ("18", "19 dollars"),
+]
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with MathVerifier(MathVerifierConfig(workers=2)) as verifier:
+        yield verifier
+
+
+def test_equivalent_forms(verifier):
+    results = verifier.compare_many(EQUAL)
+    wrong = [(pair, r) for pair, r in zip(EQUAL, results) if not r.equal]
+    assert not wrong
+
+
+def test_different_answers(verifier):
+    results = verifier.compare_many(NOT_EQUAL)
+    wrong = [(pair, r) for pair, r in zip(NOT_EQUAL, results) if r.equal]
+    assert not wrong
+    assert all(r.reason == "not_equal" for r in results)
+
+
+def test_numbers_never_reach_the_pool(verifier):
+    assert verifier.compare("1,234", "1234.0000001").reason == "numeric"
+    assert verifier.compare("7", "7").reason == "exact"
+    assert plain_number("$-1,234.5") == -1234.5
+    assert plain_number("1,23") is None and plain_number("2x") is None and plain_number("9" * 100) is None
+
+
+PATHOLOGICAL = {
+    "exponent tower": "10^{10^{10^{10}}}",
+    "huge power": "9^{9^{9}}",
+    "huge factorial": "(10^{100})!",
+    "deep parentheses": "(" * 1500 + "1" + ")" * 1500,
+    "deep fractions": "\\frac{" * 300 + "1" + "}{2}" * 300,
+    "megabyte of digits": "9" * 1_000_000,
+    "megabyte of braces": "{" * 500_000 + "}" * 500_000,
+}
+
+
+@pytest.fixture(scope="module")
+def quick_verifier():
+    with MathVerifier(MathVerifierConfig(workers=1, timeout_seconds=3.0)) as verifier:
+        yield verifier
+
+
+@pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
+def test_pathological_answers_return_within_the_timeout(quick_verifier, name):
+    start = time.monotonic()
+    result = quick_verifier.compare("1", PATHOLOGICAL[name])
+    elapsed = time.monotonic() - start
+    assert not result.equal
+    assert result.reason in ("not_equal", "timeout", "too_long", "error")
+    assert elapsed < quick_verifier.config.timeout_seconds + 3.0, (name, elapsed, result)
+
+
+@pytest.mark.slow
+def test_hard_timeout_kills_a_stuck_worker_and_the_pool_recovers():
+    # Without math-verify's own alarms, 9^(9^9) is computed in C (minutes, no signal checks): only
+    # killing the worker can end it. Long answers are let through so that they reach the workers too.
+    config = MathVerifierConfig(workers=1, timeout_seconds=3.0, inner_timeouts=False, max_answer_chars=10 ** 7)
+    with MathVerifier(config) as verifier:
+        assert verifier.compare("\\frac{1}{2}", "0.5").equal  # warm: the worker is up
+        for answer in ("9^{9^{9}}", "2^{2^{40}}", "(" * 1500 + "1" + ")" * 1500, "9" * 1_000_000):
+            start = time.monotonic()
+            result = verifier.compare("1", answer)
+            assert result.reason in ("timeout", "not_equal", "error") and not result.equal
+            assert time.monotonic() - start < config.timeout_seconds + 3.0
+        assert verifier.compare("9^{9^{9}}", "1").reason == "timeout"
+        # The replacement worker answers correctly.
+        assert verifier.compare("\\frac{1}{2}", "0.5").equal
+        assert not verifier.compare("\\frac{1}{2}", "0.6").equal
+
+
+def test_math_equal_public_function():
+    assert math_equal("\\frac{1}{2}", "0.5")
+    assert math_equal("1,234", "1234")
+    assert not math_equal("2", "3")
+
+
+def test_gsm8k_golds_equal_their_plain_forms(shared_data, verifier):
+    from rlax_core.rewards.answers import extract_answer
+
+    rows = [json.loads(line) for line in (shared_data / "gsm8k" / "test.jsonl").read_text().splitlines()[:300]]
+    golds = [extract_answer(row["answer"]).text for row in rows]
+    plain = [gold.replace(",", "") + ".0" for gold in golds]
+    assert all(r.equal for r in verifier.compare_many(list(zip(golds, plain))))
+    shifted = [str(float(gold.replace(",", "")) + 1) for gold in golds]
+    assert not any(r.equal for r in verifier.compare_many(list(zip(golds, shifted))))
+
+
+def test_config_is_validated():
+    with pytest.raises(ConfigError, match="timeout_seconds"):
+        MathVerifierConfig(timeout_seconds=0)
+    with pytest.raises(ConfigError, match="workers"):
+        MathVerifierConfig(workers=0)
