@@ -255,6 +255,7 @@ def compute_advantages(
     if config.group_filter != "none":
         active = group_filter_mask(config.group_filter, config.group_filter_keep, rewards, lengths, group_ids, active)
     mask = mask * active[:, None]
+    kl, values = (None if x is None else jnp.where(mask > 0, jnp.asarray(x, jnp.float32), 0.0) for x in (kl, values))
 
     kl_penalty = config.kl_coef * kl * mask if shaping else jnp.zeros_like(mask)
     batch = AdvantageBatch(
@@ -276,7 +277,8 @@ def value_targets(config, rewards, mask, values, *, kl=None, group_ids=None) -> 
     shaping = config.kl_in_reward and config.kl_coef > 0
     if shaping and kl is None:
         raise ValueError("kl_in_reward with kl_coef > 0 needs kl [B, T] (per-token KL to the reference)")
+    kl, values = (None if x is None else jnp.where(mask > 0, jnp.asarray(x, jnp.float32), 0.0) for x in (kl, values))
     kl_penalty = config.kl_coef * kl * mask if shaping else 0.0
     token_rewards = _on_last_token(jnp.asarray(rewards, jnp.float32), mask) - kl_penalty
-    _, returns = gae(token_rewards, jnp.asarray(values, jnp.float32), mask, config.gamma, config.gae_lambda)
+    _, returns = gae(token_rewards, values, mask, config.gamma, config.gae_lambda)
     return returns

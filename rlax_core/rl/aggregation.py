@@ -27,12 +27,12 @@ _TINY = 1e-8  # guards a division by a count that may be 0 (an all-padding batch
 
 def aggregate(per_token: jnp.ndarray, mask: jnp.ndarray, mode: str, max_length: int = 0) -> jnp.ndarray:
     """Reduce ``per_token`` [B, T] to a scalar under ``mask`` [B, T] as documented above."""
-    return jnp.sum(per_token * token_weights(mask, mode, max_length))
+    return jnp.sum(jnp.where(mask > 0, per_token, 0.0) * token_weights(mask, mode, max_length))
 
 
 def token_weights(mask: jnp.ndarray, mode: str, max_length: int = 0) -> jnp.ndarray:
     """The weight [B, T] each token gets in :func:`aggregate` (they sum to 1 except for ``seq_sum_norm``)."""
-    mask = mask.astype(jnp.float32)
+    mask = jnp.asarray(mask, jnp.float32)
     lengths = jnp.sum(mask, axis=-1, keepdims=True)  # [B, 1]
     num_sequences = jnp.maximum(jnp.sum(lengths > 0), 1)
     if mode == "token_mean":
@@ -48,8 +48,8 @@ def token_weights(mask: jnp.ndarray, mode: str, max_length: int = 0) -> jnp.ndar
 
 def masked_mean(values: jnp.ndarray, mask: jnp.ndarray, axis=None) -> jnp.ndarray:
     """Mean of ``values`` where ``mask`` is set (0 where nothing is set)."""
-    mask = mask.astype(jnp.float32)
-    return jnp.sum(values * mask, axis=axis) / jnp.maximum(jnp.sum(mask, axis=axis), _TINY)
+    mask = jnp.asarray(mask, jnp.float32)
+    return jnp.sum(jnp.where(mask > 0, values, 0.0), axis=axis) / jnp.maximum(jnp.sum(mask, axis=axis), _TINY)
 
 
 def masked_std(values: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:

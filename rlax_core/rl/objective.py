@@ -107,6 +107,12 @@ def policy_loss(
     if advantages.ndim == 1:
         advantages = advantages[:, None]
     advantages = jnp.broadcast_to(advantages, mask.shape)
+    # Padding may hold anything (even inf); zero it first so that neither the loss nor its gradient
+    # can pick up a 0 * inf from a masked position.
+    logprobs, old_logprobs, advantages, ref_logprobs, behavior_logprobs, entropy = (
+        None if x is None else jnp.where(mask > 0, x, 0.0)
+        for x in (logprobs, old_logprobs, advantages, ref_logprobs, behavior_logprobs, entropy)
+    )
     kl_in_loss = config.kl_coef > 0 and not config.kl_in_reward
     if kl_in_loss and ref_logprobs is None:
         raise ValueError(f"{config.name}: kl_coef > 0 with the KL in the loss needs ref_logprobs")
@@ -176,6 +182,7 @@ def value_loss(config, values, old_values, returns, mask) -> tuple[jnp.ndarray, 
     ``loss_aggregation`` like the policy loss.
     """
     mask = jnp.asarray(mask, jnp.float32)
+    values, old_values, returns = (jnp.where(mask > 0, x, 0.0) for x in (values, old_values, returns))
     loss_per_token = 0.5 * jnp.square(values - returns)
     stats = {}
     if config.value_clip_eps is not None:
