@@ -29,7 +29,8 @@ Extend with::
     def my_estimator(config, batch: AdvantageBatch) -> jnp.ndarray:  # [B, T]
         ...
 
-Everything is jit-compatible with ``config`` static.
+The public functions are jitted with ``config`` as a static argument (it is frozen and hashable), and
+nest inside a caller's jit.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ Typical use in a train step::
                                 ref_logprobs=ref, behavior_logprobs=batch["behavior_logprobs"],
                                 entropy=entropy)
 
-Everything is jit-compatible with ``config`` static; metrics are stop-gradient scalars.
+``policy_loss`` and ``value_loss`` are jitted with ``config`` static (they nest inside the train step's
+jit); metrics are stop-gradient scalars.
 """
 
 from __future__ import annotations
