@@ -168,3 +168,72 @@ def test_abort_returns_what_was_generated(engine, stories):
 def test_bad_requests_fail_with_the_reason(engine, bad, match):
     with pytest.raises(ValueError, match=match):
         engine.add_request(bad)
+
+
+class _CompileCounter:
+    """Counts XLA backend compilations (every jit cache miss, eager ops included) via jax.monitoring."""
+
+    def __init__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, name, duration, **kwargs):
+        if name == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+COMPILES = _CompileCounter()
+
+
+@pytest.mark.slow
+def test_no_compilation_after_warm_up_across_lengths_fills_and_weight_swaps(engine, stories, small_engine_config):
+    model, _ = stories
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, ignore_eos=True)
+    # Warm-up: every prefill (length bucket x batch bucket) and the decode program once.
+    for bucket in small_engine_config.prefill_buckets:
+        for fill in (1, 2, 4):
+            engine.generate([Request(rng.integers(3, 512, bucket).tolist(), params) for _ in range(fill)])
+    engine.update_weights(model.params, engine.version + 1)
+    fresh_copies = [jax.tree.map(lambda x: x * 1.0, model.params) for _ in range(6)]  # new buffers, same shapes
+
+    before = COMPILES.count
+    for round_index in range(6):
+        count = int(rng.integers(1, 8))  # from one request to more than the slots hold
+        lengths = rng.integers(1, small_engine_config.max_prompt_len + 1, count)
+        varied = dataclasses.replace(params, max_new_tokens=int(rng.integers(1, 40)))
+        completions = engine.generate([Request(rng.integers(3, 512, n).tolist(), varied) for n in lengths])
+        assert all(len(c.completion_ids) == varied.max_new_tokens for c in completions)
+        engine.update_weights(fresh_copies[round_index], engine.version + 1)
+    assert COMPILES.count == before, f"{COMPILES.count - before} compilations after warm-up"
+
+
+def test_weight_swap_tags_versions_and_never_mixes_them(stories, small_engine_config):
+    from rlax_core.models import Model
+
+    model, tokenizer = stories
+    old, new = model, Model(model.config, jax.tree.map(lambda x: x * 0.9, model.params))
+    engine = Engine(dataclasses.replace(small_engine_config, num_slots=2), model.config, old.params, version=5)
+    params = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    prompts = [tokenizer.encode(t, add_bos=True) for t in ("Once upon a time", "The dog", "Tom saw", "A bird")]
+    engine.add_request(Request(prompts[0], params, prompt_id=0))
+    engine.add_request(Request(prompts[1], params, prompt_id=1))
+    finished = engine.step()  # both now in flight, 17 tokens in
+    engine.update_weights(new.params, version=6)
+    assert engine.version == 5, "the swap waits for the sequences in flight"
+    engine.add_request(Request(prompts[2], params, prompt_id=2))
+    engine.add_request(Request(prompts[3], params, prompt_id=3))
+    while engine.has_unfinished():
+        finished += engine.step()
+    by_id = {c.prompt_id: c for _, c in finished}
+    assert [by_id[i].weight_version for i in range(4)] == [5, 5, 6, 6]
+    assert engine.version == 6 and engine.stats["weight_swaps"] == 1
+    # Every token of each completion is the greedy choice of the version it is tagged with, alone.
+    for i, prompt in enumerate(prompts):
+        completion = by_id[i]
+        for weights, agrees in ((old, completion.weight_version == 5), (new, completion.weight_version == 6)):
+            logits = _teacher_forced(weights, prompt, completion.completion_ids)[len(prompt) - 1: -1]
+            assert (np.argmax(logits, axis=-1).tolist() == list(completion.completion_ids)) == agrees
+
+    with pytest.raises(ValueError, match="differ in structure"):
+        engine.update_weights({"embed_tokens": model.params["embed_tokens"]}, version=7)
