@@ -222,10 +222,12 @@ class WeightStore:
         return TensorRecord(name, np.dtype(dtype).name, shape, ()), futures
 
     def _write_shard(self, folder: str, index: int, slices, data: Any, dtype) -> tuple[ShardRecord, np.ndarray]:
-        host = np.asarray(data)
-        # Own the bytes (a view of the caller's array could change under the checksum or the memory cache).
-        host = host.astype(dtype, order="C", copy=True) if self.config.in_memory_cache or host.dtype != dtype \
-            else np.ascontiguousarray(host)
+        host = np.asarray(data)  # a jax array: the device-to-host transfer, or a read-only view on CPU
+        if host.dtype != dtype:
+            host = host.astype(dtype)
+        elif host.flags.writeable and self.config.in_memory_cache:
+            host = host.copy()  # the caller's numpy array: the memory cache must not see later changes
+        host = np.ascontiguousarray(host)
         host.setflags(write=False)
         payload = memoryview(host.reshape(-1).view(np.uint8)) if host.size else memoryview(b"")
         file = f"t{index:05d}-" + "-".join(str(start) for start, _ in slices) + ".bin" if slices else f"t{index:05d}.bin"
@@ -317,14 +319,15 @@ class WeightStore:
         path = f"{folder}/{shard.file}"
         where = f"{self.storage.url}/{path} ({tensor.name})"
         try:
-            data = self.storage.read(path)
+            data = self.storage.read_array(path)
         except FileNotFoundError:
             raise IntegrityError(f"{where}: tensor file missing") from None
-        if len(data) != shard.nbytes:
-            raise IntegrityError(f"{where}: {len(data)} bytes, manifest says {shard.nbytes} (truncated or overwritten)")
+        if data.nbytes != shard.nbytes:
+            raise IntegrityError(f"{where}: {data.nbytes} bytes, manifest says {shard.nbytes} (truncated or overwritten)")
         if mf.checksum(data) != shard.checksum:
             raise IntegrityError(f"{where}: checksum mismatch (corrupted bytes)")
-        return np.frombuffer(data, dtype=_dtype(tensor.dtype)).reshape(shard.shape)
+        data.setflags(write=False)
+        return data.view(_dtype(tensor.dtype)).reshape(shard.shape)
 
     # ------------------------------------------------------------------ collecting
 
