@@ -1,0 +1,118 @@
+"""Verifier throughput: math and code verifications per second with 1 and 2 workers.
+
+Measured in the same run against named baselines that do the same work without our protections:
+
+  math_baseline_inprocess   math-verify called directly in this process: no pool, no hard timeout
+                            (a pathological answer would hang the caller)
+  math_pool_w{1,2}          MathVerifier: math-verify in a killable process pool, 1 and 2 workers
+  code_baseline_subprocess  each program run as ``python -I -S -c`` in a plain subprocess, one at a
+                            time: no namespaces, no chroot, no uid drop, no limits
+  code_sandbox_w{1,2}       CodeVerifier: the full sandbox, 1 and 2 checks at a time
+
+Ratios are ours / baseline (above 1: faster than the baseline). Inputs are real: MATH-500 gold
+answers against a rewritten form of themselves (``gold + 0``, which the fast path cannot shortcut,
+so every pair goes through math-verify), and HumanEval canonical solutions with their tests.
+Prints one JSON object.
+
+    python benchmarks/verify.py
+    python benchmarks/verify.py --math-pairs 100 --code-programs 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rlax_core.rewards.code_verifier import CodeVerifier, build_program, humaneval_tests  # noqa: E402
+from rlax_core.rewards.math_verifier import MathVerifier, MathVerifierConfig, _symbolic_equal  # noqa: E402
+
+SHARED = Path(os.environ.get("RLAX_SHARED_DIR", REPO.parent / "shared")) / "data"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def math_pairs(count: int) -> list[tuple[str, str]]:
+    rows = _jsonl(SHARED / "math" / "math500_test.jsonl")[:count]
+    return [(row["answer"], f"{row['answer']} + 0") for row in rows]
+
+
+def code_jobs(count: int) -> list[tuple[str, object]]:
+    rows = _jsonl(SHARED / "humaneval" / "HumanEval.jsonl")[:count]
+    return [(row["canonical_solution"], humaneval_tests(row)) for row in rows]
+
+
+def rate(count: int, seconds: float) -> float:
+    return round(count / seconds, 3)
+
+
+def bench_math(pairs, workers: int, timeout: float) -> tuple[float, int]:
+    with MathVerifier(MathVerifierConfig(workers=workers, timeout_seconds=timeout)) as verifier:
+        verifier.compare_many(pairs[:workers * 2])  # start and warm the workers
+        start = time.perf_counter()
+        results = verifier.compare_many(pairs)
+        elapsed = time.perf_counter() - start
+    return rate(len(pairs), elapsed), sum(r.equal for r in results)
+
+
+def bench_math_baseline(pairs, timeout: float) -> tuple[float, int]:
+    soft = max(1, int(timeout // 2))  # math-verify's own alarms, as inside the pool's workers
+    _symbolic_equal("3\\sqrt{3}", "\\sqrt{27}", soft)  # warm sympy, as the pool's workers are
+    _symbolic_equal.__globals__["_parse"].cache_clear()
+    start = time.perf_counter()
+    equal = sum(_symbolic_equal(gold, prediction, soft) for gold, prediction in pairs)
+    return rate(len(pairs), time.perf_counter() - start), equal
+
+
+def bench_code_baseline(jobs) -> tuple[float, int]:
+    start = time.perf_counter()
+    passed = 0
+    for completion, tests in jobs:
+        source = "\n".join([build_program(completion, tests), tests.setup, *tests.cases])
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", source], capture_output=True, timeout=60)
+        passed += done.returncode == 0
+    return rate(len(jobs), time.perf_counter() - start), passed
+
+
+def bench_code(jobs, workers: int) -> tuple[float, int]:
+    with CodeVerifier(workers=workers) as verifier:
+        verifier.check_many(jobs[:workers])  # warm: the mount list is computed once per process
+        start = time.perf_counter()
+        results = verifier.check_many(jobs)
+        elapsed = time.perf_counter() - start
+    return rate(len(jobs), elapsed), sum(r.all_passed for r in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--math-pairs", type=int, default=200)
+    parser.add_argument("--code-programs", type=int, default=40)
+    parser.add_argument("--math-timeout", type=float, default=10.0)
+    args = parser.parse_args()
+
+    pairs, jobs = math_pairs(args.math_pairs), code_jobs(args.code_programs)
+    out: dict[str, object] = {"cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+                              "math_pairs": len(pairs), "code_programs": len(jobs)}
+    out["math_baseline_inprocess"], out["math_baseline_equal"] = bench_math_baseline(pairs, args.math_timeout)
+    for workers in (1, 2):
+        out[f"math_pool_w{workers}"], out[f"math_pool_w{workers}_equal"] = bench_math(pairs, workers, args.math_timeout)
+        out[f"math_pool_w{workers}_vs_baseline"] = round(out[f"math_pool_w{workers}"] / out["math_baseline_inprocess"], 3)
+    out["code_baseline_subprocess"], out["code_baseline_passed"] = bench_code_baseline(jobs)
+    for workers in (1, 2):
+        out[f"code_sandbox_w{workers}"], out[f"code_sandbox_w{workers}_passed"] = bench_code(jobs, workers)
+        out[f"code_sandbox_w{workers}_vs_baseline"] = round(out[f"code_sandbox_w{workers}"] / out["code_baseline_subprocess"], 3)
+    out["unit"] = "verifications per second"
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
