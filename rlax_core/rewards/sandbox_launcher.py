@@ -136,6 +136,9 @@ def _child(job: dict, isolated: bool, root: str, pipes: dict) -> None:
         _limit_and_drop(job)
         os.closerange(RESULT_FD + 1, 1 << 16)
         env = {**job["env"], "HOME": os.getcwd(), "TMPDIR": os.getcwd()}
+        if not os.access(job["python"], os.X_OK):
+            raise PermissionError(f"{job['python']} is not executable by the sandbox's unprivileged uid; without "
+                                  "namespaces the Python install must be readable by all users")
         os.execve(job["python"], [job["python"], "-I", "-S", "-B", *job["argv"]], env)
     except BaseException as error:  # noqa: BLE001 - anything here means no sandbox: say why and stop
         os.write(2, f"sandbox setup failed: {type(error).__name__}: {error}\n".encode())

@@ -279,3 +279,26 @@ def test_sigxcpu_is_reported_as_timeout():
     report = run_sandboxed({"main.py": "while True:\n    pass\n"}, ["main.py"],
                            SandboxLimits(cpu_seconds=1, wall_seconds=10.0))
     assert report.signal in (signal.SIGXCPU, signal.SIGKILL) and not report.timed_out
+
+
+def _python_world_executable() -> bool:
+    import sys
+
+    path = Path(os.path.realpath(sys._base_executable))
+    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents])
+
+
+def test_without_isolation_the_limits_and_uid_drop_still_hold():
+    # What a host without namespaces gets (isolate=False forces that path here): limits, a private
+    # directory and an unprivileged uid, and a report that says isolation is missing.
+    limits = SandboxLimits(cpu_seconds=2, wall_seconds=6.0, memory_bytes=256 << 20, isolate=False)
+    probe = run_sandboxed({"main.py": ""}, ["main.py"], limits) if _python_world_executable() else None
+    if probe is None:
+        pytest.skip("this Python install is not executable by other users (needed only without namespaces)")
+    report = run_sandboxed({"main.py": "import os\nprint(os.getuid(), os.getcwd())\n"}, ["main.py"], limits)
+    uid, cwd = report.stdout.split()
+    assert not report.isolated and report.isolation_missing and int(uid) == report.uid != 0
+    assert not os.path.exists(cwd)  # the private directory is gone
+    tests = CodeTests(cases=("block = bytearray(10 * 1024 ** 3)", "while True:\n    pass"))
+    result = run_tests("", tests, limits, per_test_seconds=1.0)
+    assert [v.reason for v in result.verdicts] == ["memory", "timeout"]
