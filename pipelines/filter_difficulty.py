@@ -28,7 +28,7 @@ from rlax_core.eval.report import pass_rate_histogram
 from transforms.difficulty import KeepPassRateBand, pass_rates_of
 from transforms.examples import ToExamples
 from transforms.inference import GenerationSpec, SampleAndVerify
-from transforms.io import (ReadRawRecords, TakeSmallestIds, WriteBinaryFile, WriteExamples, WriteJsonFile,
+from transforms.io import (ReadRawRecords, TakeSmallestIds, WriteNamedFiles, WriteExamples, WriteJsonFile,
                            WriteJsonLines, read_json)
 
 HELP = "Beam batch: keep prompts whose pass rate lies in a band"
@@ -90,8 +90,9 @@ def build(pipeline: beam.Pipeline, config: FilterConfig) -> None:
 
     rates = pass_rates_of(results)
     (rates | "AllRates" >> beam.combiners.ToList()
-     | "Histogram" >> beam.Map(lambda r: pass_rate_histogram(r, (config.low, config.high), f"pass rates ({version})"))
-     | "WriteHistogram" >> WriteBinaryFile(f"{out}/pass_rate_histogram.png", "image/png"))
+     | "Histogram" >> beam.Map(lambda r: ("pass_rate_histogram.png",
+                                          pass_rate_histogram(r, (config.low, config.high), f"pass rates ({version})")))
+     | "WriteHistogram" >> WriteNamedFiles(out))
     outcomes = ((kept | "KeptOutcome" >> beam.Map(lambda _: "kept"),
                  all_rejected | "RejectedOutcome" >> beam.Map(lambda row: row["reason"]))
                 | "Outcomes" >> beam.Flatten() | "CountOutcomes" >> beam.combiners.Count.PerElement()

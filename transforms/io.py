@@ -135,24 +135,26 @@ class WriteJsonFile(beam.PTransform):
         )
 
 
-class WriteBinaryFile(beam.PTransform):
-    """A PCollection holding one ``bytes`` value (an image, say), written as the file ``path``."""
+class WriteNamedFiles(beam.PTransform):
+    """``(file name, bytes)`` pairs written as ``folder/name`` (reports, images); returns the paths."""
 
-    def __init__(self, path: str, mime_type: str = "application/octet-stream"):
+    def __init__(self, folder: str):
         super().__init__()
-        self.path, self.mime_type = path, mime_type
+        self.folder = folder.rstrip("/")
 
-    def expand(self, singleton):
-        path, mime_type = self.path, self.mime_type
+    def expand(self, named_files):
+        folder = self.folder
 
-        def write(data: bytes) -> str:
+        def write(item) -> str:
             from apache_beam.io.filesystems import FileSystems
 
-            with FileSystems.create(path, mime_type=mime_type) as handle:
+            name, data = item
+            path = f"{folder}/{name}"
+            with FileSystems.create(path) as handle:
                 handle.write(data)
             return path
 
-        return singleton | "Write" >> beam.Map(write)
+        return named_files | "Write" >> beam.Map(write)
 
 
 class TakeSmallestIds(beam.PTransform):

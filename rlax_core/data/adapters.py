@@ -156,6 +156,8 @@ FORMATS = (*ADAPTERS, "generic", "auto")
 def detect_format(raw: Mapping[str, Any]) -> str:
     """The built-in layout whose fields this record has (``auto``)."""
     keys = set(raw)
+    if {"prompt", "task", "source"} <= keys:
+        return "example"
     if {"task_id", "canonical_solution", "entry_point"} <= keys:
         return "humaneval"
     if "test_list" in keys and "code" in keys:

@@ -56,7 +56,7 @@ def build_report(results: Iterable[Mapping[str, Any]], ks: Sequence[int]) -> dic
 def _metric_names(report: Mapping[str, Any]) -> list[str]:
     names = {name for datasets in report["models"].values() for d in datasets.values() for name in d["overall"]
              if "@" in name}
-    order = {"mean@n": 0, "pass": 1, "maj": 2}
+    order = {"mean": 0, "pass": 1, "maj": 2}
     return sorted(names, key=lambda n: (order.get(n.split("@")[0], 3), int(n.split("@")[1]) if n[-1].isdigit() else 0))
 
 
@@ -93,7 +93,9 @@ def plot_report(report: Mapping[str, Any]) -> dict[str, bytes]:
     import matplotlib.pyplot as plt
 
     datasets = sorted({d for m in report["models"].values() for d in m})
-    images = {}
+    images: dict[str, bytes] = {}
+    if not datasets:
+        return images
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.5), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         for model, per_dataset in report["models"].items():

@@ -1,0 +1,118 @@
+"""``rlax evaluate``: pass@k, maj@k, mean@n and response lengths of one or more checkpoints.
+
+    rlax evaluate --model runs/base --model runs/step_100 --eval-set gsm8k/test.jsonl \\
+        --eval-set math500_test.jsonl --samples 8 --limit 200 --output eval/
+
+Each prompt of each evaluation set is sampled ``samples`` times per model (RunInference with the
+RLAX engine), every sample verified; the report holds pass@k (unbiased estimator), maj@k, mean@n
+and lengths per dataset, subject and level, with the models side by side. Writes
+``DIR/report.json``, ``DIR/report.md``, ``DIR/pass_at_k.png``, ``DIR/lengths.png`` and the
+per-prompt samples and verdicts in ``DIR/samples-*.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+
+import apache_beam as beam
+
+from rlax_core.config import ConfigError, load_config, require, to_dict
+from rlax_core.data.curation import InputSpec, eval_set_name
+from transforms.evaluation import BuildReport, per_prompt_result
+from transforms.examples import ToExamples
+from transforms.inference import GenerationSpec, SampleAndVerify
+from transforms.io import ReadRawRecords, TakeSmallestIds, WriteJsonLines, WriteNamedFiles, read_json
+
+HELP = "Beam batch: pass@k, maj@k and lengths of a checkpoint on eval sets"
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    models: tuple[str, ...] = ()  # checkpoints, evaluated side by side
+    model_names: tuple[str, ...] = ()  # labels in the report (default: folder names)
+    eval_sets: tuple[InputSpec, ...] = ()  # named by source, else folder/file (e.g. gsm8k/test)
+    generation: GenerationSpec = GenerationSpec()  # sampling settings shared by every model
+    ks: tuple[int, ...] = (1, 4, 8)
+    limit: int = 0  # prompts per evaluation set, the first N by id (0: all)
+    output: str = ""
+    title: str = "Evaluation"
+
+    def __post_init__(self):
+        require(all(k >= 1 for k in self.ks) and len(self.ks) > 0, "ks", "positive integers")
+        require(self.limit >= 0, "limit", "an integer >= 0")
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.model_names) or [dataclasses.replace(self.generation, model=m).label for m in self.models]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", action="append", default=[], help="checkpoint to evaluate (repeat to compare)")
+    parser.add_argument("--eval-set", action="append", default=[], help="evaluation set (repeatable; layout detected)")
+    parser.add_argument("--samples", type=int, help="samples per prompt (n)")
+    parser.add_argument("--limit", type=int, help="prompts per evaluation set (first N by id)")
+    parser.add_argument("--output", help="output folder (local or gs://)")
+
+
+def resolve_config(args: argparse.Namespace) -> EvaluateConfig:
+    config = load_config(args.config, args.overrides, EvaluateConfig)
+    changes = {}
+    if args.model:
+        changes["models"] = tuple(args.model)
+    if args.eval_set:
+        changes["eval_sets"] = tuple(InputSpec(path=p) for p in args.eval_set)
+    if args.samples is not None:
+        changes["generation"] = dataclasses.replace(config.generation, samples=args.samples)
+    if args.limit is not None:
+        changes["limit"] = args.limit
+    if args.output:
+        changes["output"] = args.output
+    config = dataclasses.replace(config, **changes)
+    require(not config.model_names or len(config.model_names) == len(config.models), "model_names",
+            f"one name per model ({len(config.models)}), or none")
+    require(len(set(config.labels)) == len(config.labels), "model_names", "distinct labels for the models")
+    for key, flag in (("models", "--model"), ("eval_sets", "--eval-set"), ("output", "--output")):
+        if not getattr(config, key):
+            raise ConfigError(key, f"missing: give {flag} or {key} in --config")
+    return config
+
+
+def build(pipeline: beam.Pipeline, config: EvaluateConfig) -> None:
+    sets = []
+    for i, spec in enumerate(config.eval_sets):
+        named = dataclasses.replace(spec, source=eval_set_name(spec))
+        examples, _ = (pipeline | f"Read[{i}]" >> ReadRawRecords(spec.path)
+                       | f"ToExamples[{i}]" >> ToExamples(named, 1 << 20))
+        sets.append(examples | f"Limit[{i}]" >> TakeSmallestIds(config.limit))
+    examples = sets | "AllSets" >> beam.Flatten()
+    results = []
+    for path, label in zip(config.models, config.labels):
+        spec = dataclasses.replace(config.generation, model=path, name=label)
+        results.append(examples | f"SampleAndVerify[{label}]" >> SampleAndVerify(spec))
+    rows = (results | "AllModels" >> beam.Flatten()) | "PerPrompt" >> beam.Map(per_prompt_result)
+    out = config.output.rstrip("/")
+    rows | "WriteSamples" >> WriteJsonLines(f"{out}/samples")
+    rows | "Report" >> BuildReport(config.ks, config.title) | "WriteReport" >> WriteNamedFiles(out)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.curate import beam_options
+
+    config = resolve_config(args)
+    logger.info("evaluate config: %s", json.dumps(to_dict(config)))
+    start = time.perf_counter()
+    with beam.Pipeline(options=beam_options(beam_args)) as pipeline:
+        build(pipeline, config)
+    out = config.output.rstrip("/")
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(f"{out}/report.md") as handle:
+        print(handle.read().decode("utf-8"))
+    report = read_json(f"{out}/report.json")
+    print(f"rlax evaluate: {len(report['models'])} model(s), {time.perf_counter() - start:.1f} s; output {config.output}")
+    return 0
