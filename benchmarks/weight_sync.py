@@ -1,7 +1,7 @@
 """Weight sync: trainer blocking time, publish until committed, pull until loaded, vs plain file I/O.
 
-For each model size (random Qwen2-shaped weights, float32 as the trainer holds them, published as
-bfloat16 as the engine uses them) it measures, in the same run and on the same storage:
+For each model size (random Qwen2-shaped weights, float32 as the trainer holds them, published in the
+engine's dtype: bfloat16 by default) it measures, in the same run and on the same storage:
 
   raw_write_s       writing the published bytes as plain files (one per tensor)
   raw_read_s        reading those files back into host arrays
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -67,15 +66,16 @@ def raw_read(storage, folder: str, arrays: dict[str, np.ndarray]) -> dict[str, n
             for index, (name, a) in enumerate(arrays.items())}
 
 
-def bench_size(name: str, config: ModelConfig, root: str, repeats: int) -> dict:
+def bench_size(name: str, config: ModelConfig, root: str, repeats: int, engine_dtype: str) -> dict:
     params = init_params(config, jax.random.key(0), jnp.float32)
     jax.block_until_ready(params)
-    published = {k: np.asarray(v.astype(jnp.bfloat16)) for k, v in flatten_params(params).items()}
+    published = {k: np.asarray(v.astype(engine_dtype)) for k, v in flatten_params(params).items()}
     nbytes = sum(a.nbytes for a in published.values())
     run_id = f"bench-{name}-{uuid.uuid4().hex[:6]}"
     store_root = f"{root.rstrip('/')}/{run_id}"
     storage = open_storage(f"{store_root}/raw")
-    common = dict(root=store_root, run_id=run_id, publish_dtype="bfloat16", gc_grace_s=0.0, keep=1)
+    publish_dtype = None if engine_dtype == "float32" else engine_dtype  # the trainer holds float32
+    common = dict(root=store_root, run_id=run_id, publish_dtype=publish_dtype, gc_grace_s=0.0, keep=1)
     trainer_store = WeightStore(WeightStoreConfig(**common, in_memory_cache=True))
     publisher = AsyncPublisher(trainer_store)
     rows = []
@@ -93,9 +93,9 @@ def bench_size(name: str, config: ModelConfig, root: str, repeats: int) -> dict:
         committed_s = time.perf_counter() - start
 
         with WeightStore(WeightStoreConfig(**common)) as reader:  # another process in production
-            engine_params, pulled_s = _timed(lambda: jax.block_until_ready(reader.load(step, dtype=jnp.bfloat16)))
+            engine_params, pulled_s = _timed(lambda: jax.block_until_ready(reader.load(step, dtype=engine_dtype)))
         del engine_params
-        engine_params, pulled_memory_s = _timed(lambda: jax.block_until_ready(trainer_store.load(step, dtype=jnp.bfloat16)))
+        engine_params, pulled_memory_s = _timed(lambda: jax.block_until_ready(trainer_store.load(step, dtype=engine_dtype)))
         del engine_params
         trainer_store.gc()
         if step > 1:
@@ -108,7 +108,7 @@ def bench_size(name: str, config: ModelConfig, root: str, repeats: int) -> dict:
     median = {key: min(r[key] for r in rows) for key in rows[0]}
     raw_round_trip = median["raw_write_s"] + median["raw_read_s"]
     return {
-        "params": config.num_params, "published_bytes": nbytes, "tensors": len(published), "repeats": repeats,
+        "params": config.num_params, "engine_dtype": engine_dtype, "published_bytes": nbytes, "tensors": len(published), "repeats": repeats,
         **{k: round(v, 4) for k, v in median.items()},
         "blocking_over_raw_write": round(median["blocking_s"] / median["raw_write_s"], 4),
         "publish_to_loaded_over_raw_write_read": round((median["committed_s"] + median["pulled_s"]) / raw_round_trip, 3),
@@ -124,6 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="25m,500m", help="comma-separated subset of: " + ", ".join(SIZES))
     parser.add_argument("--root", default=None, help="store root (default: a fresh local temp folder)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--engine-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="the engine's param dtype: bfloat16 (TPU/GPU engines; published as bfloat16) or "
+                             "float32 (the CPU quickstart engine; published as the trainer holds it)")
     args = parser.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SIZES]
@@ -131,7 +134,7 @@ def main(argv=None) -> int:
         parser.error(f"unknown size(s) {unknown}; choose from {sorted(SIZES)}")
     with tempfile.TemporaryDirectory(prefix="weight-sync-") as scratch:
         root = args.root or scratch
-        results = {name: bench_size(name, SIZES[name], root, args.repeats) for name in sizes}
+        results = {name: bench_size(name, SIZES[name], root, args.repeats, args.engine_dtype) for name in sizes}
     print(json.dumps({"benchmark": "weight_sync", "backend": jax.default_backend(), "devices": jax.device_count(),
                       "root": "local temp folder" if args.root is None else args.root, "sizes": results}, indent=1))
     return 0

@@ -1,6 +1,6 @@
 """``AsyncPublisher``: the trainer publishes weights without waiting for storage.
 
-``submit`` only dispatches a copy of the params (cast to the publish dtype on the device) and returns; a background thread writes and commits. At
+``submit`` only pins or dispatches a copy of the params (see :func:`stage_params`) and returns; a background thread writes and commits. At
 most one publication is in flight and at most one waits behind it: a newer submit replaces the waiting
 one (counted as superseded), so memory stays bounded at two staged copies however fast the trainer runs.
 The one in flight always finishes, so that a trainer faster than storage still commits versions.
@@ -21,29 +21,39 @@ from rlax_core.weights.store import WeightStore, _dtype, _is_float
 log = logging.getLogger(__name__)
 
 
-def stage_params(params: Mapping[str, Any], publish_dtype: str | None = None) -> Any:
-    """A private copy of ``params`` that the trainer may donate or overwrite at once.
+def stage_params(params: Mapping[str, Any], publish_dtype: str | None = None) -> tuple[Any, list]:
+    """A private view of ``params`` that survives the trainer donating or overwriting them at once.
 
-    jax arrays are cast or copied by one dispatched device op each: the call returns in well under a
-    millisecond per tensor, the copies run while the next train step is dispatched, and each tensor
-    can be written as soon as its own copy is done. Host (numpy) leaves are copied synchronously.
-    The device-to-host transfer happens in the publisher's thread, when it reads each staged array.
+    Returns ``(staged, pins)``; keep ``pins`` alive until the staged params are written.
+
+    * A jax array to be cast to ``publish_dtype`` gets one dispatched device op (the cast makes a new
+      buffer): the call returns at once, the cast runs while the next step is dispatched, and the
+      device-to-host transfer happens in the publisher's thread when it reads the result.
+    * A ready jax array in host memory (the CPU backend) is not copied at all: a zero-copy numpy view
+      of each shard pins its buffer, and jax does not donate a buffer that is viewed from outside, so
+      the trainer's next step writes fresh buffers instead.
+    * Any other jax array gets a dispatched device copy, as for a cast.
+    * Host (numpy) leaves are copied synchronously.
     """
     import jax
 
     target = _dtype(publish_dtype) if publish_dtype else None
+    pins: list = []
 
     def stage(leaf):
         if isinstance(leaf, jax.Array):
             if target is not None and _is_float(np.dtype(leaf.dtype)) and leaf.dtype != target:
-                return leaf.astype(target)
+                return leaf.astype(target)  # a fresh buffer: nothing to protect
+            if all(d.platform == "cpu" for d in leaf.devices()) and leaf.is_ready():
+                pins.extend(np.asarray(shard.data) for shard in leaf.addressable_shards)
+                return leaf
             return jax.numpy.copy(leaf)
         array = np.asarray(leaf)
         if target is not None and _is_float(array.dtype):
             return array.astype(target)
         return array.copy()
 
-    return jax.tree.map(stage, params)
+    return jax.tree.map(stage, params), pins
 
 
 class AsyncPublisher:
@@ -64,7 +74,7 @@ class AsyncPublisher:
     def submit(self, version: int, params: Mapping[str, Any]) -> None:
         """Stage ``params`` as ``version`` and return; raises the error of a failed earlier publication."""
         self._raise_background_error()
-        staged = stage_params(params, self.store.config.publish_dtype)
+        staged = stage_params(params, self.store.config.publish_dtype)  # (params, pins) travel together
         with self._cond:
             if self._closed:
                 raise RuntimeError("AsyncPublisher is closed")
@@ -120,7 +130,7 @@ class AsyncPublisher:
                 (version, staged), self._pending = self._pending, None
                 self._in_flight = version
             try:
-                self.store.publish(version, staged)
+                self.store.publish(version, staged[0])
                 self.last_committed = version
             except VersionExistsError:
                 # After a restart from an older checkpoint the trainer reaches steps it already

@@ -117,11 +117,15 @@ def test_newer_submit_supersedes_the_waiting_one_and_memory_stays_bounded(tmp_pa
     store.close()
 
 
-def test_params_donated_right_after_submit_are_published_intact(tmp_path):
+@pytest.mark.parametrize("ready", [True, False], ids=["ready-pinned", "in-flight-copied"])
+def test_params_donated_right_after_submit_are_published_intact(tmp_path, ready):
     store = WeightStore(WeightStoreConfig(root=str(tmp_path), run_id="run-a", publish_dtype="bfloat16"))
     step = jax.jit(lambda p: jax.tree.map(lambda x: x * 0 - 1, p), donate_argnums=0)
-    params = _fsdp_params(3)
-    expected = {k: np.asarray(v) for k, v in params.items()}
+    make = jax.jit(lambda v: jax.tree.map(lambda x: x + v, _fsdp_params(0)))
+    expected = {k: np.asarray(v) for k, v in make(3).items()}
+    params = make(3)
+    if ready:
+        jax.block_until_ready(params)
     with AsyncPublisher(store) as publisher:
         publisher.submit(3, params)
         params = step(params)  # the trainer's next step reuses (donates) the buffers at once
