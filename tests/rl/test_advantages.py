@@ -193,3 +193,12 @@ def test_register_advantage_estimator_extends_the_registry():
     with pytest.raises(ValueError, match="already registered"):
         rl.register_advantage_estimator(name)(lambda cfg, batch: batch.rewards)
     assert dataclasses.replace(config(name)).advantage_estimator == name
+
+
+def test_grouped_layout_accepts_masks_and_values_shaped_by_group():
+    # rewards [1 group, 2 samples], mask [1, 2, T]; GAE with gamma = lambda = 1 and zero values: A = reward.
+    config_gae = config("gae")
+    mask = jnp.array([[[1, 1, 0], [1, 0, 0]]], jnp.float32)
+    advantages = rl.compute_advantages(config_gae, jnp.array([[2.0, -1.0]]), mask, values=jnp.zeros((1, 2, 3)))
+    np.testing.assert_allclose(advantages, [[2, 2, 0], [-1, 0, 0]], atol=1e-6)
+    np.testing.assert_allclose(per_sequence(rl.compute_advantages(config("dr_grpo"), jnp.array([[2.0, -1.0]]), mask)), [1.5, -1.5])

@@ -262,3 +262,19 @@ def test_missing_inputs_fail_clearly():
         rl.policy_loss(cfg(entropy_coef=0.1), lp, lp, lp, jnp.ones((1, 2)))
     with pytest.raises(ValueError, match="needs behavior_logprobs"):
         rl.policy_loss(cfg(mismatch_correction="tis"), lp, lp, lp, jnp.ones((1, 2)))
+
+
+def test_behaviour_logprobs_without_a_correction_are_only_measured():
+    # No correction: weights stay 1 (loss = -mean A = -1), but the mismatch KL is still logged.
+    lp = jnp.zeros((1, 2))
+    behavior = lp - jnp.log(jnp.array([[3.0, 0.5]]))
+    loss, metrics = rl.policy_loss(cfg(), lp, lp, jnp.ones((1, 2)), jnp.ones((1, 2)), behavior_logprobs=behavior)
+    assert loss == pytest.approx(-1.0) and metrics["mismatch_weight_mean"] == 1.0
+    assert metrics["mismatch_kl"] == pytest.approx(np.mean([2 - np.log(3), -0.5 - np.log(0.5)]), abs=1e-6)
+
+
+def test_approx_kl_to_old_is_k3_of_old_against_current():
+    # pi / pi_old = 2 on both tokens: k3 with log_r = log(pi / pi_old) = log 2 -> 2 - 1 - log 2.
+    logprobs, old = ratios_to_logprobs([[2.0, 2.0]])
+    _, metrics = rl.policy_loss(cfg(clip_eps_high=5.0), logprobs, old, jnp.ones((1, 2)), jnp.ones((1, 2)))
+    assert metrics["approx_kl_old"] == pytest.approx(1 - np.log(2), abs=1e-6)
