@@ -10,6 +10,7 @@ continues; keep-N garbage-collects older ones.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 
 class Checkpointer:
     def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
-        self.directory = str(directory)
+        # orbax wants absolute paths; URLs (gs://...) pass through.
+        self.directory = str(directory) if "://" in str(directory) else os.path.abspath(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "ledger"))
 
@@ -36,8 +38,12 @@ class Checkpointer:
         self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                          ledger=ocp.args.JsonSave(ledger.to_json())))
 
-    def restore(self, step: int, abstract_state: Any) -> tuple[Any, DataLedger]:
-        """Load checkpoint ``step`` into the shapes, dtypes and shardings of ``abstract_state``."""
+    def restore(self, step: int, abstract_state: Any | None = None) -> tuple[Any, DataLedger]:
+        """Load checkpoint ``step`` into the shapes, dtypes and shardings of ``abstract_state``.
+
+        Without ``abstract_state`` the state comes back as saved, as a tree of plain containers
+        (for inspecting a checkpoint; the trainer always passes its own target).
+        """
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), ledger=ocp.args.JsonRestore()))
         return restored.state, DataLedger.from_json(restored.ledger)

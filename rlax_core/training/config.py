@@ -89,8 +89,7 @@ class TrainerConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     async_checkpointing: bool = True
-    publish_every: int = 1
-    keep_weight_versions: int = 4
+    publish_every: int = 1  # weight versions kept: weights.keep (the parameter server's config)
     wait_timeout_s: float = 600.0  # how long to wait for rollout groups before failing loudly
     poll_s: float = 0.5
 
@@ -103,6 +102,5 @@ class TrainerConfig:
         require(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
         require(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
         require(self.publish_every >= 1, "publish_every", "must be >= 1")
-        require(self.keep_weight_versions >= 1, "keep_weight_versions", "must be >= 1")
         require(self.wait_timeout_s > 0, "wait_timeout_s", "must be > 0")
         require(self.poll_s > 0, "poll_s", "must be > 0")

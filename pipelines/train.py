@@ -1,0 +1,90 @@
+"""``rlax train``: the JAX trainer job. Learns from rollout groups, publishes weight versions.
+
+    rlax train --config configs/quickstart.yaml trainer.total_steps=50 trainer.checkpoint_every=5
+
+Reads (all from the run config, ``pipelines.config.RunConfig``):
+
+    model.path, model.dtype   the initial policy (and the KL reference): HF folder or llama2.c .bin
+    algorithm                 the objective (rlax_core.rl; ``preset: grpo`` + overrides)
+    trainer                   rlax_core.training.TrainerConfig: optimizer, mesh, groups_per_step,
+                              micro_batches, max_seq_len, total_steps, max_staleness,
+                              checkpoint_every, keep_checkpoints, wait_timeout_s, ...
+    run.name, run.output_dir  where everything lives:
+
+    OUTPUT/rollouts/RUN/step_XXXXXXXX/group_XXXXX.parquet   input  (rlax_core.data.rollout_store)
+    OUTPUT/weights/                                         output (rlax_core.weights; ``weights:``)
+    OUTPUT/checkpoints/N/                                   orbax: state + data ledger
+    OUTPUT/metrics/metrics.jsonl, OUTPUT/metrics/tensorboard/
+
+Behaviour a launcher can rely on:
+
+* exits 0 after ``trainer.total_steps`` steps; re-running a finished run exits 0 at once;
+* resumes from the newest complete checkpoint by itself (after a crash or SIGKILL);
+* SIGTERM or SIGINT (a preemption notice): finishes the step in flight, checkpoints, exits 0;
+* publishes version 0 (the initial weights) before its first step, then version N after step N;
+* fails loudly (exit 1) if no rollout groups arrive within ``trainer.wait_timeout_s``.
+
+Multi-host: start one process per host with ``trainer.mesh.coordinator_address``,
+``trainer.mesh.num_processes`` and ``trainer.mesh.process_id`` set (or ``trainer.mesh.distributed=true``
+on TPU / Cloud, where JAX finds them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+HELP = "the JAX trainer job: learn from rollout groups, publish weights"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", help="override run.output_dir")
+
+
+def rollout_root(run_config) -> str:
+    return f"{run_config.run.output_dir.rstrip('/')}/rollouts"
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from rlax_core.config import ConfigError
+    from pipelines.config import load_run_config
+
+    if beam_args:
+        raise ConfigError("", f"rlax train takes no Beam options; unknown arguments: {' '.join(beam_args)}")
+    overrides = list(args.overrides) + ([f"run.output_dir={args.output}"] if args.output else [])
+    run_config = load_run_config(args.config, overrides)
+    stop = threading.Event()
+
+    def request_stop(signum, _frame):
+        log.warning("received %s: checkpointing after the current step", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    result = train(run_config, stop)
+    log.info("trainer done at step %d%s", result.step, " (stopped early)" if result.preempted else "")
+    return 0
+
+
+def train(run_config, stop: threading.Event | None = None):
+    import jax.numpy as jnp
+
+    from rlax_core.data.rollout_store import RolloutStore
+    from rlax_core.models import from_pretrained
+    from rlax_core.training.job import run_training
+    from rlax_core.weights import WeightStore
+
+    output = run_config.run.output_dir.rstrip("/")
+    model = from_pretrained(run_config.model.resolved_path(), dtype=jnp.float32)
+    weights = WeightStore(run_config.weight_store())
+    try:
+        return run_training(
+            model_config=model.config, initial_params=model.params, algorithm=run_config.algorithm,
+            config=run_config.trainer, store=RolloutStore(rollout_root(run_config), run_config.run.name),
+            weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=f"{output}/metrics", stop=stop)
+    finally:
+        weights.close()

@@ -1,0 +1,185 @@
+"""The training loop of the ``rlax train`` job: rollout groups in, weight versions out, preemptible.
+
+One step::
+
+    wait for ``groups_per_step`` rollout groups not yet in the ledger (schedule order); a group
+    whose weight version fails ``rlax_core.weights.is_fresh_enough(version, step, max_staleness)``
+    is dropped (recorded in the ledger, counted in the metrics) and the next one is taken
+    -> make_batch -> Trainer.step -> ledger.consumed += groups -> metrics (JSONL + TensorBoard)
+    -> publish weight version ``step`` (every ``publish_every`` steps, asynchronously)
+    -> checkpoint (every ``checkpoint_every`` steps, asynchronously; state + ledger together)
+
+On start the loop resumes from the newest complete checkpoint by itself, or else starts from the
+initial parameters and publishes them as version 0 so that the rollout fleet can begin. When
+``stop`` is set (SIGTERM: a preemption notice) it finishes the step in flight, checkpoints, waits
+for the checkpoint and the publication to land, and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlax_core.data.rollout_store import GroupKey, RolloutStore
+from rlax_core.models.config import ModelConfig
+from rlax_core.rl.config import AlgorithmConfig
+from rlax_core.training.batching import make_batch
+from rlax_core.training.checkpoint import Checkpointer
+from rlax_core.training.config import TrainerConfig
+from rlax_core.training.ledger import DataLedger
+from rlax_core.training.mesh import initialize_distributed, make_mesh
+from rlax_core.training.step import Trainer
+from rlax_core.utils.logging import progress
+from rlax_core.utils.metrics import MetricsWriter
+from rlax_core.weights import AsyncPublisher, WeightStore, is_fresh_enough
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobResult:
+    step: int  # optimizer steps taken, in this run and before it
+    preempted: bool  # stopped by a stop request before total_steps
+    resumed_from: int | None  # the checkpoint this run started from
+
+
+class BatchReader:
+    """Takes the next rollout groups from the store in schedule order, enforcing the staleness bound."""
+
+    def __init__(self, store: RolloutStore, config: TrainerConfig):
+        self.store = store
+        self.config = config
+
+    def next_groups(self, ledger: DataLedger, train_step: int, stop: threading.Event):
+        """``groups_per_step`` (key, table) pairs; None if ``stop`` was set first. Drops go into ``ledger``."""
+        config = self.config
+        chosen: list[tuple[GroupKey, Any]] = []
+        deadline = time.monotonic() + config.wait_timeout_s
+        while True:
+            taken = {key for key, _ in chosen}
+            for key in ledger.pending(self.store.list_groups()):
+                if key in taken:
+                    continue
+                table = self.store.read_group(key)
+                version = int(min(table.column("policy_version").to_pylist()))
+                if not is_fresh_enough(version, train_step, config.max_staleness):
+                    log.info("dropping stale group %s: weight version %d at train step %d (max staleness %d)",
+                             key, version, train_step, config.max_staleness)
+                    ledger.dropped.append(key)
+                    continue
+                chosen.append((key, table))
+                if len(chosen) == config.groups_per_step:
+                    return chosen
+            if stop.is_set():
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"train step {train_step}: {len(chosen)} of {config.groups_per_step} rollout groups "
+                                   f"after waiting {config.wait_timeout_s:.0f} s in {self.store}; is the rollout "
+                                   "pipeline running?")
+            time.sleep(config.poll_s)
+
+
+def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: AlgorithmConfig,
+                 config: TrainerConfig, store: RolloutStore, weights: WeightStore | None, checkpoint_dir: str,
+                 metrics_dir: str, stop: threading.Event | None = None) -> JobResult:
+    """Train until ``config.total_steps`` (or ``stop``); see the module docstring."""
+    stop = stop or threading.Event()
+    initialize_distributed(config.mesh)
+    mesh = make_mesh(config.mesh)
+    trainer = Trainer(model_config, algorithm, config, mesh)
+    checkpointer = Checkpointer(checkpoint_dir, keep=config.keep_checkpoints, async_save=config.async_checkpointing)
+    is_chief = jax.process_index() == 0
+
+    resumed_from = checkpointer.latest_step()
+    if resumed_from is None:
+        state, ledger = trainer.init_state(initial_params), DataLedger()
+    else:
+        state, ledger = checkpointer.restore(resumed_from, trainer.abstract_state())
+        log.info("resumed from checkpoint %d (%d groups consumed, %d dropped)", resumed_from,
+                 len(ledger.consumed), len(ledger.dropped))
+    ref_params = None
+    if algorithm.uses_reference:
+        ref_params = jax.device_put(jax.tree.map(lambda x: np.asarray(x, trainer.param_dtype), initial_params),
+                                    trainer.param_shardings)
+    step = int(state.step)
+    publisher = _Publisher(weights)
+    publisher.publish(step, state.params)
+
+    metrics = MetricsWriter(metrics_dir) if is_chief else None
+    reader = BatchReader(store, config)
+    last_saved = resumed_from
+    try:
+        for _ in progress(range(step, config.total_steps), desc="train", total=config.total_steps - step, unit="step"):
+            waited = time.monotonic()
+            dropped_before = len(ledger.dropped)
+            groups = reader.next_groups(ledger, step, stop)
+            if groups is None:
+                break
+            started = time.monotonic()
+            batch = make_batch([table for _, table in groups], max_seq_len=config.max_seq_len,
+                               row_multiple=trainer.row_multiple, pad_id=model_config.pad_token_id or 0)
+            state, step_metrics = trainer.step(state, batch, ref_params)
+            step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+            step = int(state.step)
+            ledger.consumed.extend(key for key, _ in groups)
+            elapsed = time.monotonic() - started
+            if step % config.publish_every == 0:
+                publisher.publish(step, state.params)
+            if step % config.checkpoint_every == 0 or step == config.total_steps:
+                checkpointer.save(step, state, ledger)
+                last_saved = step
+            if metrics is not None:
+                tokens = float(batch["attention_mask"].sum())
+                versions = batch["policy_versions"][batch["sample_mask"] > 0]
+                metrics.write(step, {
+                    **{f"train/{k}": v for k, v in step_metrics.items()},
+                    "train/step_s": elapsed, "train/wait_s": started - waited, "train/tokens_per_s": tokens / elapsed,
+                    "train/staleness_mean": float(np.mean(step - 1 - versions)),
+                    "train/dropped_stale": len(ledger.dropped) - dropped_before,
+                    "train/dropped_stale_total": len(ledger.dropped),
+                    "train/groups_consumed_total": len(ledger.consumed),
+                })
+            if stop.is_set():
+                break
+        preempted = step < config.total_steps
+        if last_saved != step:
+            checkpointer.save(step, state, ledger)
+        if preempted:
+            log.info("stop requested: checkpointed step %d and leaving", step)
+    finally:
+        checkpointer.close()  # waits for background saves
+        publisher.close()
+        if metrics is not None:
+            metrics.close()
+    return JobResult(step=step, preempted=preempted, resumed_from=resumed_from)
+
+
+class _Publisher:
+    """Weight versions out: asynchronous on one host, collective (every host writes its shards) on many."""
+
+    def __init__(self, store: WeightStore | None):
+        self.store = store
+        self.multi_host = jax.process_count() > 1
+        self.async_publisher = AsyncPublisher(store) if store is not None and not self.multi_host else None
+
+    def publish(self, version: int, params: Any) -> None:
+        if self.store is None or self.store.is_committed(version):
+            # Already there: published by this run before a restart; the resumed run recomputes
+            # bit-identical parameters, and committed versions are immutable.
+            return
+        if self.async_publisher is not None:
+            self.async_publisher.submit(version, params)
+        else:
+            self.store.publish(version, params)
+        if jax.process_index() == 0:
+            self.store.gc()
+
+    def close(self) -> None:
+        if self.async_publisher is not None:
+            self.async_publisher.close()
