@@ -87,8 +87,11 @@ def test_clipped_gradient_matches_finite_differences():
     logprobs, old = ratios_to_logprobs([[1.1, 0.6, 1.5, 0.95], [0.9, 1.3, 1.0, 1.0]])
     advantages = jnp.array([[1.0, -0.5, 2.0, -1.0], [-2.0, 1.0, 0.3, 0.0]])
     mask = jnp.array([[1, 1, 1, 1], [1, 1, 1, 0]], jnp.float32)
-    config = cfg(loss_aggregation="seq_mean_token_mean", clip_eps_high=0.28, dual_clip_c=3.0)
-    fn = lambda lp: rl.policy_loss(config, lp, old, advantages, mask)[0]
+    # With a TIS weight (a constant of old and behaviour log-probs) and a k3 KL term.
+    behavior = old + jnp.array([[0.1, -1.0, 0.3, 0.0], [2.0, 0.0, -0.2, 0.0]])
+    ref = old - 0.5
+    config = cfg(loss_aggregation="seq_mean_token_mean", clip_eps_high=0.28, dual_clip_c=3.0, kl_coef=0.1, mismatch_correction="tis")
+    fn = lambda lp: rl.policy_loss(config, lp, old, advantages, mask, ref_logprobs=ref, behavior_logprobs=behavior)[0]
     np.testing.assert_allclose(jax.grad(fn)(logprobs), finite_difference_grad(fn, logprobs), atol=2e-3)
 
 
