@@ -302,3 +302,13 @@ def test_without_isolation_the_limits_and_uid_drop_still_hold():
     tests = CodeTests(cases=("block = bytearray(10 * 1024 ** 3)", "while True:\n    pass"))
     result = run_tests("", tests, limits, per_test_seconds=1.0)
     assert [v.reason for v in result.verdicts] == ["memory", "timeout"]
+
+
+def test_output_flood_is_cut_and_exit_is_not_a_pass():
+    flood = run_sandboxed({"main.py": "while True:\n    print('x' * 10000)\n"}, ["main.py"],
+                          SandboxLimits(cpu_seconds=1, wall_seconds=3.0, output_bytes=4096))
+    assert len(flood.stdout) == 4096 and flood.exit_code != 0
+    verdict, _ = _hostile("import sys\nsys.exit(0)\n")
+    assert verdict.reason == "error" and "SystemExit" in verdict.detail
+    verdict, _ = _hostile("import os\nos._exit(0)\n")
+    assert verdict.reason == "crashed"
