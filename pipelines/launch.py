@@ -125,7 +125,8 @@ def loop_metrics(run_config, rollout_root: str) -> list[dict[str, Any]]:
     from rlax_core.utils.metrics import read_metrics
     from transforms.rollout import read_step_metrics
 
-    trainer_rows = {row["step"]: row for row in read_metrics(trainer_metrics_dir(run_config))}
+    # The trainer logs optimizer step t + 1 after training on schedule step t's groups.
+    trainer_rows = {row["step"] - 1: row for row in read_metrics(trainer_metrics_dir(run_config))}
     rollout_rows = {row["step"]: row for row in read_step_metrics(rollout_root, run_config.run.name)}
     store = RolloutStore(rollout_root, run_config.run.name)
     versions_by_step: dict[int, list[int]] = collections.defaultdict(list)
@@ -141,6 +142,9 @@ def loop_metrics(run_config, rollout_root: str) -> list[dict[str, Any]]:
         staleness = collections.Counter(step - v for v in versions_by_step.get(step, []))
         for lag, count in sorted(staleness.items()):
             row[f"staleness/{lag}"] = count
+        if "train/wait_s" in trained and "train/step_s" in trained:
+            busy_and_idle = trained["train/wait_s"] + trained["train/step_s"]
+            row["loop/trainer_idle_fraction"] = trained["train/wait_s"] / busy_and_idle if busy_and_idle > 0 else 0.0
         if "time" in trained:
             if previous_time is not None:
                 row["loop/step_wall_s"] = trained["time"] - previous_time

@@ -1,0 +1,268 @@
+"""``rlax quickstart``: curate -> filter -> RL -> evaluate, on stories260K and the story task, on this machine.
+
+    rlax quickstart --output runs/quickstart
+
+The task (``rlax_core.tasks.story``): continue a story opening with one paragraph that ends on its
+own within 64 tokens, repeats no phrase, and uses the word "happy" exactly once. stories260K passes
+about 5% of the time; repetition cannot win it. The steps, each the real entry point:
+
+1. ``rlax curate``   the bundled prompts (``pipelines/assets/story_task/``): dedup, near-dedup and
+                     decontamination against the held-out prompts;
+2. ``rlax filter``   sample each training prompt with the base model, keep a pass-rate band;
+3. evaluate before   held-out prompts (names and scenes training never sees): pass@1 with its
+                     standard error, pass@8, mean reward, fluency (NLL under the base model, distinct-n);
+4. ``rlax launch``   the trainer job and the streaming rollout pipeline together (GRPO with a KL term);
+5. evaluate after    the final weights, exported as a Hugging Face folder;
+6. report            ``DIR/report.json`` (``before`` / ``after``), ``DIR/report.md``, ``DIR/reward_curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HELP = "curate -> filter -> RL -> evaluate on stories260K, all on this machine"
+
+log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART_CONFIG = REPO / "configs" / "quickstart.yaml"
+
+# The story task's shapes (prompts are up to ~50 tokens of the 512-token vocabulary) and loop settings.
+TASK_OVERRIDES = [
+    "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]", "engine.max_new_tokens=64",
+    "trainer.max_seq_len=128", "loop.samples_per_prompt=8", "loop.temperature=1.0",
+    "loop.rewards.terms={story_word: 1.0}",
+]
+HELDOUT_SAMPLES = 8
+TARGET_PASS_AT_1 = 0.25  # the held-out pass@1 the benchmark times runs to
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", default="runs/quickstart", help="folder for everything the quickstart writes")
+    parser.add_argument("--filter-prompts", type=int, default=256, help="training prompts sampled by the filter")
+    parser.add_argument("--timeout-s", type=float, default=1800.0, help="fail if the RL run is not done by then")
+
+
+def _cli(argv: list[str], log_path: Path) -> None:
+    """Run ``rlax ARGV`` as its own process (each step is the real entry point); fail loudly."""
+    command = [sys.executable, "-m", "pipelines.cli", *argv]
+    log.info("quickstart: %s", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]))
+    with open(log_path, "wb") as handle:
+        result = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, timeout=1800)
+    if result.returncode != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+        raise RuntimeError(f"rlax {argv[0]} failed (exit {result.returncode}); see {log_path}:\n{tail}")
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """A paragraph ends at a newline; a story at BOS (llama2.c's delimiter) or EOS."""
+    ids = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.token_to_id("<0x0A>")}
+    ids |= {tokenizer.encode("\n")[-1]} if tokenizer.encode("\n") else set()
+    return sorted(i for i in ids if i is not None)
+
+
+def curate(output: Path) -> Path:
+    config = {
+        "inputs": [{"path": str(ASSETS / "story_task" / "train.jsonl"), "format": "generic", "source": "story_word",
+                    "split": "train", "mapping": {"prompt": "prompt", "answer": "answer", "task": "story"}}],
+        "decontaminate_against": [{"path": str(ASSETS / "story_task" / "heldout.jsonl"), "format": "generic",
+                                   "source": "story_heldout",
+                                   "mapping": {"prompt": "prompt", "answer": "answer", "task": "story"}}],
+        "output": str(output / "curated"),
+    }
+    path = output / "configs" / "curate.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    _cli(["curate", "--config", str(path)], output / "logs" / "curate.log")
+    return output / "curated"
+
+
+def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: list[str], limit: int) -> Path | None:
+    """``rlax filter`` over the curated prompts; None (and the reason logged) when it cannot run."""
+    config = {
+        "input": str(curated / "examples-*.parquet"),
+        "output": str(output / "filtered"),
+        "generation": {"model": model_path, "samples": 4, "max_new_tokens": 64, "stop_strings": stops_text,
+                       "batch_size": 32, "engine": {"num_slots": 64, "num_pages": 640, "max_prompt_len": 64,
+                                                    "max_new_tokens": 64, "prefill_buckets": [32, 64]}},
+        "low": 0.0, "high": 0.75, "limit": limit,
+    }
+    path = output / "configs" / "filter.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    try:
+        _cli(["filter", "--config", str(path)], output / "logs" / "filter.log")
+    except RuntimeError as error:
+        log.warning("quickstart: the difficulty filter did not run (%s); training on the curated prompts",
+                    str(error).splitlines()[0])
+        return None
+    return output / "filtered"
+
+
+def evaluate(model_config, params, base_params, tokenizer, examples, run_config, stops) -> dict[str, Any]:
+    from rlax_core.tasks.evaluation import evaluate_policy
+    from pipelines.rl_stream import load_configs
+
+    _, loop = load_configs(None, ["loop.rewards.terms={story_word: 1.0}"])
+    return evaluate_policy(model_config, params, tokenizer, examples, rewards=loop.rewards, engine=run_config.engine,
+                           samples=HELDOUT_SAMPLES, ks=(1, HELDOUT_SAMPLES), stop_token_ids=stops,
+                           seed=run_config.run.seed + 1, base_params=base_params)
+
+
+def significance(before: dict[str, Any], after: dict[str, Any]) -> float:
+    """How many standard errors (of the difference) held-out pass@1 rose by."""
+    se = math.sqrt(before["pass@1_se"] ** 2 + after["pass@1_se"] ** 2)
+    return (after["pass@1"] - before["pass@1"]) / se if se > 0 else float("inf")
+
+
+def reward_curve(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows if r.get("rollout/reward_mean") is not None]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r["rollout/reward_mean"] for r in rows if r.get("rollout/reward_mean") is not None],
+            label="mean reward")
+    ax.plot(steps, [r["rollout/pass_rate"] for r in rows if r.get("rollout/reward_mean") is not None],
+            label="pass rate")
+    ax.set_xlabel("schedule step")
+    ax.set_ylim(0, 1)
+    ax.set_title("stories260K, story task: training rollouts")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+METRICS = ("pass@1", "pass@1_se", "pass@8", "reward_mean", "nll_base", "distinct_1", "distinct_2",
+           "response_length_mean")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    before, after = report["before"], report["after"]
+    lines = [
+        "# RLAX quickstart: stories260K learns the story task",
+        "",
+        f"Task: {report['task']}",
+        "",
+        f"Held-out prompts: {before['prompts']} x {before['samples_per_prompt']} samples. "
+        f"RL: {report['rl']['steps']} GRPO steps ({report['rl']['groups_per_step']} prompts x "
+        f"{report['rl']['samples_per_prompt']} samples), max staleness k={report['rl']['max_staleness']}, "
+        f"{report['rl']['seconds']:.0f} s.",
+        "",
+        "| metric | before | after |",
+        "|---|---|---|",
+        *[f"| {m} | {before.get(m, float('nan')):.3f} | {after.get(m, float('nan')):.3f} |" for m in METRICS],
+        "",
+        f"Held-out pass@1 rose by **{report['pass@1_gain_in_se']:.1f} standard errors**. "
+        "Fluency: `nll_base` is the per-token NLL of the completions under the base model (lower is more "
+        "TinyStories-like), distinct-n the share of distinct word n-grams.",
+        "",
+        "![reward curve](reward_curve.png)",
+        "",
+        "## Samples after RL",
+        "",
+        *[f"- *{e['prompt']}* {e['completion'].strip()}" for e in after.get("examples", [])[:5]],
+        "",
+        "## Time per stage (s)",
+        "",
+        "| stage | seconds |",
+        "|---|---|",
+        *[f"| {k} | {v:.1f} |" for k, v in report["seconds"].items()],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    import jax
+
+    from pipelines.config import load_run_config
+    from pipelines.launch import launch, loop_metrics
+    from pipelines.rl_stream import read_examples, rollout_root
+    from rlax_core.models import Model, from_pretrained, save_pretrained
+    from rlax_core.models.tokenizer import load_tokenizer
+    from rlax_core.weights.store import WeightStore
+
+    output = Path(args.output).resolve()
+    for folder in ("configs", "logs"):
+        (output / folder).mkdir(parents=True, exist_ok=True)
+    config_path = str(Path(args.config).resolve()) if args.config else str(QUICKSTART_CONFIG)
+    overrides = [f"run.output_dir={output / 'run'}", *TASK_OVERRIDES, *args.overrides]
+    run_config = load_run_config(config_path, [o for o in overrides if not o.startswith("loop.")])
+    model_path = run_config.model.resolved_path()
+    tokenizer = load_tokenizer(model_path)
+    stops = stop_token_ids(tokenizer)
+    overrides.append(f"loop.stop_token_ids={stops}")
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+
+    curated = curate(output)
+    seconds["curate"] = time.monotonic() - started
+    mark = time.monotonic()
+    filtered = filter_prompts(output, curated, model_path, ["\n"], args.filter_prompts)
+    seconds["filter"] = time.monotonic() - mark
+    train_set = filtered if filtered is not None and read_examples_or_none(filtered) else curated
+    log.info("quickstart: training on %d prompts from %s", len(read_examples(str(train_set))), train_set)
+
+    heldout = [json.loads(line) for line in (ASSETS / "story_task" / "heldout.jsonl").read_text().splitlines()]
+    base = from_pretrained(model_path)
+    mark = time.monotonic()
+    before = evaluate(base.config, base.params, base.params, tokenizer, heldout, run_config, stops)
+    seconds["evaluate_before"] = time.monotonic() - mark
+    log.info("quickstart: before RL held-out pass@1 %.3f +- %.3f", before["pass@1"], before["pass@1_se"])
+
+    mark = time.monotonic()
+    where = launch(config_path, overrides, beam_args, train_set=str(train_set), timeout_s=args.timeout_s)
+    seconds["rl"] = time.monotonic() - mark
+
+    store = WeightStore(run_config.weight_store())
+    final_version = store.latest()
+    final_params = jax.tree.map(jax.numpy.asarray, store.load(final_version))
+    store.close()
+    save_pretrained(Model(base.config, final_params), output / "final_model")
+    mark = time.monotonic()
+    after = evaluate(base.config, final_params, base.params, tokenizer, heldout, run_config, stops)
+    seconds["evaluate_after"] = time.monotonic() - mark
+    seconds["total"] = time.monotonic() - started
+
+    rows = loop_metrics(run_config, rollout_root(run_config))
+    reward_curve(rows, output / "reward_curve.png")
+    report = {
+        "task": "continue the story with one paragraph that ends within 64 tokens, repeats no word 3-gram, "
+                "and uses the word 'happy' exactly once (reward: pass = 1, else half-credit for each half)",
+        "model": model_path,
+        "before": before,
+        "after": after,
+        "pass@1_gain_in_se": significance(before, after),
+        "target_pass@1": TARGET_PASS_AT_1,
+        "rl": {"steps": run_config.trainer.total_steps, "groups_per_step": run_config.trainer.groups_per_step,
+               "samples_per_prompt": 8, "max_staleness": run_config.trainer.max_staleness,
+               "algorithm": "grpo", "final_weight_version": final_version, "seconds": seconds["rl"]},
+        "seconds": seconds,
+        "where": {**where, "final_model": str(output / "final_model")},
+    }
+    (output / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+    (output / "report.md").write_text(markdown(report))
+    print(markdown(report))
+    print(f"rlax quickstart: report in {output / 'report.md'} and {output / 'report.json'}")
+    return 0
+
+
+def read_examples_or_none(path: Path):
+    from pipelines.rl_stream import read_examples
+
+    try:
+        return read_examples(str(path))
+    except FileNotFoundError:
+        return None
