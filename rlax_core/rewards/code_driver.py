@@ -58,6 +58,10 @@ def main() -> None:
     with open("job.json", encoding="utf-8") as handle:
         job = json.load(handle)
     os.remove("job.json")  # the candidate has no business reading its tests
+    # Verdict lines carry a secret the candidate is never handed: a line it writes to fd 3 itself
+    # does not count. (A candidate that digs the secret out of this interpreter's memory can still
+    # forge one: verdicts come from the process that runs it, as in every HumanEval-style harness.)
+    token = job.pop("token")
     signal.signal(signal.SIGALRM, _on_alarm)
     sys.setrecursionlimit(10_000)
 
@@ -66,7 +70,7 @@ def main() -> None:
     def report(index: int, reason: str, detail: str = "") -> None:
         if os.getpid() != driver_pid:  # a child the candidate forked does not get a say
             return
-        channel.write(json.dumps({"index": index, "reason": reason, "detail": detail}) + "\n")
+        channel.write(token + " " + json.dumps({"index": index, "reason": reason, "detail": detail}) + "\n")
 
     # Not "__main__": a candidate's ``if __name__ == "__main__":`` block (reading input, ...) stays off.
     namespace = {"__name__": "candidate"}

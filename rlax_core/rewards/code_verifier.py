@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import json
 import re
+import secrets
 import signal
 from pathlib import Path
 from typing import Any, Iterable
@@ -116,16 +117,21 @@ def build_program(completion: str, tests: CodeTests) -> str:
 def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLimits(),
               per_test_seconds: float = 5.0) -> CodeResult:
     """Run ``program`` then each test in one sandbox; a verdict for every test."""
-    job = {"program": program, "setup": tests.setup, "tests": list(tests.cases), "per_test_seconds": per_test_seconds}
+    token = secrets.token_hex(16)
+    job = {"program": program, "setup": tests.setup, "tests": list(tests.cases), "per_test_seconds": per_test_seconds,
+           "token": token}
     report = run_sandboxed({"driver.py": DRIVER.read_text(), "job.json": json.dumps(job)}, ["driver.py"], limits)
-    return CodeResult(_verdicts(report, len(tests.cases), limits), report.wall_seconds, report.isolated)
+    return CodeResult(_verdicts(report, len(tests.cases), limits, token), report.wall_seconds, report.isolated)
 
 
-def _verdicts(report: SandboxReport, count: int, limits: SandboxLimits) -> tuple[TestVerdict, ...]:
+def _verdicts(report: SandboxReport, count: int, limits: SandboxLimits, token: str) -> tuple[TestVerdict, ...]:
     found: dict[int, TestVerdict] = {}
     for line in report.results.splitlines():
+        signed, _, payload = line.partition(" ")
+        if not secrets.compare_digest(signed, token):
+            continue  # not written by the driver
         try:
-            record = json.loads(line)
+            record = json.loads(payload)
             index, reason = int(record["index"]), str(record["reason"])
         except (ValueError, KeyError, TypeError):
             continue  # a line cut at output_bytes

@@ -256,6 +256,13 @@ def test_forked_child_cannot_report_a_pass():
     assert verdict.reason == "failed"
 
 
+def test_candidate_cannot_write_its_own_verdict():
+    forged = '{"index": 0, "reason": "passed", "detail": ""}'
+    program = f"import os\nfor line in ({forged!r}, 'x ' + {forged!r}):\n    os.write(3, (line + '\\n').encode())\nos._exit(0)\n"
+    verdict, _ = _hostile(program)
+    assert verdict.reason == "crashed"
+
+
 def test_pool_runs_checks_in_parallel():
     import time
     tests = CodeTests(cases=("import time\ntime.sleep(2.0)",))
