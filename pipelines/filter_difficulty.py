@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class FilterConfig:
     input: str = ""  # Example rows: curate's parquet shards or a jsonl of Example rows (glob; local or gs://)
+    input_format: str = "auto"  # Example rows are detected; raw layouts (gsm8k, math, ...) are adapted on the fly
     output: str = ""
     generation: GenerationSpec = GenerationSpec()
     low: float = 0.1  # keep prompts with low <= pass rate <= high
@@ -80,7 +81,7 @@ def build(pipeline: beam.Pipeline, config: FilterConfig) -> None:
     out = config.output.rstrip("/")
     version = config.model_version or config.generation.label
     examples, unreadable = (pipeline | "Read" >> ReadRawRecords(config.input)
-                            | "ToExamples" >> ToExamples(InputSpec(path=config.input, format="example"), 1 << 20))
+                            | "ToExamples" >> ToExamples(InputSpec(path=config.input, format=config.input_format), 1 << 20))
     results = (examples | "Limit" >> TakeSmallestIds(config.limit)
                | "SampleAndVerify" >> SampleAndVerify(config.generation))
     kept, rejected = results | "KeepBand" >> KeepPassRateBand(config.low, config.high, version)
