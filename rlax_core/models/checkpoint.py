@@ -6,9 +6,9 @@
 
 One table (``_hf_tensors``) maps every Hugging Face tensor name and ``[out, in]`` layout to our
 parameter path and layout; loading and saving both read it. Loading is strict: a missing, extra or
-mis-shaped tensor raises ``CheckpointError`` naming it. It streams: each stacked per-layer parameter
-is filled tensor by tensor from memory-mapped files and moved to the device before the next one, so
-host memory holds the model once plus one parameter. A gs:// folder is first copied to a local
+mis-shaped tensor raises ``CheckpointError`` naming it. It streams: tensors are read one at a time
+from memory-mapped files and written in place into their stacked per-layer parameter on the device,
+so host memory holds the model once plus one tensor. A gs:// folder is first copied to a local
 temporary folder (disk, not memory).
 
 llama2.c checkpoints are read through the same table: their q/k projection rows are permuted from
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -129,22 +130,28 @@ def load_params(names: set[str], read: TensorReader, config: ModelConfig, dtype=
     np_dtype = np.dtype(jnp.dtype(dtype))
     params: Params = {}
     for tensor in table:
-        arrays = None
+        stacked = None
         for i, name in enumerate(tensor.names(config.num_layers)):
             value = read(name)
             if tuple(value.shape) != tensor.hf_shape:
                 raise CheckpointError(f"{source}: tensor {name} has shape {list(value.shape)}, "
                                       f"expected {list(tensor.hf_shape)} from the config")
-            ours = tensor.to_ours(value).astype(np_dtype)
+            ours = tensor.to_ours(value).astype(np_dtype, copy=False)
             if not tensor.per_layer:
-                arrays = ours
+                stacked = jax.device_put(ours)
                 break
-            if arrays is None:
-                arrays = np.empty((config.num_layers, *ours.shape), np_dtype)
-            arrays[i] = ours
-        _set_path(params, tensor.path, jax.device_put(arrays))
-        del arrays  # one host copy of one parameter at a time
+            if stacked is None:
+                stacked = jnp.zeros((config.num_layers, *ours.shape), np_dtype)
+            stacked = _write_layer(stacked, ours, i)
+        _set_path(params, tensor.path, stacked)
     return params
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_layer(stacked: jax.Array, layer_value: jax.Array, index: int) -> jax.Array:
+    # Donated: the stacked parameter is updated in place, so host memory holds the params being
+    # built plus one layer's tensor, never a second copy of a whole stacked parameter.
+    return jax.lax.dynamic_update_index_in_dim(stacked, layer_value, index, 0)
 
 
 def _set_path(tree: dict, path: tuple[str, ...], value) -> None:

@@ -115,6 +115,7 @@ def test_cached_prefill_and_decode_equal_the_full_forward(toy):
         np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-5)
 
 
+@pytest.mark.slow  # two gradient compiles
 def test_remat_changes_memory_not_gradients(toy):
     config, params = toy
     ids = jax.random.randint(jax.random.key(4), (2, 8), 0, config.vocab_size)
