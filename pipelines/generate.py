@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 HELP = "generate text from a model (greedy)"
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.models.tokenizer import load_tokenizer
 
     model_dir = args.model
-    tokenizer_path = args.tokenizer or (model_dir.rsplit("/", 1)[0] if model_dir.endswith(".bin") else model_dir)
+    # A llama2.c .bin keeps its tokenizer beside it; a folder holds its own.
+    tokenizer_path = args.tokenizer or (os.path.dirname(model_dir) or "." if model_dir.endswith(".bin") else model_dir)
     tokenizer = load_tokenizer(tokenizer_path)
     model = from_pretrained(model_dir, dtype=jnp.dtype(args.dtype))
     log.info("loaded %s: %s, %.2fM parameters", model_dir, model.config.architecture, model.config.num_params / 1e6)

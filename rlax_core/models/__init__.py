@@ -6,6 +6,7 @@ Hugging Face / llama2.c weights, ``tokenizer.py`` for tokenizers and chat templa
 
 from rlax_core.models.checkpoint import CheckpointError, Model, from_pretrained, save_pretrained
 from rlax_core.models.config import ModelConfig, RopeScaling, toy_config
+from rlax_core.models.tokenizer import Tokenizer, load_tokenizer
 from rlax_core.models.transformer import (
     contiguous_attend,
     default_positions,
@@ -20,5 +21,5 @@ from rlax_core.models.transformer import (
 __all__ = [
     "CheckpointError", "Model", "ModelConfig", "RopeScaling", "contiguous_attend", "default_positions", "forward",
     "forward_with_cache", "from_pretrained", "init_cache", "init_params", "masked_attention",
-    "param_logical_axes", "save_pretrained", "toy_config",
+    "param_logical_axes", "save_pretrained", "toy_config", "Tokenizer", "load_tokenizer",
 ]
