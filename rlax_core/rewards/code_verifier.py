@@ -107,11 +107,16 @@ def extract_code(completion: str) -> str:
 
 
 def build_program(completion: str, tests: CodeTests) -> str:
-    """The program to test: the extracted code, after the prompt when the code does not define the entry point."""
+    """The program to test: the extracted code, after the prompt when the code does not define the entry point.
+
+    A completion that writes the whole function still gets the prompt's imports (``from typing import
+    List``), which chat models routinely leave out.
+    """
     code = extract_code(completion)
     if tests.entry_point and not re.search(rf"^\s*def\s+{re.escape(tests.entry_point)}\s*\(", code, re.MULTILINE):
         return tests.prompt + code
-    return code
+    imports = [line for line in tests.prompt.splitlines() if re.match(r"(?:import|from)\s+\w", line)]
+    return "\n".join(imports + [code]) if imports else code
 
 
 def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLimits(),

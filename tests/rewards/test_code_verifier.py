@@ -135,6 +135,10 @@ def test_code_extraction_and_prompt_completion():
     tests = CodeTests(cases=("assert f() == 1",), prompt="def f():\n", entry_point="f")
     assert build_program("    return 1\n", tests) == "def f():\n    return 1\n"
     assert build_program("```python\ndef f():\n    return 1\n```", tests) == "def f():\n    return 1\n"
+    typed = CodeTests(cases=("assert f([1]) == 1",), prompt="from typing import List\n\n\ndef f(xs: List[int]):\n",
+                      entry_point="f")
+    program = build_program("def f(xs: List[int]) -> int:\n    return xs[0]\n", typed)
+    assert program.startswith("from typing import List\n") and run_tests(program, typed).all_passed
 
 
 def test_tests_from_record_shapes():
