@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,25 +17,25 @@ def sample(params, config, prompts: np.ndarray, num_new: int, rng) -> tuple[np.n
 
     Returns the completions [N, num_new] and the sampler's log-probs of them.
     """
-    rows, prompt_len = prompts.shape
-
-    @jax.jit
-    def run(params, prompts, rng):
-        buffer = jnp.concatenate([prompts, jnp.zeros((rows, num_new), jnp.int32)], axis=1)
-
-        def body(i, carry):
-            buffer, logps, rng = carry
-            rng, key = jax.random.split(rng)
-            logits = forward(params, config, buffer)[:, prompt_len + i - 1]
-            token = jax.random.categorical(key, logits)
-            logp = jax.nn.log_softmax(logits)[jnp.arange(rows), token]
-            return buffer.at[:, prompt_len + i].set(token), logps.at[:, i].set(logp), rng
-
-        buffer, logps, _ = jax.lax.fori_loop(0, num_new, body, (buffer, jnp.zeros((rows, num_new)), rng))
-        return buffer[:, prompt_len:], logps
-
-    completions, logps = run(params, jnp.asarray(prompts, jnp.int32), rng)
+    completions, logps = _sample(params, config, jnp.asarray(prompts, jnp.int32), num_new, rng)
     return np.asarray(completions), np.asarray(logps)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3))
+def _sample(params, config, prompts, num_new, rng):
+    rows, prompt_len = prompts.shape
+    buffer = jnp.concatenate([prompts, jnp.zeros((rows, num_new), jnp.int32)], axis=1)
+
+    def body(i, carry):
+        buffer, logps, rng = carry
+        rng, key = jax.random.split(rng)
+        logits = forward(params, config, buffer)[:, prompt_len + i - 1]
+        token = jax.random.categorical(key, logits)
+        logp = jax.nn.log_softmax(logits)[jnp.arange(rows), token]
+        return buffer.at[:, prompt_len + i].set(token), logps.at[:, i].set(logp), rng
+
+    buffer, logps, _ = jax.lax.fori_loop(0, num_new, body, (buffer, jnp.zeros((rows, num_new)), rng))
+    return buffer[:, prompt_len:], logps
 
 
 def rollout_rows(store: RolloutStore, key: GroupKey, prompt, completions, logps, rewards, version: int):
