@@ -83,6 +83,20 @@ def test_humaneval_all_164_canonical_pass(humaneval):
 
 
 @pytest.mark.slow
+def test_humaneval_all_164_as_chat_completions_pass(humaneval):
+    # The shape a chat model answers in: prose, then the whole function (without the prompt's
+    # imports) in a fenced block.
+    def chat(row):
+        body = "\n".join(line for line in row["prompt"].splitlines() if not line.startswith(("from ", "import ")))
+        return f"Here is my solution.\n```python\n{body}\n{row['canonical_solution']}```\nIt works."
+
+    with CodeVerifier(workers=2) as verifier:
+        results = verifier.check_many([(chat(row), humaneval_tests(row)) for row in humaneval])
+    failing = [(row["task_id"], r.info()) for row, r in zip(humaneval, results) if not r.all_passed]
+    assert not failing, failing
+
+
+@pytest.mark.slow
 def test_humaneval_all_164_wrong_solutions_fail(humaneval):
     # Deliberately wrong: a body that never returns an answer.
     with CodeVerifier(workers=2) as verifier:
