@@ -29,7 +29,7 @@ from rlax_core.config import require
 MATH_REASONS = ("exact", "numeric", "symbolic", "not_equal", "timeout", "too_long", "error")
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[-+]?\.\d+")
 _NUMBER_THEN_WORDS = re.compile(r"(\$?\s*[-+]?[\d,]*\.?\d+)(?:%|(?:\s+[A-Za-z]+\.?)+)")
-_STRIP = re.compile(r"^\s*(?:\\\$|\$|\\\(|\\\[)?\s*|\s*(?:\\\)|\\\]|\$)?\s*\.?\s*$")
+_OPENERS, _CLOSERS = ("\\$", "$", "\\(", "\\["), ("$", "\\)", "\\]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +58,17 @@ class MathResult:
 
 
 def _strip_answer(text: str) -> str:
-    return _STRIP.sub("", text.strip())
+    """Without surrounding space, a final full stop, and one pair of math delimiters (``$...$``, ``\\(...\\)``)."""
+    text = text.strip().removesuffix(".").strip()
+    text = next((text[len(o):] for o in _OPENERS if text.startswith(o)), text)
+    text = next((text[:-len(c)] for c in _CLOSERS if text.endswith(c)), text)
+    return text.strip()
 
 
 def plain_number(text: str) -> float | None:
     """``"1,234.50"`` / ``"$-7"`` / ``"3."`` as a float; None for anything that is not a plain number."""
+    if len(text) > 256:
+        return None
     text = _strip_answer(text)
     if len(text) > 64 or not _PLAIN_NUMBER.fullmatch(text):
         return None
@@ -71,7 +77,9 @@ def plain_number(text: str) -> float | None:
 
 def number_with_units(text: str) -> float | None:
     """``"18 dollars"`` / ``"$18.00 per week"`` as 18.0: a plain number followed by words only."""
-    match = _NUMBER_THEN_WORDS.fullmatch(_strip_answer(text)[:200])
+    if len(text) > 256:
+        return None
+    match = _NUMBER_THEN_WORDS.fullmatch(_strip_answer(text))
     return plain_number(match.group(1)) if match else None
 
 
