@@ -128,7 +128,8 @@ def _child(job: dict, isolated: bool, root: str, pipes: dict) -> None:
             _build_root(job, root)
         else:
             os.chmod(root, 0o700)
-            os.chown(root, job["uid"], job["uid"]) if os.geteuid() == 0 else None
+            if os.geteuid() == 0:
+                os.chown(root, job["uid"], job["uid"])
             _write_files(job["files"], root, job["uid"])
             os.chdir(root)
         _limit_and_drop(job)
