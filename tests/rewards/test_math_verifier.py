@@ -125,3 +125,12 @@ def test_config_is_validated():
         MathVerifierConfig(timeout_seconds=0)
     with pytest.raises(ConfigError, match="workers"):
         MathVerifierConfig(workers=0)
+
+
+def test_competition_golds_match_a_model_style_answer(shared_data, verifier):
+    # AIME answers are strings, some zero-padded ("025"); AMC 2023 answers are floats (27.0).
+    golds = [row["answer"] for name in ("aime24", "aime25", "amc23")
+             for row in map(json.loads, (shared_data / name / "test.jsonl").read_text().splitlines())]
+    predictions = [str(int(float(gold))) for gold in golds]
+    assert all(r.equal for r in verifier.compare_many([(str(g), p) for g, p in zip(golds, predictions)]))
+    assert not any(r.equal for r in verifier.compare_many([(str(g), str(int(float(g)) + 1)) for g in golds]))
