@@ -8,7 +8,7 @@ Each subcommand lives in its own module ``pipelines/<name>.py`` exposing
 
 Flags the subcommand does not know (Beam's ``--runner``, ``--project``, ``--region``,
 ``--temp_location``, ...) are passed through untouched as ``beam_args``. ``--config`` and trailing
-``key=value`` overrides are common to all subcommands; ``pipelines.common.load_run_config`` turns
+``key=value`` overrides are common to all subcommands; ``pipelines.config.load_run_config`` turns
 them into the typed run configuration.
 """
 

@@ -23,11 +23,11 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
 
-from rlax_core.config import ConfigError, apply_overrides, from_dict, read_yaml, require, to_dict
+from rlax_core.config import ConfigError, apply_overrides, from_dict, read_yaml, require
 from rlax_core.data.curation import CurateConfig
 from rlax_core.inference.config import EngineConfig
 from rlax_core.rl.config import AlgorithmConfig
-from rlax_core.rl.presets import get_preset
+from rlax_core.rl.presets import algorithm_from_dict, get_preset
 from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
 
@@ -108,22 +108,10 @@ def resolve_asset(path: str) -> str:
     return str(folder)
 
 
-def _resolve_algorithm_preset(data: dict[str, Any]) -> dict[str, Any]:
-    """``algorithm: {preset: dapo, clip_eps_high: 0.3}`` -> the preset's fields with the overrides."""
-    section = data.get("algorithm")
-    if not isinstance(section, dict) or "preset" not in section:
-        return data
-    section = dict(section)
-    name = section.pop("preset")
-    try:
-        preset = to_dict(get_preset(name))
-    except ConfigError as error:
-        raise error.under("algorithm") from None
-    return {**data, "algorithm": {**preset, **section}}
-
-
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """YAML file (``base:`` inheritance allowed) + dotted overrides -> a validated ``RunConfig``."""
     data = read_yaml(path) if path else {}
     data = apply_overrides(data, overrides)
-    return from_dict(RunConfig, _resolve_algorithm_preset(data))
+    if isinstance(data.get("algorithm"), dict):  # ``preset: NAME`` plus single-field overrides
+        data["algorithm"] = algorithm_from_dict(data["algorithm"])
+    return from_dict(RunConfig, data)
