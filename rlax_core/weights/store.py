@@ -345,7 +345,7 @@ class WeightStore:
         committed = self.versions()
         if not committed:
             return []
-        now, pinned = time.time(), self._leased_versions()
+        now, pinned = time.time(), self._leased_versions(drop_expired=True)
         removed = []
         for older, newer in zip(committed[:-keep], committed[1:]):
             if older in pinned:
@@ -371,7 +371,7 @@ class WeightStore:
             self._count("collected", newest, len(removed))
         return removed
 
-    def _leased_versions(self) -> set[int]:
+    def _leased_versions(self, *, drop_expired: bool = False) -> set[int]:
         pinned, now = set(), time.time()
         for name in self.storage.list("leases"):
             try:
@@ -380,6 +380,8 @@ class WeightStore:
                 continue  # released while we looked, or being written
             if float(body.get("expires_at", 0)) > now:
                 pinned.add(int(body["version"]))
+            elif drop_expired:
+                self.storage.delete(f"leases/{name}")  # left by a reader that crashed
         return pinned
 
 

@@ -88,6 +88,11 @@ def test_gc_keeps_newest_and_respects_grace_and_leases(make_store):
     with pytest.raises(VersionNotCommittedError):
         store.load(1)
 
+    crashed = make_store(lease_ttl_s=0.01)  # a reader that died while loading version 3
+    crashed.lease(3).__enter__()
+    time.sleep(0.05)
+    assert store.gc(keep=2) == [] and store.storage.list("leases") == []  # its lease lapsed and went
+
     patient = make_store(gc_grace_s=3600.0)
     patient.publish(5, params_for(5))
     assert patient.gc(keep=1) == []  # version 4 was superseded moments ago: readers may still want it
