@@ -1,0 +1,15 @@
+"""The rollout engine: compiled batched generation over a paged KV cache.
+
+    from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams
+
+    engine = Engine(EngineConfig(num_slots=16), model.config, model.params, version=0)
+    completions = engine.generate([Request(prompt_ids, SamplingParams(temperature=1.0, n=4), "id-17", seed=0)])
+
+See ``engine`` for scheduling and weight swaps, ``sampling`` for keys and log-probs, ``kv_cache``
+for the paged cache, ``attention`` / ``pallas_attention`` for the decode attention.
+"""
+
+from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.inference.engine import Completion, Engine, Request
+
+__all__ = ["Completion", "Engine", "EngineConfig", "Request", "SamplingParams"]

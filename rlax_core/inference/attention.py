@@ -22,16 +22,18 @@ def paged_decode_attention_reference(q: jax.Array, k_pages: jax.Array, v_pages: 
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
     group = num_heads // num_kv_heads
-    # [B, P, S, Hkv, D] -> [B, P*S, Hkv, D]: the sequence's tokens in order.
-    k = k_pages[page_table].reshape(batch, -1, num_kv_heads, head_dim)
-    v = v_pages[page_table].reshape(batch, -1, num_kv_heads, head_dim)
-    qg = q.reshape(batch, num_kv_heads, group, head_dim)
-    scores = jnp.einsum("bhgd,bthd->bhgt", qg, k, preferred_element_type=jnp.float32) * scale
-    visible = jnp.arange(k.shape[1])[None, :] < lengths[:, None]
-    scores = jnp.where(visible[:, None, None, :], scores, _MASKED)
+    # [B, P, S, Hkv, D] -> [B, P*S, Hkv, D]: the sequence's tokens in order. Page ids come from the
+    # allocator, so they are in bounds and the gather needs no clamping.
+    k = k_pages.at[page_table].get(mode="promise_in_bounds").reshape(batch, -1, num_kv_heads, head_dim)
+    v = v_pages.at[page_table].get(mode="promise_in_bounds").reshape(batch, -1, num_kv_heads, head_dim)
+    qg = q.reshape(batch, 1, num_kv_heads, group, head_dim).astype(jnp.float32)
+    # A broadcast multiply-sum rather than einsum: with one query token and small head groups the
+    # CPU backend runs it as one fused loop instead of many tiny batched matmuls.
+    scores = (qg * k[:, :, :, None, :].astype(jnp.float32)).sum(-1) * scale  # [B, T, Hkv, G]
+    visible = (jnp.arange(k.shape[1])[None, :] < lengths[:, None])[:, :, None, None]
     # Zeroing masked weights makes an empty sequence (length 0) attend to nothing: output zeros.
-    weights = jnp.where(visible[:, None, None, :], jax.nn.softmax(scores, axis=-1), 0.0)
-    out = jnp.einsum("bhgt,bthd->bhgd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    weights = jnp.where(visible, jax.nn.softmax(jnp.where(visible, scores, _MASKED), axis=1), 0.0)
+    out = (weights[..., None] * v[:, :, :, None, :].astype(jnp.float32)).sum(1)  # [B, Hkv, G, D]
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)
 
 

@@ -37,7 +37,8 @@ def _dense_attention(q, k, v, page_table, lengths, scale):
     return out
 
 
-@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 2), (4, 4), (6, 1)])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [
+    (8, 2), pytest.param(4, 4, marks=pytest.mark.slow), pytest.param(6, 1, marks=pytest.mark.slow)])
 def test_pallas_kernel_matches_reference_on_ragged_lengths_and_gqa(num_heads, num_kv_heads):
     page_size, pages_per_seq = 4, 5
     lengths = [1, 3, 4, 5, 20, 0, 11]  # one token, partial page, exact page, full table, empty

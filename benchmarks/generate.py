@@ -1,0 +1,138 @@
+"""Generation throughput of the rollout engine against Hugging Face transformers ``generate``.
+
+For each model and batch size (32-token prompts, 128 forced new tokens, greedy, float32) it
+measures in one run:
+
+  tokens_per_s                the engine (new tokens / wall time of generate(), compiled beforehand)
+  transformers_tokens_per_s   transformers' generate on the very same weights (our save_pretrained)
+  vs_transformers             the ratio of the two
+  mfu                         engine tokens/s x model FLOPs per token / this CPU's float32 matmul peak
+  bandwidth_bound_tokens_per_s  (batch 1) memory bandwidth measured here / bytes read per decode step
+                              (all weights + the KV cache); of_bandwidth_bound is the engine's share
+
+Models: "stories260K" (the real llama2.c checkpoint) and "25m" (a random Qwen2-shaped config:
+hidden 512, intermediate 1408, 8 layers, 8 heads, 4 KV heads, vocab 32000, tied). Prints one JSON object.
+
+    python benchmarks/generate.py
+    python benchmarks/generate.py --models 25m --batches 64 --no-torch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import forward as forward_benchmark  # noqa: E402  (the same models and matmul peak as the forward benchmark)
+from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
+from rlax_core.models import Model, save_pretrained  # noqa: E402
+
+PROMPT_LEN, NEW_TOKENS = 32, 128
+
+
+def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second read by a jitted sum over an array much larger than the caches."""
+    data = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    seconds = forward_benchmark.best_time(lambda: total(data).block_until_ready(), repeats)
+    return data.nbytes / seconds
+
+
+def engine_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int, steps_per_call: int) -> float:
+    batch = len(prompts)
+    page_size = 16
+    config = EngineConfig(num_slots=batch, page_size=page_size, num_pages=batch * (PROMPT_LEN + NEW_TOKENS) // page_size + 1,
+                          max_prompt_len=PROMPT_LEN, max_new_tokens=NEW_TOKENS, prefill_buckets=(PROMPT_LEN,),
+                          decode_steps_per_call=steps_per_call)
+    engine = Engine(config, model.config, model.params)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    requests = [Request(p.tolist(), sampling, prompt_id=i) for i, p in enumerate(prompts)]
+
+    def run():
+        completions = engine.generate(requests)
+        assert all(len(c.completion_ids) == NEW_TOKENS for c in completions)
+
+    return batch * NEW_TOKENS / forward_benchmark.best_time(run, repeats)
+
+
+def transformers_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int) -> float | None:
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        save_pretrained(model, folder)
+        reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.from_numpy(prompts.astype(np.int64))
+    mask = torch.ones_like(ids)
+
+    def run():
+        out = reference.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                 min_new_tokens=NEW_TOKENS, pad_token_id=0)
+        assert out.shape[1] == PROMPT_LEN + NEW_TOKENS
+
+    with torch.inference_mode():
+        return len(prompts) * NEW_TOKENS / forward_benchmark.best_time(run, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="stories260K,25m")
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps-per-call", type=int, default=64, help="decode steps per compiled call")
+    parser.add_argument("--matmul-size", type=int, default=2048)
+    parser.add_argument("--no-torch", action="store_true", help="skip the transformers comparison")
+    args = parser.parse_args()
+
+    peak = forward_benchmark.matmul_peak(args.matmul_size, 3)
+    bandwidth = memory_bandwidth()
+    results = {}
+    for name in args.models.split(","):
+        model = forward_benchmark.load(name)
+        config = model.config
+        param_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
+        # Mean context over the decode: the prompt plus half the new tokens.
+        flops_per_token = config.flops_per_token(PROMPT_LEN + NEW_TOKENS // 2)
+        entries = {}
+        for batch in map(int, args.batches.split(",")):
+            prompts = np.random.default_rng(batch).integers(3, config.vocab_size, (batch, PROMPT_LEN), dtype=np.int32)
+            tokens_per_s = engine_tokens_per_s(model, prompts, args.repeats, args.steps_per_call)
+            entry = {"tokens_per_s": round(tokens_per_s, 1), "mfu": round(tokens_per_s * flops_per_token / peak, 4)}
+            if batch == 1:
+                kv_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4 * (PROMPT_LEN + NEW_TOKENS // 2)
+                bound = bandwidth / (param_bytes + kv_bytes)
+                entry["bandwidth_bound_tokens_per_s"] = round(bound, 1)
+                entry["of_bandwidth_bound"] = round(tokens_per_s / bound, 3)
+            if not args.no_torch:
+                reference = transformers_tokens_per_s(model, prompts, args.repeats)
+                if reference is not None:
+                    entry["transformers_tokens_per_s"] = round(reference, 1)
+                    entry["vs_transformers"] = round(tokens_per_s / reference, 2)
+            entries[f"batch_{batch}"] = entry
+            print(f"{name} batch {batch}: {entry}", file=sys.stderr, flush=True)
+        results[name] = {"params": config.num_params, "param_bytes": param_bytes,
+                         "flops_per_token": flops_per_token, **entries}
+
+    print(json.dumps({
+        "benchmark": "generate", "backend": jax.default_backend(), "dtype": "float32",
+        "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS, "greedy": True,
+        "peak_matmul_flops": round(peak), "memory_bandwidth_bytes_per_s": round(bandwidth),
+        "models": results,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
