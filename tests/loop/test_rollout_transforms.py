@@ -1,0 +1,129 @@
+"""The rollout DoFns on the real stories260K model: version stamps, exact regeneration, idempotent writes."""
+
+import json
+import uuid
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that
+from apache_beam.utils.shared import Shared
+
+from rlax_core.data.rollout_store import GroupKey, RolloutStore
+from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.models import from_pretrained
+from rlax_core.tasks.story import story_examples
+from rlax_core.weights.config import WeightStoreConfig
+from rlax_core.weights.store import WeightStore
+from transforms.rollout import (AssembleGroups, GenerateRollouts, RolloutSpec, ScheduledStep, ScheduleSteps,
+                                ScoreRollouts, WriteGroups)
+
+# In-process, so that the shared engine is built once for the module and results can be collected.
+RUNNER = "BundleBasedDirectRunner"
+MODEL = str(Path(__file__).resolve().parents[2] / "pipelines" / "assets" / "stories260K")
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loop")
+    weights = WeightStoreConfig(root=str(root / "weights"), run_id="t")
+    model = from_pretrained(MODEL)
+    with WeightStore(weights) as store:
+        store.publish(0, model.params)
+        store.publish(3, model.params)  # same values, another version: the stamp must follow the version
+    return RolloutSpec(
+        run="t", run_seed=0, model_path=MODEL, train_set=tuple(story_examples("train", 8)),
+        rollout_root=str(root / "rollouts"), weights=weights,
+        engine=EngineConfig(num_slots=8, num_pages=64, max_prompt_len=64, max_new_tokens=12, prefill_buckets=(32, 64),
+                            attention_impl="reference"),
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=12, n=3, stop_token_ids=(13, 1, 2)),
+        prompts_per_step=2, total_steps=4, max_staleness=1)
+
+
+class _AppendJson(beam.DoFn):
+    """Collects elements into a JSON-lines file (DoFns are pickled, so a Python list would not fill)."""
+
+    def __init__(self, path):
+        self._path = str(path)
+
+    def process(self, element):
+        with open(self._path, "a") as sink:
+            sink.write(json.dumps(element) + "\n")
+
+
+def _generate(spec, step, version):
+    """Run schedule-step ``step`` at ``version`` through generation and scoring; the groups as a list."""
+    path = Path(spec.rollout_root).parent / f"collected-{uuid.uuid4().hex}.jsonl"
+    with TestPipeline(runner=RUNNER) as p:
+        version_side = p | "Version" >> beam.Create([version])
+        groups = (p | beam.Create([ScheduledStep(step, version)])
+                  | beam.ParDo(GenerateRollouts(spec, Shared()), beam.pvalue.AsSingleton(version_side))
+                  | beam.ParDo(ScoreRollouts(spec)))
+        assert_that(groups | beam.Map(lambda g: len(g["rows"])), lambda sizes: _check(sizes == [3, 3], sizes))
+        groups | beam.ParDo(_AppendJson(path))
+    out = [json.loads(line) for line in path.read_text().splitlines()]
+    return sorted(out, key=lambda g: g["key"])
+
+
+def _check(ok, what):
+    if not ok:
+        raise AssertionError(what)
+
+
+@pytest.mark.slow  # compiles the engine (tens of seconds on 2 shared cores)
+def test_rollouts_carry_the_version_that_generated_them(spec):
+    groups = _generate(spec, step=1, version=3)
+    assert [tuple(g["key"]) for g in groups] == [(1, 0), (1, 1)]
+    for group in groups:
+        assert {row["policy_version"] for row in group["rows"]} == {3}
+        assert all(row["reward"] is not None and row["reward_info"] for row in group["rows"])
+        assert [row["sample_idx"] for row in group["rows"]] == [0, 1, 2]
+
+
+@pytest.mark.slow  # compiles the engine (tens of seconds on 2 shared cores)
+def test_a_rollout_regenerated_for_the_same_step_and_version_is_identical(spec):
+    first, again = _generate(spec, step=2, version=0), _generate(spec, step=2, version=0)
+    fields = ("example_id", "group_id", "sample_idx", "seed", "prompt_ids", "completion_ids", "behavior_logprobs",
+              "reward")
+    assert [[{f: r[f] for f in fields} for r in g["rows"]] for g in first] == \
+           [[{f: r[f] for f in fields} for r in g["rows"]] for g in again]
+    other_step = _generate(spec, step=3, version=0)
+    assert [r["completion_ids"] for r in first[0]["rows"]] != [r["completion_ids"] for r in other_step[0]["rows"]]
+
+
+@pytest.mark.slow  # compiles the engine (tens of seconds on 2 shared cores)
+def test_writing_a_group_twice_leaves_one_group(spec):
+    group = _generate(spec, step=0, version=0)[0]
+    with TestPipeline(runner=RUNNER) as p:
+        written = p | beam.Create([group, group]) | beam.ParDo(WriteGroups(spec))
+        assert_that(written | beam.Map(lambda kv: kv[0]), lambda steps: _check(list(steps) == [0, 0], steps))
+    store = RolloutStore(spec.rollout_root, spec.run)
+    group["key"] = tuple(group["key"])
+    assert store.list_groups() == [GroupKey(0, group["key"][1])]
+    assert store.read_group(GroupKey(0, group["key"][1])).num_rows == 3
+
+
+def test_schedule_emits_only_steps_the_version_allows(spec):
+    with TestPipeline(runner=RUNNER) as p:
+        version = p | "Version" >> beam.Create([2])
+        steps = p | beam.Create([0.0]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
+        assert_that(steps | beam.Map(lambda s: s.step), lambda got: _check(sorted(got) == [2, 3], got))
+
+
+def test_dynamic_sampling_sends_uniform_groups_to_dropped():
+    import dataclasses
+
+    base = RolloutSpec(run="t", run_seed=0, model_path=MODEL, train_set=(), rollout_root="/unused",
+                       weights=WeightStoreConfig(root="/unused", run_id="t"), engine=EngineConfig(),
+                       sampling=SamplingParams(), prompts_per_step=1, total_steps=1, drop_uniform_groups=True)
+    uniform = {"key": (0, 0), "rows": [{"reward": 0.0, "group_id": "g", "sample_idx": i} for i in range(2)]}
+    varied = {"key": (0, 1), "rows": [{"reward": float(i), "group_id": "g", "sample_idx": i} for i in range(2)]}
+    with TestPipeline(runner=RUNNER) as p:
+        out = p | beam.Create([uniform, varied]) | beam.ParDo(AssembleGroups(base)).with_outputs(
+            AssembleGroups.DROPPED, main="kept")
+        assert_that(out.kept | "K" >> beam.Map(lambda g: g["key"]), lambda k: _check(list(k) == [(0, 1)], k),
+                    label="kept")
+        assert_that(out.dropped | "D" >> beam.Map(lambda g: g["key"]), lambda k: _check(list(k) == [(0, 0)], k),
+                    label="dropped")
+    assert not dataclasses.replace(base, drop_uniform_groups=False).drop_uniform_groups
