@@ -46,8 +46,8 @@ def initialize_distributed(config: MeshConfig) -> None:
     global _distributed_started
     if _distributed_started or not (config.distributed or config.coordinator_address):
         return
-    if jax.default_backend() == "cpu" or jax.config.jax_platforms == "cpu":
-        # CPU collectives across processes go through gloo (the default would refuse them).
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+        # Cross-process collectives of CPU devices need an implementation (older JAX had none by default).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if config.coordinator_address:
         jax.distributed.initialize(coordinator_address=config.coordinator_address,
