@@ -31,7 +31,8 @@ NOT_EQUAL = [
 
 @pytest.fixture(scope="module")
 def verifier():
-    with MathVerifier(MathVerifierConfig(workers=2)) as verifier:
+    # Generous limits: these tests are about verdicts, and a loaded 2-core machine slows sympy down a lot.
+    with MathVerifier(MathVerifierConfig(workers=2, timeout_seconds=30.0)) as verifier:
         yield verifier
 
 
