@@ -20,7 +20,7 @@ import time
 
 import apache_beam as beam
 
-from rlax_core.config import ConfigError, load_config, to_dict
+from rlax_core.config import ConfigError, load_config, read_yaml, to_dict
 from rlax_core.data.adapters import FORMATS
 from rlax_core.data.curation import STAT_NAMES, CurateConfig, InputSpec, eval_set_name
 from transforms.decontaminate import DropContaminated, NgramIndex
@@ -43,9 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="output folder (local or gs://)")
 
 
-def resolve_config(args: argparse.Namespace) -> CurateConfig:
-    """The config file and overrides, then the command-line flags on top."""
-    config = load_config(args.config, args.overrides, CurateConfig)
+def load_curate_config(path: str | None, overrides: list[str]) -> tuple[CurateConfig, list[str]]:
+    """A curate YAML file, or the ``curate:`` section of a run config (then also its ``beam:`` options)."""
+    data = read_yaml(path) if path else {}
+    if "curate" in data or "run" in data:
+        from pipelines.config import load_run_config
+
+        run_config = load_run_config(path, overrides)
+        return run_config.curate, run_config.beam.args()
+    return load_config(path, overrides, CurateConfig), []
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[CurateConfig, list[str]]:
+    """The config file and overrides, then the command-line flags on top; and the config's Beam options."""
+    config, config_beam_args = load_curate_config(args.config, args.overrides)
     changes = {}
     if args.input:
         formats = args.format or ["auto"]
@@ -64,7 +75,7 @@ def resolve_config(args: argparse.Namespace) -> CurateConfig:
         raise ConfigError("inputs", "no input: give --input PATH or inputs in --config")
     if not config.output:
         raise ConfigError("output", "no output folder: give --output DIR or output in --config")
-    return config
+    return config, config_beam_args
 
 
 def output_path(folder: str, name: str) -> str:
@@ -128,10 +139,11 @@ def beam_options(beam_args: list[str]):
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    config = resolve_config(args)
+    config, config_beam_args = resolve_config(args)
     logger.info("curate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=beam_options(beam_args)) as pipeline:
+    # the run config's beam options first: flags given on the command line come later and win
+    with beam.Pipeline(options=beam_options([*config_beam_args, *beam_args])) as pipeline:
         build(pipeline, config)
     stats = read_json(output_path(config.output, "stats.json"))
     print(format_stats(stats))

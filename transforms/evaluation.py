@@ -14,7 +14,7 @@ def per_prompt_result(result) -> dict:
     example = result["example"]
     meta = json.loads(example.get("meta") or "{}")
     return {"model": result["model"], "dataset": example["source"], "id": example["id"],
-            "subject": meta.get("subject"), "level": meta.get("level"), "answer": example.get("answer"),
+            "task": example["task"], "subject": meta.get("subject"), "level": meta.get("level"), "answer": example.get("answer"),
             "correct": result["correct"], "answers": result["answers"], "lengths": result["lengths"],
             "finish_reasons": result["finish_reasons"], "texts": result["texts"], "skipped": result["skipped"]}
 

@@ -1,6 +1,6 @@
 """Evaluation reports: per-prompt verdicts -> metrics by model, dataset, subject and level.
 
-A per-prompt result is a dict ``{model, dataset, subject, level, correct: [bool], answers: [str|None],
+A per-prompt result is a dict ``{model, dataset, task, subject, level, correct: [bool], answers: [str|None],
 lengths: [int]}`` (one entry per sample). :func:`build_report` aggregates them, :func:`to_markdown`
 renders the tables (models side by side), :func:`plot_report` draws the PNGs.
 """
@@ -17,7 +17,8 @@ from rlax_core.eval.metrics import summarize_prompts
 
 
 def _metrics(results: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
-    voting = all(any(a is not None for a in r["answers"]) or not any(r["correct"]) for r in results)
+    # maj@k needs answers to vote on: math has them (even when a model gives none), stories do not
+    voting = any(r.get("task") == "math" or any(a is not None for a in r["answers"]) for r in results)
     summary = summarize_prompts(results, ks)
     if not voting:  # a task without comparable answers (story) has no majority vote
         summary = {name: value for name, value in summary.items() if not name.startswith("maj@")}

@@ -26,7 +26,7 @@ def test_filter_stories260k_on_the_story_task(tmp_path):
     out = tmp_path / "filtered"
     assert main(["filter", "--input", str(tmp_path / "prompts.jsonl"), "--model", STORIES, "--samples", "4",
                  "--low", "0.25", "--high", "1.0", "--output", str(out), "--runner", "FnApiRunner",
-                 "generation.max_new_tokens=48", "generation.stop_strings=['\n']", SMALL_ENGINE]) == 0
+                 "generation.max_new_tokens=48", 'generation.stop_strings=["\\n"]', SMALL_ENGINE]) == 0
     stats, kept, rejected = _read(out)
     assert stats["prompts"] == 8 and stats["kept"] + stats["too_hard"] + stats["too_easy"] == 8
     assert stats["kept"] == len(kept) and all(0.25 <= row["pass_rate"] <= 1.0 for row in kept)

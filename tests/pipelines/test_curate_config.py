@@ -1,0 +1,46 @@
+"""The batch pipelines' YAML examples load and validate; bad values fail with their key path."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from pipelines.curate import resolve_config
+from pipelines.evaluate import EvaluateConfig
+from pipelines.filter_difficulty import FilterConfig
+from rlax_core.config import ConfigError, load_config
+from rlax_core.data.curation import CurateConfig
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("pattern,cls", [("curate_*.yaml", CurateConfig), ("filter_*.yaml", FilterConfig),
+                                         ("evaluate_*.yaml", EvaluateConfig)])
+def test_example_configs_load(pattern, cls):
+    files = sorted(CONFIGS.glob(pattern))
+    assert files
+    for path in files:
+        load_config(path, [], cls)
+
+
+def _curate_args(**kwargs):
+    defaults = dict(config=None, overrides=[], input=[], format=[], decontaminate_against=[], output=None)
+    return argparse.Namespace(**{**defaults, **kwargs})
+
+
+def test_curate_reads_the_curate_section_and_beam_options_of_a_run_config():
+    config, beam_args = resolve_config(_curate_args(config=str(CONFIGS / "qwen25_7b_math_dataflow_tpu.yaml"),
+                                                    overrides=["curate.near_duplicate_threshold=0.7"]))
+    assert config.near_duplicate_threshold == 0.7 and len(config.inputs) == 2
+    assert "--runner=DataflowRunner" in beam_args
+
+
+def test_curate_flags_and_errors():
+    config, _ = resolve_config(_curate_args(input=["a.jsonl", "b.parquet"], format=["gsm8k", "math"], output="out"))
+    assert [(s.path, s.format) for s in config.inputs] == [("a.jsonl", "gsm8k"), ("b.parquet", "math")]
+    with pytest.raises(ConfigError, match="--format"):
+        resolve_config(_curate_args(input=["a", "b", "c"], format=["gsm8k", "math"], output="out"))
+    with pytest.raises(ConfigError, match="near_duplicate_threshold"):
+        resolve_config(_curate_args(input=["a"], output="out", overrides=["near_duplicate_threshold=1.5"]))
+    with pytest.raises(ConfigError, match=r"inputs\[0\]\.format"):
+        load_config(None, ["inputs=[{path: a, format: nope}]"], CurateConfig)
