@@ -176,6 +176,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     spec = build_spec(run_config, loop, examples)
     # A streaming pipeline needs a live runner: unless told otherwise, pipeline_options picks Prism.
     runner_args = list(beam_args) or ([] if run_config.beam.runner == "DirectRunner" else run_config.beam.args())
+    if not any(a.startswith(("--job_server_timeout", "--job-server-timeout")) for a in runner_args):
+        # The portable runner's job state and message streams die at this gRPC deadline (300 s by
+        # default), which tears down a long-running local streaming pipeline; outlive the run instead.
+        runner_args.append(f"--job_server_timeout={int(loop.max_runtime_s) + 600}")
     options = pipeline_options(runner_args, streaming=True)
     log.info("rollout: %d training prompts, %d steps x %d prompts x %d samples, k=%d, store %s",
              len(examples), spec.total_steps, spec.prompts_per_step, loop.samples_per_prompt, spec.max_staleness,
