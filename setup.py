@@ -13,6 +13,7 @@ INSTALL_REQUIRES = [
     "orbax-checkpoint",
     "google-cloud-storage",
     "gcsfs",
+    "xxhash",  # weight-store checksums (rlax_core.weights)
     "datasets",
     # Beam 2.77 needs pyarrow<26, numpy<2.5, protobuf<7; datasets needs pyarrow>=24.
     "pyarrow>=24,<26",
