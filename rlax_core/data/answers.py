@@ -9,7 +9,6 @@ class AnswerError(ValueError):
     """A solution holds no answer that can be extracted."""
 
 
-_GSM8K_MARK = re.compile(r"####\s*(.+?)\s*$", re.S)
 _NUMBER = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?$")
 
 
@@ -25,31 +24,19 @@ def gsm8k_answer(solution: str) -> str:
 
 
 def last_boxed(text: str) -> str:
-    r"""The contents of the last ``\boxed{...}`` (or ``\fbox{...}``), braces matched; ``\boxed 5`` too."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
+    r"""The contents of the last ``\boxed{...}`` (or ``\fbox{...}``, ``\boxed 5``) of a reference solution.
+
+    The scan is the verifiers' (``rlax_core.rewards.answers``), so references and model answers are
+    read by one rule; here a missing or empty box is an error, since a reference must have an answer.
+    """
+    from rlax_core.rewards.answers import last_boxed as find_last_boxed
+
+    answer = find_last_boxed(text)
+    if answer is None:
         raise AnswerError("no \\boxed{} answer")
-    rest = text[start:]
-    rest = rest[len("\\boxed"):] if rest.startswith("\\boxed") else rest[len("\\fbox"):]
-    if rest.startswith(" "):  # "\boxed 5": the answer runs to the next white space or "$"
-        answer = re.split(r"[\s$]", rest.lstrip(), maxsplit=1)[0]
-        if not answer:
-            raise AnswerError("empty \\boxed answer")
-        return answer
-    if not rest.startswith("{"):
-        raise AnswerError("\\boxed is not followed by a braced answer")
-    depth = 0
-    for i, ch in enumerate(rest):
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                answer = rest[1:i].strip()
-                if not answer:
-                    raise AnswerError("empty \\boxed{} answer")
-                return answer
-    raise AnswerError("unbalanced braces in \\boxed{...}")
+    if not answer.strip():
+        raise AnswerError("empty \\boxed{} answer")
+    return answer.strip()
 
 
 def plain_answer(value: object) -> str:

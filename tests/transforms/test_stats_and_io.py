@@ -48,3 +48,17 @@ def test_writers(tmp_path, pipeline):
     (dead_file,) = tmp_path.glob("dead_letter-*.jsonl")
     assert json.loads(dead_file.read_text(encoding="utf-8")) == {"reason": "x", "raw": "é"}
     assert json.loads((tmp_path / "stats.json").read_text()) == {"input": 4}
+
+
+def test_write_named_files_and_take_smallest_ids(tmp_path, pipeline):
+    from transforms.io import TakeSmallestIds, WriteNamedFiles
+
+    rows = [{"id": f"r{i}"} for i in (5, 3, 9, 1)]
+    with pipeline as p:
+        paths = p | "Files" >> beam.Create([("a.png", b"\x89PNG"), ("b.md", b"# t")]) | WriteNamedFiles(str(tmp_path))
+        assert_that(paths, equal_to([str(tmp_path / "a.png"), str(tmp_path / "b.md")]), label="paths")
+        assert_that(p | "Rows" >> beam.Create(rows) | "Two" >> TakeSmallestIds(2) | "Ids" >> beam.Map(lambda r: r["id"]),
+                    equal_to(["r1", "r3"]), label="smallest")
+        assert_that(p | "Rows2" >> beam.Create(rows) | "All" >> TakeSmallestIds(0) | "Ids2" >> beam.Map(lambda r: r["id"]),
+                    equal_to(["r5", "r3", "r9", "r1"]), label="all")
+    assert (tmp_path / "a.png").read_bytes() == b"\x89PNG" and (tmp_path / "b.md").read_text() == "# t"
