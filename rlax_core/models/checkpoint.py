@@ -24,10 +24,9 @@ import functools
 import json
 import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp

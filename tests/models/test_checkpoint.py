@@ -1,5 +1,4 @@
 """Saving and loading Hugging Face checkpoints: bit-exact round trips, HF names and shapes, strict errors."""
-import dataclasses
 import json
 
 import jax
