@@ -138,7 +138,7 @@ class ModelConfig:
                 rope_theta=rope_theta,
                 rope_scaling=rope_scaling,
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                tie_word_embeddings=bool(hf.get("tie_word_embeddings", architecture != "llama")),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),  # transformers' default
                 qkv_bias=architecture == "qwen2",
                 qk_norm=architecture == "qwen3",
                 max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
