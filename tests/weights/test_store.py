@@ -218,3 +218,20 @@ def test_metrics_are_written(make_store, tmp_path):
             reader.load(1)
     rows = read_metrics(tmp_path / "m")
     assert rows[-1]["weights/rejected/integrity"] == 1 and rows[-1]["step"] == 1
+
+
+def test_in_memory_fast_path_serves_the_publishing_process_only(make_store):
+    trainer = make_store(in_memory_cache=True)
+    params = params_for(4)
+    trainer.publish(4, params)
+    params["layers"]["0"]["w"][:] = -1  # the caller reuses its arrays: the published version must not change
+    for tensor in trainer.manifest(4).tensors:  # storage loses the tensor files: only memory can serve them
+        trainer.storage.delete(f"{mf.version_dir(4)}/{tensor.shards[0].file}")
+    loaded = trainer.load(4, as_numpy=True)
+    assert_is_version(loaded, 4)
+    assert not loaded["layers"]["0"]["w"].flags.writeable
+    with pytest.raises(IntegrityError, match="missing"):
+        make_store().load(4)  # another process reads storage, and is refused
+    trainer.storage.delete(mf.marker_path(4))
+    with pytest.raises(VersionNotCommittedError):
+        trainer.load(4)  # memory never serves a version that is not (or no longer) committed
