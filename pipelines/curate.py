@@ -23,6 +23,7 @@ import apache_beam as beam
 from rlax_core.config import ConfigError, load_config, read_yaml, to_dict
 from rlax_core.data.adapters import FORMATS
 from rlax_core.data.curation import STAT_NAMES, CurateConfig, InputSpec, eval_set_name
+from pipelines.runners import pipeline_options
 from transforms.decontaminate import DropContaminated, NgramIndex
 from transforms.dedup import DropExactDuplicates, DropNearDuplicates
 from transforms.examples import ToExamples
@@ -103,7 +104,7 @@ def build(pipeline: beam.Pipeline, config: CurateConfig) -> None:
         eval_rows = []
         for i, spec in enumerate(config.decontaminate_against):
             named = dataclasses.replace(spec, source=eval_set_name(spec))
-            # Unreadable rows of an evaluation set cannot leak; they are logged by Beam's counters only.
+            # An evaluation row that cannot be read cannot leak either: its dead letters are dropped.
             adapted, _ = (pipeline | f"ReadEval[{i}]" >> ReadRawRecords(spec.path)
                           | f"EvalExamples[{i}]" >> ToExamples(named, config.max_record_bytes))
             eval_rows.append(adapted)
@@ -127,23 +128,12 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
-def beam_options(beam_args: list[str]):
-    """Beam options with the project's local defaults (pipelines.runners) where that module is present."""
-    try:
-        from pipelines.runners import pipeline_options
-    except ImportError:
-        from apache_beam.options.pipeline_options import PipelineOptions
-
-        return PipelineOptions(beam_args)
-    return pipeline_options(beam_args)
-
-
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config, config_beam_args = resolve_config(args)
     logger.info("curate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
     # the run config's beam options first: flags given on the command line come later and win
-    with beam.Pipeline(options=beam_options([*config_beam_args, *beam_args])) as pipeline:
+    with beam.Pipeline(options=pipeline_options([*config_beam_args, *beam_args])) as pipeline:
         build(pipeline, config)
     stats = read_json(output_path(config.output, "stats.json"))
     print(format_stats(stats))

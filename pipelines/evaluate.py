@@ -22,6 +22,7 @@ import apache_beam as beam
 
 from rlax_core.config import ConfigError, load_config, require, to_dict
 from rlax_core.data.curation import InputSpec, eval_set_name
+from pipelines.runners import pipeline_options
 from transforms.evaluation import BuildReport, per_prompt_result
 from transforms.examples import ToExamples
 from transforms.inference import GenerationSpec, SampleAndVerify
@@ -101,12 +102,10 @@ def build(pipeline: beam.Pipeline, config: EvaluateConfig) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from pipelines.curate import beam_options
-
     config = resolve_config(args)
     logger.info("evaluate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=beam_options(beam_args)) as pipeline:
+    with beam.Pipeline(options=pipeline_options(beam_args)) as pipeline:
         build(pipeline, config)
     out = config.output.rstrip("/")
     from apache_beam.io.filesystems import FileSystems

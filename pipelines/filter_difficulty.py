@@ -25,6 +25,7 @@ import apache_beam as beam
 from rlax_core.config import ConfigError, load_config, require, to_dict
 from rlax_core.data.curation import InputSpec
 from rlax_core.eval.report import pass_rate_histogram
+from pipelines.runners import pipeline_options
 from transforms.difficulty import KeepPassRateBand, pass_rates_of
 from transforms.examples import ToExamples
 from transforms.inference import GenerationSpec, SampleAndVerify
@@ -114,12 +115,10 @@ def _stats(outcomes: dict, rates: list, config: FilterConfig) -> dict:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from pipelines.curate import beam_options
-
     config = resolve_config(args)
     logger.info("filter config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=beam_options(beam_args)) as pipeline:
+    with beam.Pipeline(options=pipeline_options(beam_args)) as pipeline:
         build(pipeline, config)
     stats = read_json(f"{config.output.rstrip('/')}/stats.json")
     print(json.dumps(stats, indent=2))

@@ -10,7 +10,9 @@ the same example gets the same samples whatever batch or worker it lands in.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
+import time
 from pathlib import PurePosixPath
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -19,6 +21,8 @@ from apache_beam.ml.inference.base import ModelHandler, RunInference
 
 from rlax_core.config import require
 from rlax_core.inference.config import EngineConfig, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +104,11 @@ class LoadedEngine:
             else:
                 requests.append(Request(ids, sampling, prompt_id=example["id"], seed=self.spec.seed))
             results.append(result)
+        started = time.monotonic()
         with self.lock:
             completions = self.engine.generate(requests) if requests else []
+        logger.info("%s: %d prompt(s) x %d sample(s), %d tokens in %.1f s", self.spec.label, len(requests),
+                    sampling.n, sum(len(c.completion_ids) for c in completions), time.monotonic() - started)
         by_id = {r["example"]["id"]: r for r in results}
         for completion in completions:  # in request order, then sample index
             result = by_id[completion.prompt_id]
