@@ -105,6 +105,7 @@ def plot_report(report: Mapping[str, Any]) -> dict[str, bytes]:
             ax.plot(ks, [overall[f"pass@{k}"] for k in ks], marker="o", label=model)
         ax.set(title=dataset, xlabel="k", ylabel="pass@k", ylim=(0, 1.02), xscale="log", xticks=report["ks"])
         ax.set_xticklabels([str(k) for k in report["ks"]])
+        ax.minorticks_off()
         ax.legend(fontsize=8)
     images["pass_at_k.png"] = _png(fig, plt)
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.5), squeeze=False)
