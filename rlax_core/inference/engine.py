@@ -151,8 +151,10 @@ class Engine:
         self._finished: list[_Sequence] = []
         self._next_order = 0
         self.stats = {"prefill_calls": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0, "weight_swaps": 0}
-        self._prefill = jax.jit(self._prefill_fn, static_argnames=("mode",), donate_argnames=("cache",))
-        self._decode = jax.jit(self._decode_fn, static_argnames=("mode",), donate_argnames=("cache",))
+        # Module-level programs keyed by static shapes: engines with equal configs share compilations.
+        self._prefill = functools.partial(_prefill, model_config=model_config)
+        self._decode = functools.partial(_decode, model_config=model_config, chunk=config.decode_steps_per_call,
+                                         use_pallas=self._use_pallas)
 
     # ------------------------------------------------------------------ public API
 
@@ -382,75 +384,82 @@ class Engine:
             return jax.default_backend() in ("tpu", "gpu")
         return impl == "pallas"
 
-    # ------------------------------------------------------------------ compiled programs (device)
 
-    def _keys(self, state, token_index):
-        return jax.vmap(sample_key)(state["seed"], state["prompt_key"], state["sample_index"], token_index)
+# ----------------------------------------------------------------------------- compiled programs (device)
 
-    def _prefill_fn(self, params, cache: KVCache, tokens, positions, page_table, state, *, mode):
-        """Run left-padded prompts [B, T] through the model, fill their pages, sample each first token."""
-        valid = positions >= 0
-        scale = self.model_config.head_dim ** -0.5
+
+def _keys(state, token_index):
+    return jax.vmap(sample_key)(state["seed"], state["prompt_key"], state["sample_index"], token_index)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "mode"), donate_argnames=("cache",))
+def _prefill(params, cache: KVCache, tokens, positions, page_table, state, *, model_config: ModelConfig,
+             mode: SamplingMode):
+    """Run left-padded prompts [B, T] through the model, fill their pages, sample each first token."""
+    valid = positions >= 0
+    scale = model_config.head_dim ** -0.5
+
+    def attend(layer, q, k, v, cache):
+        cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, valid),
+                        write_pages(cache.v, layer, v, page_table, positions, valid))
+        return prefill_attention(q, k, v, valid, scale), cache
+
+    logits, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)
+    keys = _keys(state, jnp.zeros_like(state["seed"]))
+    first, logprobs = sample_tokens(logits[:, 0], keys, state["temperature"], state["top_k"], state["top_p"], mode)
+    return first, logprobs, cache
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "chunk", "use_pallas", "mode"),
+                   donate_argnames=("cache",))
+def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, use_pallas: bool,
+            mode: SamplingMode):
+    """Decode up to ``chunk`` tokens for every active slot; stop early when all are done.
+
+    Returns tokens and log-probs [num_slots, chunk] (-1 where a slot produced nothing), the
+    number of steps run, the updated slot state and the cache.
+    """
+    num_slots = state["active"].shape[0]
+    scale = model_config.head_dim ** -0.5
+    page_table = state["page_table"]
+
+    def step(carry):
+        index, cache, s, out_tokens, out_logprobs = carry
+        active = s["active"]
+        positions = s["length"][:, None]
 
         def attend(layer, q, k, v, cache):
-            cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, valid),
-                            write_pages(cache.v, layer, v, page_table, positions, valid))
-            return prefill_attention(q, k, v, valid, scale), cache
+            cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
+                            write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
+            attention = _decode_attention(q[:, 0], cache.k[layer], cache.v[layer], page_table, s["length"] + 1,
+                                          scale, use_pallas)
+            return attention[:, None], cache
 
-        logits, cache = forward_with_cache(params, self.model_config, tokens, positions, cache, attend,
-                                           last_token_only=True)
-        keys = self._keys(state, jnp.zeros_like(state["seed"]))
-        first, logprobs = sample_tokens(logits[:, 0], keys, state["temperature"], state["top_k"], state["top_p"], mode)
-        return first, logprobs, cache
+        logits, cache = forward_with_cache(params, model_config, s["last_token"][:, None], positions, cache, attend)
+        keys = _keys(s, s["generated"] + 1)  # token 0 was sampled by the prefill
+        tokens, logprobs = sample_tokens(logits[:, 0], keys, s["temperature"], s["top_k"], s["top_p"], mode)
+        out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
+        out_logprobs = out_logprobs.at[:, index].set(jnp.where(active, logprobs, 0.0))
+        generated = s["generated"] + active
+        stopped = (tokens[:, None] == s["stop_ids"]).any(axis=1)
+        # generated counts decode steps; the prefill's token makes the total generated + 1.
+        done = stopped | (generated + 1 >= s["max_new"])
+        s = {**s, "generated": generated, "length": s["length"] + active, "active": active & ~done,
+             "last_token": jnp.where(active, tokens, s["last_token"])}
+        return index + 1, cache, s, out_tokens, out_logprobs
 
-    def _decode_fn(self, params, cache: KVCache, state, *, mode):
-        """Decode up to ``decode_steps_per_call`` tokens for every active slot; stop early when all are done.
+    def keep_going(carry):
+        index, _, s, _, _ = carry
+        return (index < chunk) & s["active"].any()
 
-        Returns tokens and log-probs [num_slots, steps] (-1 where a slot produced nothing), the
-        number of steps run, the updated slot state and the cache.
-        """
-        chunk = self.config.decode_steps_per_call
-        num_slots = state["active"].shape[0]
-        scale = self.model_config.head_dim ** -0.5
-        page_table = state["page_table"]
+    init = (jnp.int32(0), cache, state, jnp.full((num_slots, chunk), -1, jnp.int32),
+            jnp.zeros((num_slots, chunk), jnp.float32))
+    steps, cache, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
+    return out_tokens, out_logprobs, steps, state, cache
 
-        def step(carry):
-            index, cache, s, out_tokens, out_logprobs = carry
-            active = s["active"]
-            positions = s["length"][:, None]
 
-            def attend(layer, q, k, v, cache):
-                cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
-                                write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
-                attention = self._decode_attention(q[:, 0], cache.k[layer], cache.v[layer], page_table,
-                                                   s["length"] + 1, scale)
-                return attention[:, None], cache
-
-            logits, cache = forward_with_cache(params, self.model_config, s["last_token"][:, None], positions, cache,
-                                               attend)
-            keys = self._keys(s, s["generated"] + 1)  # token 0 was sampled by the prefill
-            tokens, logprobs = sample_tokens(logits[:, 0], keys, s["temperature"], s["top_k"], s["top_p"], mode)
-            out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
-            out_logprobs = out_logprobs.at[:, index].set(jnp.where(active, logprobs, 0.0))
-            generated = s["generated"] + active
-            stopped = (tokens[:, None] == s["stop_ids"]).any(axis=1)
-            # generated counts decode steps; the prefill's token makes the total generated + 1.
-            done = stopped | (generated + 1 >= s["max_new"])
-            s = {**s, "generated": generated, "length": s["length"] + active, "active": active & ~done,
-                 "last_token": jnp.where(active, tokens, s["last_token"])}
-            return index + 1, cache, s, out_tokens, out_logprobs
-
-        def keep_going(carry):
-            index, _, s, _, _ = carry
-            return (index < chunk) & s["active"].any()
-
-        init = (jnp.int32(0), cache, state, jnp.full((num_slots, chunk), -1, jnp.int32),
-                jnp.zeros((num_slots, chunk), jnp.float32))
-        steps, cache, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
-        return out_tokens, out_logprobs, steps, state, cache
-
-    def _decode_attention(self, q, k_pages, v_pages, page_table, lengths, scale):
-        if self._use_pallas:
-            return paged_decode_attention(q, k_pages, v_pages, page_table, lengths, scale=scale,
-                                          interpret=jax.default_backend() == "cpu")
-        return paged_decode_attention_reference(q, k_pages, v_pages, page_table, lengths, scale)
+def _decode_attention(q, k_pages, v_pages, page_table, lengths, scale, use_pallas: bool):
+    if use_pallas:
+        return paged_decode_attention(q, k_pages, v_pages, page_table, lengths, scale=scale,
+                                      interpret=jax.default_backend() == "cpu")
+    return paged_decode_attention_reference(q, k_pages, v_pages, page_table, lengths, scale)

@@ -237,3 +237,16 @@ def test_weight_swap_tags_versions_and_never_mixes_them(stories, small_engine_co
 
     with pytest.raises(ValueError, match="differ in structure"):
         engine.update_weights({"embed_tokens": model.params["embed_tokens"]}, version=7)
+
+
+@pytest.mark.slow  # the Pallas interpreter inside the compiled decode loop: slow to compile on CPU
+def test_pallas_engine_matches_reference_engine(engine, stories, small_engine_config):
+    _, tokenizer = stories
+    pallas = Engine(dataclasses.replace(small_engine_config, attention_impl="pallas"), engine.model_config,
+                    stories[0].params)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
+    requests = [Request(tokenizer.encode(t, add_bos=True), params, prompt_id=i)
+                for i, t in enumerate(["Once upon a time", "The dog ran"])]
+    for ours, reference in zip(pallas.generate(requests), engine.generate(requests)):
+        assert ours.completion_ids == reference.completion_ids
+        np.testing.assert_allclose(ours.logprobs, reference.logprobs, atol=1e-5)
