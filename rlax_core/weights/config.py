@@ -32,6 +32,7 @@ class WeightStoreConfig:
     watch_timeout_s: float = 600.0
     # Multi-host publish: how long process 0 waits for the other hosts' shards before giving up.
     commit_timeout_s: float = 600.0
+    # Parallel shard reads and writes on gs:// (a local folder uses at most one per CPU core).
     io_threads: int = 8
     # Keep the newest published version in this process's memory, so a reader in the same process
     # (the local quickstart loop) skips the storage round trip; checksums are still verified.
