@@ -215,6 +215,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-sync", action="store_true")
+    parser.add_argument("--skip-target", action="store_true", help="only the sync vs k=1 comparison")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     workdir = Path(tempfile.mkdtemp(prefix="rl_loop_"))
@@ -224,6 +225,9 @@ def main() -> None:
                         "samples_per_prompt": HELDOUT_SAMPLES}
         if not args.skip_sync:
             result["sync_vs_async"] = sync_vs_async(workdir, args.steps, train_set)
+        if args.skip_target:
+            print(json.dumps(result, indent=2))
+            return
         rlax = rlax_time_to_target(workdir, args.target_steps, args.eval_every, train_set)
         result["time_to_target"] = {"rlax": rlax}
         if not args.skip_trl:
