@@ -59,7 +59,9 @@ def token_logprobs(params, config: ModelConfig, tokens, attention_mask, *, remat
     """log pi(token t+1 | tokens <= t) and the entropy of that distribution, both [B, T-1] float32."""
     logits = forward(params, config, tokens, attention_mask=attention_mask, remat=remat)[:, :-1]
     log_probs = jax.nn.log_softmax(logits, axis=-1)
-    chosen = jnp.take_along_axis(log_probs, tokens[:, 1:, None], axis=-1)[..., 0]
+    # A one-hot contraction rather than a gather: its gradient is a dense multiply, where a gather's
+    # is a scatter into [B, T, V], which XLA runs slowly on CPU.
+    chosen = jnp.einsum("btv,btv->bt", log_probs, jax.nn.one_hot(tokens[:, 1:], log_probs.shape[-1], dtype=log_probs.dtype))
     entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
     return chosen, entropy
 
