@@ -231,7 +231,7 @@ class WeightStore:
             host = host.astype(dtype)
         elif host.flags.writeable and self.config.in_memory_cache:
             host = host.copy()  # the caller's numpy array: the memory cache must not see later changes
-        host = np.ascontiguousarray(host)
+        host = np.ascontiguousarray(host).view()  # a view: freezing it leaves the caller's array writable
         host.setflags(write=False)
         payload = memoryview(host.reshape(-1).view(np.uint8)) if host.size else memoryview(b"")
         file = f"t{index:05d}-" + "-".join(str(start) for start, _ in slices) + ".bin" if slices else f"t{index:05d}.bin"

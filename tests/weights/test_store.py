@@ -24,7 +24,9 @@ from tests.weights.versioned_params import assert_is_version, params_for
 def test_publish_then_load_round_trips_exactly(make_store):
     store = make_store()
     assert store.latest() is None
-    manifest = store.publish(3, params_for(3))
+    params = params_for(3)
+    manifest = store.publish(3, params)
+    assert params["norm"]["scale"].flags.writeable  # the caller's arrays are left as they were
     assert store.latest() == 3 and store.versions() == [3]
     assert manifest.version == 3 and manifest.run_id == "run-a"
     names = [t.name for t in manifest.tensors]
