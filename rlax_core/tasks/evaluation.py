@@ -98,6 +98,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, tokenizer, examples:
         by_order = sorted(completions, key=lambda c: (c.prompt_id, c.sample_index))
         report["nll_base"] = completion_nll(model_config, base_params, [c.prompt_ids for c in by_order],
                                             [c.completion_ids for c in by_order])
+    # The first sample of the first ``keep_texts`` prompts, so a reader sees different prompts.
     report["examples"] = [{"prompt": examples[c.prompt_id]["prompt"], "completion": texts[i]}
-                          for i, c in enumerate(completions[:keep_texts])]
+                          for i, c in enumerate(completions) if c.sample_index == 0 and c.prompt_id < keep_texts]
     return report
