@@ -13,19 +13,22 @@ _MASKED = -1e30  # finite, so a fully masked row gives zeros instead of NaN
 
 
 def paged_decode_attention_reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
-                                     lengths: jax.Array, scale: float) -> jax.Array:
+                                     lengths: jax.Array, scale: float, layer: jax.Array | int | None = None) -> jax.Array:
     """One query token per sequence against that sequence's first ``lengths[b]`` cached tokens.
 
-    q [B, Hq, D]; k_pages, v_pages [num_pages, S, Hkv, D]; page_table [B, P]; lengths [B].
+    q [B, Hq, D]; k_pages, v_pages [num_pages, S, Hkv, D], or all layers' pools
+    [num_layers, num_pages, S, Hkv, D] with ``layer`` naming one (gathering straight from the
+    full pool avoids copying a layer's slice out of it first); page_table [B, P]; lengths [B].
     Returns [B, Hq, D] in q's dtype.
     """
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = k_pages.shape[2]
+    num_kv_heads = k_pages.shape[-2]
     group = num_heads // num_kv_heads
     # [B, P, S, Hkv, D] -> [B, P*S, Hkv, D]: the sequence's tokens in order. Page ids come from the
     # allocator, so they are in bounds and the gather needs no clamping.
-    k = k_pages.at[page_table].get(mode="promise_in_bounds").reshape(batch, -1, num_kv_heads, head_dim)
-    v = v_pages.at[page_table].get(mode="promise_in_bounds").reshape(batch, -1, num_kv_heads, head_dim)
+    index = page_table if layer is None else (layer, page_table)
+    k = k_pages.at[index].get(mode="promise_in_bounds").reshape(batch, -1, num_kv_heads, head_dim)
+    v = v_pages.at[index].get(mode="promise_in_bounds").reshape(batch, -1, num_kv_heads, head_dim)
     qg = q.reshape(batch, 1, num_kv_heads, group, head_dim).astype(jnp.float32)
     # A broadcast multiply-sum rather than einsum: with one query token and small head groups the
     # CPU backend runs it as one fused loop instead of many tiny batched matmuls.

@@ -431,8 +431,7 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
         def attend(layer, q, k, v, cache):
             cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
                             write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
-            attention = _decode_attention(q[:, 0], cache.k[layer], cache.v[layer], page_table, s["length"] + 1,
-                                          scale, use_pallas)
+            attention = _decode_attention(q[:, 0], cache, layer, page_table, s["length"] + 1, scale, use_pallas)
             return attention[:, None], cache
 
         logits, cache = forward_with_cache(params, model_config, s["last_token"][:, None], positions, cache, attend)
@@ -458,8 +457,8 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
     return out_tokens, out_logprobs, steps, state, cache
 
 
-def _decode_attention(q, k_pages, v_pages, page_table, lengths, scale, use_pallas: bool):
+def _decode_attention(q, cache: KVCache, layer, page_table, lengths, scale, use_pallas: bool):
     if use_pallas:
-        return paged_decode_attention(q, k_pages, v_pages, page_table, lengths, scale=scale,
+        return paged_decode_attention(q, cache.k[layer], cache.v[layer], page_table, lengths, scale=scale,
                                       interpret=jax.default_backend() == "cpu")
-    return paged_decode_attention_reference(q, k_pages, v_pages, page_table, lengths, scale)
+    return paged_decode_attention_reference(q, cache.k, cache.v, page_table, lengths, scale, layer=layer)
