@@ -75,6 +75,7 @@ def test_sharded_step_equals_unsharded(tmp_path, mesh_config):
                  state_1.params, state_8.params)
 
 
+@pytest.mark.slow
 def test_kl_to_reference_is_computed_in_the_graph(tmp_path):
     batch = batch_from_store(tmp_path)
     kl = trainer(algorithm=AlgorithmConfig(kl_coef=0.1))
@@ -83,11 +84,12 @@ def test_kl_to_reference_is_computed_in_the_graph(tmp_path):
         kl.step(state, batch)
     reference = jax.tree.map(jnp.copy, state.params)
     state, metrics = kl.step(state, batch, ref_params=reference)
-    assert float(metrics["kl_ref"]) == 0.0  # the policy is the reference before its first step
+    assert float(metrics["kl_ref"]) < 1e-9  # the policy is the reference before its first step
     state, metrics = kl.step(state, batch, ref_params=reference)
     assert float(metrics["kl_ref"]) > 0.0
 
 
+@pytest.mark.slow
 def test_bfloat16_parameters_keep_float32_log_probs(tmp_path):
     batch = batch_from_store(tmp_path)
     bf16 = trainer(param_dtype="bfloat16")
