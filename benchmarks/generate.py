@@ -99,6 +99,7 @@ def main() -> None:
 
     peak = forward_benchmark.matmul_peak(args.matmul_size, 3)
     bandwidth = memory_bandwidth()
+    print(f"peak {peak / 1e9:.1f} GFLOP/s, bandwidth {bandwidth / 1e9:.2f} GB/s", file=sys.stderr, flush=True)
     results = {}
     for name in args.models.split(","):
         model = forward_benchmark.load(name)
