@@ -96,9 +96,10 @@ class ScheduleSteps(beam.DoFn):
     def process(self, _tick, latest_version: Optional[int]) -> Iterable[ScheduledStep]:
         if latest_version is None:  # the trainer has not published its first weights yet
             return
-        done = complete_steps(self._store, self._spec)
+        allowed = steps_to_generate(latest_version, self._spec.max_staleness, self._spec.total_steps, set())
+        done = complete_steps(self._store, self._spec, allowed)
         now = time.monotonic()
-        for step in steps_to_generate(latest_version, self._spec.max_staleness, self._spec.total_steps, done):
+        for step in (s for s in allowed if s not in done):
             key = (self._spec.run, step)
             with _claims_lock:
                 claimed = _claims.get(key)
@@ -108,15 +109,14 @@ class ScheduleSteps(beam.DoFn):
             yield ScheduledStep(step=step, version=latest_version)
 
 
-def complete_steps(store: RolloutStore, spec: RolloutSpec) -> set[int]:
-    """Steps whose every group is in the store (a restarted pipeline skips them)."""
+def complete_steps(store: RolloutStore, spec: RolloutSpec, candidates: Iterable[int]) -> set[int]:
+    """Which of ``candidates`` are fully generated (a restarted pipeline skips them): every group is in
+    the store, or (dynamic sampling may drop groups, even all of them) the step's marker is."""
     counts: dict[int, int] = {}
     for key in store.list_groups():
         counts[key.step] = counts.get(key.step, 0) + 1
-    done = {step for step, n in counts.items() if n >= spec.prompts_per_step}
-    # With dynamic sampling a step may keep fewer groups; its marker says it was fully generated.
-    done |= {step for step in counts if store_marker_exists(store, step)}
-    return done
+    return {step for step in candidates
+            if counts.get(step, 0) >= spec.prompts_per_step or store_marker_exists(store, step)}
 
 
 def _marker_path(store: RolloutStore, step: int) -> str:
