@@ -17,6 +17,7 @@ Prints one JSON object:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import shutil
@@ -195,7 +196,8 @@ def trl_time_to_target(workdir: Path, steps: int, every: int, train_set: str) ->
     trainer = GRPOTrainer(model=model, reward_funcs=story_reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[SaveEvery()])
     started = time.time()
-    trainer.train()
+    with contextlib.redirect_stdout(sys.stderr):  # transformers prints its logs; stdout is for the JSON result
+        trainer.train()
     run_config = load_run_config(str(QUICKSTART_CONFIG), [o for o in TASK_OVERRIDES if not o.startswith("loop.")])
     rlax_tokenizer = load_tokenizer(model_path)
     curve = []
