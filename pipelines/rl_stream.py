@@ -25,7 +25,6 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before configs name them)
@@ -66,8 +65,8 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def load_configs(config_path: str | None, overrides: Sequence[str]):
-    """(RunConfig, LoopConfig) from a run config file, an optional ``loop:`` file beside it, overrides."""
-    from rlax_core.config import apply_overrides, read_yaml
+    """(RunConfig, LoopConfig) from a run config file and overrides (``loop.*`` ones build the LoopConfig)."""
+    from rlax_core.config import apply_overrides
     from pipelines.config import load_run_config
 
     loop_overrides, run_overrides = split_overrides(overrides)

@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import apache_beam as beam
 import fsspec
