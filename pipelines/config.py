@@ -10,7 +10,13 @@ that reads it; this module only assembles them::
     trainer:   rlax_core.training.TrainerConfig     (optimizer, mesh, steps, staleness, checkpoints)
     weights:   rlax_core.weights.WeightStoreConfig  (parameter server; defaults under run.output_dir)
     curate:    rlax_core.data.curation.CurateConfig (Beam curation pipeline)
+    filter:    pipelines.filter_difficulty.FilterConfig (difficulty filtering)
+    evaluate:  pipelines.evaluate.EvaluateConfig    (offline evaluation)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
+
+A file for one pipeline may spell only that pipeline's section (``configs/filter_stories260k.yaml``
+holds FilterConfig's keys at top level); ``load_section`` reads such a file as that section of the
+same tree, so every entry point validates against one schema.
 
 ``load_run_config("configs/quickstart.yaml", ["trainer.total_steps=5"])`` gives a validated
 ``RunConfig``; a bad key or value raises ``ConfigError`` naming its full path.
@@ -30,6 +36,8 @@ from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import algorithm_from_dict, get_preset
 from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
+from pipelines.evaluate import EvaluateConfig
+from pipelines.filter_difficulty import FilterConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR.parent / "configs"
@@ -88,6 +96,8 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     weights: Optional[WeightStoreConfig] = None
     curate: CurateConfig = field(default_factory=CurateConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     beam: BeamSpec = field(default_factory=BeamSpec)
 
     def weight_store(self) -> WeightStoreConfig:
@@ -111,7 +121,24 @@ def resolve_asset(path: str) -> str:
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """YAML file (``base:`` inheritance allowed) + dotted overrides -> a validated ``RunConfig``."""
     data = read_yaml(path) if path else {}
-    data = apply_overrides(data, overrides)
+    return _build(apply_overrides(data, overrides))
+
+
+def load_section(path: str | Path | None, overrides: Sequence[str], section: str) -> RunConfig:
+    """The run config of one pipeline's entry point.
+
+    A file holding none of the run's sections is that pipeline's ``section`` alone, and overrides
+    that name no section (``limit=5``) are that section's (``filter.limit=5``).
+    """
+    sections = {f.name for f in dataclasses.fields(RunConfig)}
+    data = read_yaml(path) if path else {}
+    if not sections & set(data):
+        data = {section: data} if data else {}
+    overrides = [o if o.split("=", 1)[0].split(".")[0] in sections else f"{section}.{o}" for o in overrides]
+    return _build(apply_overrides(data, overrides))
+
+
+def _build(data: dict[str, Any]) -> RunConfig:
     if isinstance(data.get("algorithm"), dict):  # ``preset: NAME`` plus single-field overrides
         data["algorithm"] = algorithm_from_dict(data["algorithm"])
     return from_dict(RunConfig, data)

@@ -20,7 +20,7 @@ import time
 
 import apache_beam as beam
 
-from rlax_core.config import ConfigError, load_config, read_yaml, to_dict
+from rlax_core.config import ConfigError, to_dict
 from rlax_core.data.adapters import FORMATS
 from rlax_core.data.curation import STAT_NAMES, CurateConfig, InputSpec, eval_set_name
 from pipelines.runners import pipeline_options
@@ -45,14 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_curate_config(path: str | None, overrides: list[str]) -> tuple[CurateConfig, list[str]]:
-    """A curate YAML file, or the ``curate:`` section of a run config (then also its ``beam:`` options)."""
-    data = read_yaml(path) if path else {}
-    if "curate" in data or "run" in data:
-        from pipelines.config import load_run_config
+    """The ``curate:`` section of the run config (a curate-only file is that section) and its Beam options."""
+    from pipelines.config import load_section
 
-        run_config = load_run_config(path, overrides)
-        return run_config.curate, run_config.beam.args()
-    return load_config(path, overrides, CurateConfig), []
+    run_config = load_section(path, overrides, "curate")
+    return run_config.curate, run_config.beam.args()
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[CurateConfig, list[str]]:

@@ -20,7 +20,7 @@ import time
 
 import apache_beam as beam
 
-from rlax_core.config import ConfigError, load_config, require, to_dict
+from rlax_core.config import ConfigError, require, to_dict
 from rlax_core.data.curation import InputSpec, eval_set_name
 from pipelines.runners import pipeline_options
 from transforms.evaluation import BuildReport, per_prompt_result
@@ -60,8 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="output folder (local or gs://)")
 
 
-def resolve_config(args: argparse.Namespace) -> EvaluateConfig:
-    config = load_config(args.config, args.overrides, EvaluateConfig)
+def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]:
+    """The ``evaluate:`` section of the run config with the command-line flags on top; and the config's Beam options."""
+    from pipelines.config import load_section
+
+    run_config = load_section(args.config, args.overrides, "evaluate")
+    config = run_config.evaluate
     changes = {}
     if args.model:
         changes["models"] = tuple(args.model)
@@ -80,7 +84,7 @@ def resolve_config(args: argparse.Namespace) -> EvaluateConfig:
     for key, flag in (("models", "--model"), ("eval_sets", "--eval-set"), ("output", "--output")):
         if not getattr(config, key):
             raise ConfigError(key, f"missing: give {flag} or {key} in --config")
-    return config
+    return config, run_config.beam.args()
 
 
 def build(pipeline: beam.Pipeline, config: EvaluateConfig) -> None:
@@ -102,10 +106,10 @@ def build(pipeline: beam.Pipeline, config: EvaluateConfig) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    config = resolve_config(args)
+    config, config_beam_args = resolve_config(args)
     logger.info("evaluate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=pipeline_options(beam_args)) as pipeline:
+    with beam.Pipeline(options=pipeline_options([*config_beam_args, *beam_args])) as pipeline:
         build(pipeline, config)
     out = config.output.rstrip("/")
     from apache_beam.io.filesystems import FileSystems

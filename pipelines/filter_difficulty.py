@@ -22,7 +22,7 @@ from collections import Counter
 
 import apache_beam as beam
 
-from rlax_core.config import ConfigError, load_config, require, to_dict
+from rlax_core.config import ConfigError, require, to_dict
 from rlax_core.data.curation import InputSpec
 from rlax_core.eval.report import pass_rate_histogram
 from pipelines.runners import pipeline_options
@@ -62,8 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="output folder (local or gs://)")
 
 
-def resolve_config(args: argparse.Namespace) -> FilterConfig:
-    config = load_config(args.config, args.overrides, FilterConfig)
+def resolve_config(args: argparse.Namespace) -> tuple[FilterConfig, list[str]]:
+    """The ``filter:`` section of the run config with the command-line flags on top; and the config's Beam options."""
+    from pipelines.config import load_section
+
+    run_config = load_section(args.config, args.overrides, "filter")
+    config = run_config.filter
     top = {k: v for k, v in (("input", args.input), ("output", args.output), ("low", args.low),
                              ("high", args.high), ("limit", args.limit)) if v is not None}
     generation = {k: v for k, v in (("model", args.model), ("samples", args.samples)) if v is not None}
@@ -75,7 +79,7 @@ def resolve_config(args: argparse.Namespace) -> FilterConfig:
             raise ConfigError(key, f"missing: give --{key} or {key} in --config")
     if not config.generation.model:
         raise ConfigError("generation.model", "missing: give --model or generation.model in --config")
-    return config
+    return config, run_config.beam.args()
 
 
 def build(pipeline: beam.Pipeline, config: FilterConfig) -> None:
@@ -115,10 +119,10 @@ def _stats(outcomes: dict, rates: list, config: FilterConfig) -> dict:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    config = resolve_config(args)
+    config, config_beam_args = resolve_config(args)
     logger.info("filter config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=pipeline_options(beam_args)) as pipeline:
+    with beam.Pipeline(options=pipeline_options([*config_beam_args, *beam_args])) as pipeline:
         build(pipeline, config)
     stats = read_json(f"{config.output.rstrip('/')}/stats.json")
     print(json.dumps(stats, indent=2))

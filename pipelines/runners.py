@@ -49,8 +49,9 @@ def pipeline_options(beam_args: Sequence[str], *, streaming: bool = False, **def
     args = list(beam_args)
     if not _has_flag(args, "--runner"):
         args.append("--runner=PrismRunner" if streaming else "--runner=DirectRunner")
-    runner = next(a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args)
-                  if a == "--runner" or a.startswith("--runner="))
+    # The last --runner wins, as in argparse: flags typed on the command line follow the config's.
+    runner = [a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args)
+              if a == "--runner" or a.startswith("--runner=")][-1]
     binary = cached_prism_binary()
     if runner in ("PrismRunner", "prism") and binary and not _has_flag(args, "--prism_location"):
         args.append(f"--prism_location={binary}")

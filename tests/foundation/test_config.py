@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 import pytest
 
-from pipelines.config import RunConfig, load_run_config
+from pipelines.config import RunConfig, load_run_config, load_section
 from rlax_core.config import ConfigError, from_dict, parse_override, require
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
@@ -20,9 +20,22 @@ def test_there_are_recipes():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_recipe_loads(path):
-    config = load_run_config(path)
+    """Run recipes load whole; one-pipeline files (curate_*, filter_*, evaluate_*) as their section."""
+    section = path.name.split("_", 1)[0]
+    config = load_section(path, [], section) if section in ("curate", "filter", "evaluate") else load_run_config(path)
     assert isinstance(config, RunConfig)
     assert config.algorithm.name != "custom"  # a preset was resolved
+
+
+def test_one_pipeline_files_are_a_section_of_the_run_tree(tmp_path):
+    job = tmp_path / "filter_job.yaml"
+    job.write_text("input: a.parquet\noutput: out\nlow: 0.2\n")
+    config = load_section(job, ["high=0.5", "trainer.total_steps=3"], "filter")
+    assert (config.filter.input, config.filter.low, config.filter.high) == ("a.parquet", 0.2, 0.5)
+    assert config.trainer.total_steps == 3
+    with pytest.raises(ConfigError) as caught:
+        load_section(job, ["low=2"], "filter")
+    assert caught.value.path == "filter.low"
 
 
 def test_overrides_reach_nested_sections():
