@@ -65,8 +65,6 @@ class LoadedEngine:
     """What one worker process holds: the engine over the loaded weights, and the tokenizer."""
 
     def __init__(self, spec: GenerationSpec):
-        import jax.numpy as jnp
-
         if not spec.model:
             raise ValueError("GenerationSpec.model is empty: name the checkpoint to sample")
 
@@ -78,7 +76,7 @@ class LoadedEngine:
         tokenizer_path = spec.tokenizer or (model_path.rsplit("/", 1)[0] if model_path.endswith(".bin") else model_path)
         self.spec = spec
         self.tokenizer = load_tokenizer(tokenizer_path)
-        model = from_pretrained(spec.model, dtype=jnp.dtype(spec.dtype))
+        model = from_pretrained(spec.model, dtype=spec.dtype)
         self.engine = Engine(spec.engine, model.config, model.params, detokenize=self.tokenizer.decode)
         self.lock = threading.Lock()  # the engine is not re-entrant; RunInference threads share it
 

@@ -329,8 +329,10 @@ def _find_llama2c_bin(folder: Path) -> Path | None:
 def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, keep_interleaved_rope: bool = False) -> Model:
     """Load a Hugging Face folder (config.json + safetensors) or a llama2.c ``.bin`` (or a folder holding one).
 
-    ``path`` may be local or remote (gs://...). ``keep_interleaved_rope`` applies to llama2.c only.
+    ``path`` may be local or remote (gs://...). ``dtype`` is a JAX dtype or its name ("bfloat16").
+    ``keep_interleaved_rope`` applies to llama2.c only.
     """
+    dtype = jnp.dtype(dtype)
     with local_copy(str(path)) as local:
         if local.is_file():
             if local.suffix != ".bin":
