@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipelines.quickstart import HELDOUT_SAMPLES, QUICKSTART_CONFIG, TARGET_PASS_AT_1, TASK_OVERRIDES  # noqa: E402
+from pipelines.quickstart import HELDOUT_SAMPLES, QUICKSTART_CONFIG, TARGET_PASS_AT_1  # noqa: E402
 
 log = logging.getLogger("rl_loop")
 STOPS = "[1, 2, 13]"  # stories260K: BOS, EOS, newline
@@ -52,7 +52,7 @@ def _run(folder: Path, steps: int, k: int, train_set: str, extra=()):
     from pipelines.launch import launch
     from pipelines.rl_stream import load_configs
 
-    overrides = [f"run.output_dir={folder}", *TASK_OVERRIDES, f"loop.stop_token_ids={STOPS}",
+    overrides = [f"run.output_dir={folder}", f"loop.stop_token_ids={STOPS}",
                  f"trainer.total_steps={steps}", f"trainer.max_staleness={k}", f"trainer.checkpoint_every={steps}",
                  *extra]
     started = time.time()
@@ -198,7 +198,7 @@ def trl_time_to_target(workdir: Path, steps: int, every: int, train_set: str) ->
     started = time.time()
     with contextlib.redirect_stdout(sys.stderr):  # transformers prints its logs; stdout is for the JSON result
         trainer.train()
-    run_config = load_run_config(str(QUICKSTART_CONFIG), [o for o in TASK_OVERRIDES if not o.startswith("loop.")])
+    run_config = load_run_config(str(QUICKSTART_CONFIG), [])
     rlax_tokenizer = load_tokenizer(model_path)
     curve = []
     for step, wall, out in saved:

@@ -12,6 +12,7 @@ that reads it; this module only assembles them::
     curate:    rlax_core.data.curation.CurateConfig (Beam curation pipeline)
     filter:    pipelines.filter_difficulty.FilterConfig (difficulty filtering)
     evaluate:  pipelines.evaluate.EvaluateConfig    (offline evaluation)
+    loop:      pipelines.rl_stream.LoopConfig       (the streaming rollout side of the online loop)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
 
 A file for one pipeline may spell only that pipeline's section (``configs/filter_stories260k.yaml``
@@ -38,6 +39,7 @@ from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
 from pipelines.evaluate import EvaluateConfig
 from pipelines.filter_difficulty import FilterConfig
+from pipelines.rl_stream import LoopConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR.parent / "configs"
@@ -98,6 +100,7 @@ class RunConfig:
     curate: CurateConfig = field(default_factory=CurateConfig)
     filter: FilterConfig = field(default_factory=FilterConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
     beam: BeamSpec = field(default_factory=BeamSpec)
 
     def weight_store(self) -> WeightStoreConfig:

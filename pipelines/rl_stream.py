@@ -58,21 +58,12 @@ class LoopConfig:
         require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
 
 
-def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``loop.*`` overrides (without the prefix) and the rest (the run config's)."""
-    loop = [o[len("loop."):] for o in overrides if o.startswith("loop.")]
-    return loop, [o for o in overrides if not o.startswith("loop.")]
-
-
 def load_configs(config_path: str | None, overrides: Sequence[str]):
-    """(RunConfig, LoopConfig) from a run config file and overrides (``loop.*`` ones build the LoopConfig)."""
-    from rlax_core.config import apply_overrides
+    """(RunConfig, its ``loop:`` section) from a run config file and dotted overrides."""
     from pipelines.config import load_run_config
 
-    loop_overrides, run_overrides = split_overrides(overrides)
-    run_config = load_run_config(config_path, run_overrides)
-    loop_data = apply_overrides({}, loop_overrides)
-    return run_config, from_dict(LoopConfig, loop_data, "loop")
+    run_config = load_run_config(config_path, overrides)
+    return run_config, run_config.loop
 
 
 def read_examples(path: str) -> list[dict[str, Any]]:
