@@ -29,8 +29,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from pipelines.quickstart import HELDOUT_SAMPLES, QUICKSTART_CONFIG, TARGET_PASS_AT_1  # noqa: E402
+from hf_stories import stories_hf_tokenizer  # noqa: E402
 
 log = logging.getLogger("rl_loop")
 STOPS = "[1, 2, 13]"  # stories260K: BOS, EOS, newline
@@ -117,42 +119,6 @@ def rlax_time_to_target(workdir: Path, steps: int, every: int, train_set: str) -
                                                       if p["pass@1"] >= TARGET_PASS_AT_1), None)}
 
 
-def _sentencepiece_hf_tokenizer(model_file: str):
-    """stories260K's SentencePiece model as a transformers tokenizer (TRL needs one; the installed
-    protobuf cannot run transformers' own SentencePiece conversion). Text gets BOS in front, as the
-    RLAX engine's prompts do."""
-    import sentencepiece
-    from transformers import PreTrainedTokenizer
-
-    class SentencePieceHFTokenizer(PreTrainedTokenizer):
-        model_input_names = ["input_ids", "attention_mask"]
-
-        def __init__(self, **kwargs):
-            self.sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
-            super().__init__(bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<unk>", **kwargs)
-
-        @property
-        def vocab_size(self):
-            return self.sp.get_piece_size()
-
-        def get_vocab(self):
-            return {self.sp.id_to_piece(i): i for i in range(self.vocab_size)}
-
-        def _tokenize(self, text, **kwargs):
-            return ["<s>", *self.sp.encode(text, out_type=str)]
-
-        def _convert_token_to_id(self, token):
-            return self.sp.piece_to_id(token)
-
-        def _convert_id_to_token(self, index):
-            return self.sp.id_to_piece(index)
-
-        def convert_tokens_to_string(self, tokens):
-            return self.sp.decode_pieces([t for t in tokens if t != "<s>"])
-
-    return SentencePieceHFTokenizer()
-
-
 def trl_time_to_target(workdir: Path, steps: int, every: int, train_set: str) -> dict:
     """TRL's GRPOTrainer with the same model, reward, prompts, group size, learning rate and KL."""
     import torch
@@ -170,7 +136,7 @@ def trl_time_to_target(workdir: Path, steps: int, every: int, train_set: str) ->
     hf_dir = workdir / "trl" / "hf_model"
     base = from_pretrained(model_path)
     save_pretrained(base, hf_dir)
-    tokenizer = _sentencepiece_hf_tokenizer(str(Path(model_path) / "tok512.model"))
+    tokenizer = stories_hf_tokenizer(str(Path(model_path) / "tok512.model"))
     prompts = [json.loads(line)["prompt"] for line in Path(train_set).read_text().splitlines()]
     dataset = Dataset.from_list([{"prompt": p, "answer": "happy"} for p in prompts])
     rewarder = Rewarder(RewardConfig(terms={"story_word": 1.0}))

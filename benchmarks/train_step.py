@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import forward as forward_benchmark  # noqa: E402  (the 25M config, the matmul peak, best_time)
+from hf_stories import stories_hf_tokenizer  # noqa: E402
 from rlax_core.data.records import ROLLOUT_SCHEMA, to_table  # noqa: E402
 from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
 from rlax_core.models import from_pretrained, save_pretrained  # noqa: E402
@@ -156,46 +157,13 @@ def trl_grpo(steps: int, warmup: int) -> dict | None:
         from trl import GRPOConfig, GRPOTrainer
     except ImportError:
         return None
-    import sentencepiece
-
-    class StoriesTokenizer(transformers.PreTrainedTokenizer):
-        """tok512.model behind the transformers tokenizer interface (its protobuf-based converter fails here)."""
-
-        vocab_files_names = {"vocab_file": "tokenizer.model"}
-        model_input_names = ["input_ids", "attention_mask"]
-
-        def __init__(self, vocab_file, **kwargs):
-            self.sp = sentencepiece.SentencePieceProcessor(model_file=str(vocab_file))
-            super().__init__(bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<unk>", **kwargs)
-
-        @property
-        def vocab_size(self):
-            return self.sp.get_piece_size()
-
-        def get_vocab(self):
-            return {self.sp.id_to_piece(i): i for i in range(self.vocab_size)}
-
-        def _tokenize(self, text, **kwargs):
-            return self.sp.encode(text, out_type=str)
-
-        def _convert_token_to_id(self, token):
-            return self.sp.piece_to_id(token)
-
-        def _convert_id_to_token(self, index):
-            return self.sp.id_to_piece(index)
-
-        def convert_tokens_to_string(self, tokens):
-            return self.sp.decode(tokens)
-
-        def build_inputs_with_special_tokens(self, ids, pair=None):
-            return [self.bos_token_id] + ids
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(from_pretrained(STORIES), folder)
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        tokenizer = StoriesTokenizer(STORIES / "tok512.model")
+        tokenizer = stories_hf_tokenizer(STORIES / "tok512.model")
         total = warmup + steps
         dataset = Dataset.from_dict({"prompt": PROMPTS * total})
         step_times: list[float] = []

@@ -28,6 +28,12 @@ from apache_beam.transforms.periodicsequence import PeriodicImpulse
 FOREVER = 9223372036854.775  # Beam's maximum timestamp in seconds
 
 
+def _windowed_impulse(interval: float, start: float | None, stop: float) -> PeriodicImpulse:
+    """One element per ``interval`` seconds from ``start`` (default: now), in fixed windows of ``interval``."""
+    return PeriodicImpulse(start_timestamp=time.time() if start is None else start, stop_timestamp=stop,
+                           fire_interval=interval, apply_windowing=True)
+
+
 class _Poll(beam.DoFn):
     def __init__(self, read: Callable[[], Any]):
         self._read = read
@@ -47,9 +53,7 @@ class PollEveryInterval(beam.PTransform):
     def expand(self, pbegin):
         return (
             pbegin
-            | "Impulse" >> PeriodicImpulse(start_timestamp=self._start if self._start is not None else time.time(),
-                                           stop_timestamp=self._stop, fire_interval=self._interval,
-                                           apply_windowing=True)
+            | "Impulse" >> _windowed_impulse(self._interval, self._start, self._stop)
             | "Read" >> beam.ParDo(_Poll(self._read))
             | "LatestPerWindow" >> beam.combiners.Latest.Globally().without_defaults()
         )
@@ -65,9 +69,7 @@ class TicksEveryInterval(beam.PTransform):
     def expand(self, pbegin):
         return (
             pbegin
-            | "Impulse" >> PeriodicImpulse(start_timestamp=self._start if self._start is not None else time.time(),
-                                           stop_timestamp=self._stop, fire_interval=self._interval,
-                                           apply_windowing=True)
+            | "Impulse" >> _windowed_impulse(self._interval, self._start, self._stop)
             | "Key" >> beam.Map(lambda tick: (None, tick))
             | "ReleaseByWatermark" >> beam.GroupByKey()
             | "Unkey" >> beam.FlatMap(lambda keyed: sorted(keyed[1]))
