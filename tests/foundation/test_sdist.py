@@ -17,7 +17,7 @@ def _tracked(*patterns: str) -> set[str]:
 def test_sdist_holds_every_module_config_and_asset(tmp_path):
     subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path)], cwd=REPO,
                    check=True, capture_output=True, timeout=300)
-    (archive,) = tmp_path.glob("rlax_beam-*.tar.gz")
+    (archive,) = tmp_path.glob("rlax[-_]beam-*.tar.gz")  # older setuptools keep the dash
     with tarfile.open(archive) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     wanted = _tracked("rlax_core/*.py", "transforms/*.py", "pipelines/*.py", "configs/*.yaml", "pipelines/assets/*",
