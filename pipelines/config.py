@@ -103,6 +103,10 @@ class RunConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
     beam: BeamSpec = field(default_factory=BeamSpec)
 
+    def rollout_root(self) -> str:
+        """The rollout store's folder: rollout groups, written by ``rlax rollout``, read by ``rlax train``."""
+        return f"{self.run.output_dir.rstrip('/')}/rollouts"
+
     def weight_store(self) -> WeightStoreConfig:
         """The parameter server's config; by default a folder under the run's output."""
         if self.weights is not None:

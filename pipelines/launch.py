@@ -172,7 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str], *, train_set: str | None = None,
            timeout_s: float = 3600.0, stop_grace_s: float = 30.0) -> dict[str, str]:
     """Run both jobs to the end; returns where the run's outputs are."""
-    from pipelines.rl_stream import load_configs, rollout_root
+    from pipelines.rl_stream import load_configs
 
     overrides = list(overrides)
     if train_set:
@@ -194,14 +194,14 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
             process.stop(stop_grace_s)
     log.info("launch: %d trainer steps in %.1f s", run_config.trainer.total_steps, time.monotonic() - started)
     loop_dir = output / "loop"
-    write_loop_metrics(loop_metrics(run_config, rollout_root(run_config)), loop_dir)
+    write_loop_metrics(loop_metrics(run_config, run_config.rollout_root()), loop_dir)
     return {
         "metrics": str(loop_dir / "metrics.jsonl"),
         "trainer_metrics": str(trainer_metrics_dir(run_config)),
         "tensorboard": str(loop_dir / "tensorboard"),
         "checkpoints": str(output / "checkpoints"),
         "weights": run_config.weight_store().root,
-        "rollouts": rollout_root(run_config),
+        "rollouts": run_config.rollout_root(),
         "logs": str(logs),
     }
 

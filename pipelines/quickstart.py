@@ -186,7 +186,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from pipelines.config import load_run_config
     from pipelines.launch import launch, loop_metrics
-    from pipelines.rl_stream import read_examples, rollout_root
+    from pipelines.rl_stream import read_examples
     from rlax_core.models import Model, from_pretrained, save_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.weights.store import WeightStore
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     seconds["evaluate_after"] = time.monotonic() - mark
     seconds["total"] = time.monotonic() - started
 
-    rows = loop_metrics(run_config, rollout_root(run_config))
+    rows = loop_metrics(run_config, run_config.rollout_root())
     reward_curve(rows, output / "reward_curve.png")
     report = {
         "task": "continue the story with one paragraph that ends within 64 tokens, repeats no word 3-gram, "

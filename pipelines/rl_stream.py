@@ -99,7 +99,7 @@ def build_spec(run_config, loop: LoopConfig, examples: list[dict[str, Any]]):
         run_seed=run_config.run.seed,
         model_path=run_config.model.resolved_path(),
         train_set=tuple({k: row.get(k) for k in keep} for row in examples),
-        rollout_root=rollout_root(run_config),
+        rollout_root=run_config.rollout_root(),
         weights=run_config.weight_store(),
         engine=engine,
         sampling=sampling,
@@ -109,10 +109,6 @@ def build_spec(run_config, loop: LoopConfig, examples: list[dict[str, Any]]):
         rewards=loop.rewards,
         drop_uniform_groups=loop.drop_uniform_groups,
     )
-
-
-def rollout_root(run_config) -> str:
-    return f"{run_config.run.output_dir.rstrip('/')}/rollouts"
 
 
 class _LatestVersion:

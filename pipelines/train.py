@@ -45,10 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="override run.output_dir")
 
 
-def rollout_root(run_config) -> str:
-    return f"{run_config.run.output_dir.rstrip('/')}/rollouts"
-
-
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.config import ConfigError
     from pipelines.config import load_run_config
@@ -84,7 +80,7 @@ def train(run_config, stop: threading.Event | None = None):
     try:
         return run_training(
             model_config=model.config, initial_params=model.params, algorithm=run_config.algorithm,
-            config=run_config.trainer, store=RolloutStore(rollout_root(run_config), run_config.run.name),
+            config=run_config.trainer, store=RolloutStore(run_config.rollout_root(), run_config.run.name),
             weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=f"{output}/metrics", stop=stop)
     finally:
         weights.close()

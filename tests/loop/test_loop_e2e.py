@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.launch import launch, start
-from pipelines.rl_stream import load_configs, rollout_root
+from pipelines.rl_stream import load_configs
 from pipelines.runners import cached_prism_binary
 from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.tasks.story import story_examples, write_jsonl
@@ -42,7 +42,7 @@ def _train_set(tmp_path):
 
 
 def _groups_by_step(run_config):
-    store = RolloutStore(rollout_root(run_config), run_config.run.name)
+    store = RolloutStore(run_config.rollout_root(), run_config.run.name)
     by_step = collections.defaultdict(dict)
     for key in store.list_groups():
         table = store.read_group(key)
@@ -96,7 +96,7 @@ def test_killed_rollout_pipeline_and_sigkilled_trainer_restart_and_the_run_compl
     run_overrides = [o for o in overrides if not o.startswith("loop.")]
     logs = tmp_path / "logs"
     metrics_dir = Path(run_config.run.output_dir) / "metrics"
-    store = RolloutStore(rollout_root(run_config), run_config.run.name)
+    store = RolloutStore(run_config.rollout_root(), run_config.run.name)
     trainer = start("trainer", ["train", "--config", CONFIG, *run_overrides], logs)
     rollout = start("rollout", ["rollout", "--config", CONFIG, "--train-set", train_set, *overrides], logs)
     try:
