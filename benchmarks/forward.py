@@ -65,7 +65,9 @@ def matmul_peak(n: int, repeats: int) -> float:
     return 2 * n**3 / best_time(lambda: matmul(a, b).block_until_ready(), repeats)
 
 
-def transformers_tokens_per_s(model: Model, ids: np.ndarray, repeats: int) -> float | None:
+def transformers_copy(model: Model, **load_options):
+    """The same weights in transformers (written by our save_pretrained, loaded back), in eval mode;
+    None where torch and transformers are not installed (the ``bench`` extra)."""
     try:
         import torch
         import transformers
@@ -73,8 +75,15 @@ def transformers_tokens_per_s(model: Model, ids: np.ndarray, repeats: int) -> fl
         return None
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(model, folder)
-        reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                                      attn_implementation="sdpa").eval()
+        return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **load_options).eval()
+
+
+def transformers_tokens_per_s(model: Model, ids: np.ndarray, repeats: int) -> float | None:
+    reference = transformers_copy(model, attn_implementation="sdpa")
+    if reference is None:
+        return None
+    import torch
+
     tokens = torch.from_numpy(ids.astype(np.int64))
     with torch.inference_mode():
         seconds = best_time(lambda: reference(tokens).logits, repeats)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import forward as forward_benchmark  # noqa: E402  (the same models and matmul peak as the forward benchmark)
 from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
-from rlax_core.models import Model, save_pretrained  # noqa: E402
+from rlax_core.models import Model  # noqa: E402
 
 PROMPT_LEN, NEW_TOKENS = 32, 128
 
@@ -67,14 +66,11 @@ def engine_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int, steps_p
 
 
 def transformers_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int) -> float | None:
-    try:
-        import torch
-        import transformers
-    except ImportError:
+    reference = forward_benchmark.transformers_copy(model)
+    if reference is None:
         return None
-    with tempfile.TemporaryDirectory() as folder:
-        save_pretrained(model, folder)
-        reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    import torch
+
     ids = torch.from_numpy(prompts.astype(np.int64))
     mask = torch.ones_like(ids)
 

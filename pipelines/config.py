@@ -26,6 +26,7 @@ same tree, so every entry point validates against one schema.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
@@ -143,6 +144,16 @@ def load_section(path: str | Path | None, overrides: Sequence[str], section: str
         data = {section: data} if data else {}
     overrides = [o if o.split("=", 1)[0].split(".")[0] in sections else f"{section}.{o}" for o in overrides]
     return _build(apply_overrides(data, overrides))
+
+
+def require_given(section: Any, flags: dict[str, str]) -> None:
+    """Fail naming the flag and the config key of the first required field left empty.
+
+    ``flags`` maps a dotted field of ``section`` (``generation.model``) to the flag that sets it.
+    """
+    for key, flag in flags.items():
+        if not operator.attrgetter(key)(section):
+            raise ConfigError(key, f"missing: give {flag} or {key} in --config")
 
 
 def _build(data: dict[str, Any]) -> RunConfig:

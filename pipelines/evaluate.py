@@ -20,7 +20,7 @@ import time
 
 import apache_beam as beam
 
-from rlax_core.config import ConfigError, require, to_dict
+from rlax_core.config import require, to_dict
 from rlax_core.data.curation import InputSpec, eval_set_name
 from pipelines.runners import pipeline_options
 from transforms.evaluation import BuildReport, per_prompt_result
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]:
     """The ``evaluate:`` section of the run config with the command-line flags on top; and the config's Beam options."""
-    from pipelines.config import load_section
+    from pipelines.config import load_section, require_given
 
     run_config = load_section(args.config, args.overrides, "evaluate")
     config = run_config.evaluate
@@ -81,9 +81,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]
     require(not config.model_names or len(config.model_names) == len(config.models), "model_names",
             f"one name per model ({len(config.models)}), or none")
     require(len(set(config.labels)) == len(config.labels), "model_names", "distinct labels for the models")
-    for key, flag in (("models", "--model"), ("eval_sets", "--eval-set"), ("output", "--output")):
-        if not getattr(config, key):
-            raise ConfigError(key, f"missing: give {flag} or {key} in --config")
+    require_given(config, {"models": "--model", "eval_sets": "--eval-set", "output": "--output"})
     return config, run_config.beam.args()
 
 

@@ -22,7 +22,7 @@ from collections import Counter
 
 import apache_beam as beam
 
-from rlax_core.config import ConfigError, require, to_dict
+from rlax_core.config import require, to_dict
 from rlax_core.data.curation import InputSpec
 from rlax_core.eval.report import pass_rate_histogram
 from pipelines.runners import pipeline_options
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> tuple[FilterConfig, list[str]]:
     """The ``filter:`` section of the run config with the command-line flags on top; and the config's Beam options."""
-    from pipelines.config import load_section
+    from pipelines.config import load_section, require_given
 
     run_config = load_section(args.config, args.overrides, "filter")
     config = run_config.filter
@@ -74,11 +74,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[FilterConfig, list[str]]:
     if generation:
         top["generation"] = dataclasses.replace(config.generation, **generation)
     config = dataclasses.replace(config, **top)
-    for key in ("input", "output"):
-        if not getattr(config, key):
-            raise ConfigError(key, f"missing: give --{key} or {key} in --config")
-    if not config.generation.model:
-        raise ConfigError("generation.model", "missing: give --model or generation.model in --config")
+    require_given(config, {"input": "--input", "output": "--output", "generation.model": "--model"})
     return config, run_config.beam.args()
 
 
