@@ -14,6 +14,7 @@ INSTALL_REQUIRES = [
     "google-cloud-storage",
     "gcsfs",
     "xxhash",  # weight-store checksums (rlax_core.weights)
+    "zstandard",  # weight-store deltas (rlax_core.weights.delta)
     "datasets",
     # Beam 2.77 needs pyarrow<26, numpy<2.5, protobuf<7; datasets needs pyarrow>=24.
     "pyarrow>=24,<26",

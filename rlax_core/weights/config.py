@@ -37,6 +37,11 @@ class WeightStoreConfig:
     # Keep the newest published version in this process's memory, so a reader in the same process
     # (the local quickstart loop) skips the storage round trip; checksums are still verified.
     in_memory_cache: bool = False
+    # Deltas: publish every Nth version in full and the versions between as deltas against the version
+    # published before them (XOR, byte planes, zstd). 1 = every version in full (deltas off): on a local
+    # folder deltas cost more CPU than the bytes they save (docs/weights.md has the measurements); on
+    # gs:// they pay. Writer and readers then keep their newest version in host memory to diff against.
+    full_snapshot_every: int = 1
 
     def __post_init__(self):
         require(bool(self.root), "root", "a local folder or a gs://bucket/prefix URL")
@@ -50,3 +55,5 @@ class WeightStoreConfig:
         require(self.watch_timeout_s > 0, "watch_timeout_s", "seconds > 0")
         require(self.commit_timeout_s > 0, "commit_timeout_s", "seconds > 0")
         require(1 <= self.io_threads <= 256, "io_threads", "an integer in [1, 256]")
+        require(1 <= self.full_snapshot_every <= 1000, "full_snapshot_every",
+                "an integer in [1, 1000] (1 = no deltas; a reader may have to apply that many - 1 in a row)")

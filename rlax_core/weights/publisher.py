@@ -15,8 +15,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from rlax_core.weights.arrays import dtype_of, is_float
 from rlax_core.weights.errors import VersionExistsError
-from rlax_core.weights.store import WeightStore, _dtype, _is_float
+from rlax_core.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -26,30 +27,32 @@ def stage_params(params: Mapping[str, Any], publish_dtype: str | None = None) ->
 
     Returns ``(staged, pins)``; keep ``pins`` alive until the staged params are written.
 
-    * A jax array to be cast to ``publish_dtype`` gets one dispatched device op (the cast makes a new
-      buffer): the call returns at once, the cast runs while the next step is dispatched, and the
-      device-to-host transfer happens in the publisher's thread when it reads the result.
     * A ready jax array in host memory (the CPU backend) is not copied at all: a zero-copy numpy view
       of each shard pins its buffer, and jax does not donate a buffer that is viewed from outside, so
-      the trainer's next step writes fresh buffers instead.
+      the trainer's next step writes fresh buffers instead. A cast to ``publish_dtype`` happens later,
+      in the publisher's threads, chunk by chunk as the shard is written: on CPU a whole-tensor XLA
+      cast allocates the full output first and took 2-3x longer here (page faults).
+    * A jax array on an accelerator, to be cast, gets one dispatched device op (the cast makes a new
+      buffer): the call returns at once, the cast runs while the next step is dispatched, and the
+      device-to-host transfer, of the smaller dtype, happens in the publisher's thread.
     * Any other jax array gets a dispatched device copy, as for a cast.
     * Host (numpy) leaves are copied synchronously.
     """
     import jax
 
-    target = _dtype(publish_dtype) if publish_dtype else None
+    target = dtype_of(publish_dtype) if publish_dtype else None
     pins: list = []
 
     def stage(leaf):
         if isinstance(leaf, jax.Array):
-            if target is not None and _is_float(np.dtype(leaf.dtype)) and leaf.dtype != target:
-                return leaf.astype(target)  # a fresh buffer: nothing to protect
             if all(d.platform == "cpu" for d in leaf.devices()) and leaf.is_ready():
                 pins.extend(np.asarray(shard.data) for shard in leaf.addressable_shards)
                 return leaf
+            if target is not None and is_float(np.dtype(leaf.dtype)) and leaf.dtype != target:
+                return leaf.astype(target)  # a fresh buffer: nothing to protect
             return jax.numpy.copy(leaf)
         array = np.asarray(leaf)
-        if target is not None and _is_float(array.dtype):
+        if target is not None and is_float(array.dtype):
             return array.astype(target)
         return array.copy()
 

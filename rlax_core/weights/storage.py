@@ -4,15 +4,20 @@ The store needs only whole-object writes and reads, listing one folder, and dele
 small control files (manifests, commit markers, leases) are atomic (temporary name, then rename) so
 that a reader never sees half of one; tensor files need not be, because nothing reads them before the
 commit marker exists and their checksums are verified anyway. GCS object writes are atomic by nature.
+
+Tensor files go through ``writer``/``reader``, which take and give them piece by piece, so that a shard
+is cast, hashed and written (or read and hashed) one cache-sized chunk at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, ContextManager, Protocol
 
 import numpy as np
 
@@ -24,7 +29,11 @@ class Storage(Protocol):
 
     def read(self, path: str) -> bytes: ...
 
-    def read_array(self, path: str) -> np.ndarray: ...
+    def writer(self, path: str) -> ContextManager[BinaryIO]:
+        """A file-like to ``write()`` an object piece by piece; it exists once the block ends."""
+
+    def reader(self, path: str) -> ContextManager[tuple[int, BinaryIO]]:
+        """``(size, file-like with readinto())`` of an object; FileNotFoundError when there is none."""
 
     def exists(self, path: str) -> bool: ...
 
@@ -62,12 +71,17 @@ class LocalStorage:
         with open(self._path(path), "rb") as f:
             return f.read()
 
-    def read_array(self, path: str) -> np.ndarray:
+    @contextlib.contextmanager
+    def writer(self, path: str):
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as f:
+            yield f
+
+    @contextlib.contextmanager
+    def reader(self, path: str):
         with open(self._path(path), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            buffer = aligned_empty(size)
-            got = f.readinto(buffer)
-        return buffer[:got]
+            yield os.fstat(f.fileno()).st_size, f
 
     def exists(self, path: str) -> bool:
         return self._path(path).exists()
@@ -118,11 +132,18 @@ class FsspecStorage:
     def read(self, path: str) -> bytes:
         return self.fs.cat_file(self._path(path))
 
-    def read_array(self, path: str) -> np.ndarray:
+    @contextlib.contextmanager
+    def writer(self, path: str):
+        # One request per object: a resumable upload would add round trips, and the whole object is
+        # in memory on the trainer anyway.
+        collected = io.BytesIO()
+        yield collected
+        self.fs.pipe_file(self._path(path), collected.getvalue())
+
+    @contextlib.contextmanager
+    def reader(self, path: str):
         data = self.read(path)
-        buffer = aligned_empty(len(data))
-        buffer[:] = np.frombuffer(data, np.uint8)  # the copy jax.device_put would make anyway, aligned
-        return buffer
+        yield len(data), io.BytesIO(data)
 
     def exists(self, path: str) -> bool:
         return self.fs.exists(self._path(path))

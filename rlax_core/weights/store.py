@@ -4,6 +4,7 @@ Layout under ``root``::
 
     step_00000012/manifest.json         tensor index: names, dtypes, shapes, shards, checksums, run id
     step_00000012/t00003-0-0.bin        one file per stored shard (raw bytes, C order)
+    step_00000013/t00003-0-0.delta      ... or its delta against the version before (full_snapshot_every > 1)
     step_00000012/part-00001.json       multi-host publish: one partial manifest per host, merged by host 0
     committed/step_00000012.json        the commit marker, written last: a version exists once it does
     leases/<reader>-step_00000012.json  a reader loading that version; the collector leaves it alone
@@ -11,6 +12,10 @@ Layout under ``root``::
 Readers see only committed versions, verify every shard's size and checksum and the manifest's run id
 and checksum before any array leaves :meth:`WeightStore.load`, so a half-written, corrupted or foreign
 version is refused with a clear error and counted, never used.
+
+Deltas: a version with a ``base`` holds deltas against that version. A reader that holds the base in
+memory applies them; one that holds nothing (or something older) reads back along the bases to the
+last full version and applies the chain. The collector keeps every base that a kept version needs.
 """
 
 from __future__ import annotations
@@ -25,11 +30,23 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import numpy as np
 
 from rlax_core.weights import manifest as mf
+from rlax_core.weights.arrays import (
+    ShardingSpec,
+    assemble,
+    cast,
+    check_coverage,
+    dtype_of,
+    is_float,
+    normalize_index,
+    place,
+    slices_of,
+)
+from rlax_core.weights.collector import collect, lease
 from rlax_core.weights.config import WeightStoreConfig
 from rlax_core.weights.errors import (
     ForeignRunError,
@@ -40,13 +57,22 @@ from rlax_core.weights.errors import (
     WeightStoreError,
 )
 from rlax_core.weights.manifest import CommitMarker, Manifest, ShardRecord, TensorRecord
+from rlax_core.weights.shard_io import read_shard, write_shard
 from rlax_core.weights.storage import FsspecStorage, Storage, open_storage
 from rlax_core.weights.tree import flatten_params, unflatten_params
 
 log = logging.getLogger(__name__)
 
-# Sharding for load(): one for every tensor, a nested dict like the params, or a function of the name.
-ShardingSpec = Any
+__all__ = ["HeldVersion", "ShardingSpec", "WeightStore"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldVersion:
+    """A verified version in this process's memory: the in-memory fast path and the base of deltas."""
+
+    version: int
+    chain_length: int  # as in its manifest: deltas since the last full version
+    arrays: dict[str, np.ndarray]  # whole tensors as stored (the published dtype), read-only
 
 
 class WeightStore:
@@ -62,10 +88,11 @@ class WeightStore:
         # Object stores are latency-bound and gain from many requests in flight; a local disk is
         # bandwidth-bound, and more writers than cores only contend (measured: 8 threads on 2 cores
         # wrote 1 GB 2-3x slower than 1 or 2).
-        threads = config.io_threads if isinstance(self.storage, FsspecStorage) else min(config.io_threads, os.cpu_count() or 1)
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="weights-io")
-        # The in-memory fast path: the newest version this process published, as verified host arrays.
-        self._recent: tuple[int, dict[str, np.ndarray]] | None = None
+        self.io_threads = (config.io_threads if isinstance(self.storage, FsspecStorage)
+                           else min(config.io_threads, os.cpu_count() or 1))
+        self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="weights-io")
+        # The newest version this process published or loaded, when the config asks to keep one.
+        self._held: HeldVersion | None = None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -84,6 +111,16 @@ class WeightStore:
             value = self.counters[name]
         if self.metrics is not None:
             self.metrics.write(version or 0, {f"weights/{name}": value})
+
+    @property
+    def keeps_versions_in_memory(self) -> bool:
+        return self.config.in_memory_cache or self.config.full_snapshot_every > 1
+
+    @property
+    def held_version(self) -> int | None:
+        """The version this process holds in memory (see ``in_memory_cache``, ``full_snapshot_every``)."""
+        held = self._held
+        return None if held is None else held.version
 
     def _refuse(self, error: WeightStoreError, version: int) -> WeightStoreError:
         self._count(f"rejected/{error.reason}", version)
@@ -155,6 +192,14 @@ class WeightStore:
                                   f"{self.config.run_id!r}")
         if manifest.version != version:
             raise ManifestError(f"{where}: manifest says version {manifest.version}, expected {version}")
+        if manifest.base != marker.base:
+            raise ManifestError(f"{where}: manifest's base {manifest.base} differs from its commit marker's {marker.base}")
+        for tensor in manifest.tensors:
+            itemsize = dtype_of(tensor.dtype).itemsize
+            for shard in tensor.shards:
+                if shard.nbytes != int(np.prod(shard.shape)) * itemsize:
+                    raise ManifestError(f"{where}: shard {shard.file} of {tensor.name} has {shard.nbytes} bytes, "
+                                        f"not those of {shard.shape} {tensor.dtype}")
         return manifest
 
     # ------------------------------------------------------------------ publishing
@@ -168,6 +213,9 @@ class WeightStore:
         so a replicated tensor is written once) and a partial manifest; host 0 waits for all parts,
         writes the manifest and then the commit marker. ``owns_shard`` overrides which shards of a
         ``jax.Array`` this call writes (default: addressable, replica 0).
+
+        With ``full_snapshot_every`` > 1 and one process, the version is written as deltas against the
+        version this store published before it, unless a full version is due.
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an integer >= 0 (the trainer step), got {version!r}")
@@ -180,36 +228,54 @@ class WeightStore:
                                                   "committed versions are immutable"), version)
         started = time.monotonic()
         folder = mf.version_dir(version)
-        if process_count == 1:
+        single_process = process_count == 1
+        if single_process:
             self.storage.delete_tree(folder)  # leftovers of a crashed attempt at this version
-        pending = [self._write_tensor(folder, index, name, leaf, process_index, owns_shard)
+        # Several hosts would each need the same base in memory and agree on it; they publish in full.
+        keep = single_process and self.keeps_versions_in_memory
+        base = self._delta_base(version) if single_process else None
+        pending = [self._write_tensor(folder, index, name, leaf, process_index, owns_shard, keep, base)
                    for index, (name, leaf) in enumerate(flatten_params(params).items())]
-        records, host_arrays = [], {}
+        records, kept = [], {}
         for record, futures in pending:
             written = [future.result() for future in futures]
-            record = TensorRecord(record.name, record.dtype, record.shape, tuple(shard for shard, _ in written))
+            record = dataclasses.replace(record, shards=tuple(shard for shard, _ in written))
             records.append(record)
-            if self.config.in_memory_cache and process_count == 1:
-                host_arrays[record.name] = _assemble(record, {shard.file: array for shard, array in written})
+            if keep:
+                kept[record.name] = assemble(record, {shard.file: values.reshape(shard.shape) for shard, values in written})
         if process_count > 1:
             self.storage.write(f"{folder}/part-{process_index:05d}.json", _part_json(records), atomic=True)
             if process_index != 0:
                 return None
             records = self._merge_parts(folder, version, process_count)
-        manifest = Manifest(version, self.config.run_id, time.time(), tuple(records))
+        is_delta = any(shard.delta is not None for record in records for shard in record.shards)
+        manifest = Manifest(version, self.config.run_id, time.time(), tuple(records),
+                            base=base.version if is_delta else None,
+                            chain_length=base.chain_length + 1 if is_delta else 0)
         manifest_bytes = manifest.to_json()
         self.storage.write(f"{folder}/manifest.json", manifest_bytes, atomic=True)
         self.storage.write(mf.marker_path(version), CommitMarker.for_manifest(manifest, manifest_bytes).to_json(),
                            atomic=True)
-        if host_arrays:
-            self._recent = (version, host_arrays)
+        if keep:
+            self._held = HeldVersion(version, manifest.chain_length, kept)
         self._count("published", version)
-        log.info("published weight version %d (%.1f MB) in %.2fs", version, manifest.nbytes / 1e6,
+        self._count("written_bytes", version, manifest.stored_nbytes)
+        log.info("published weight version %d (%.1f MB%s) in %.2fs", version, manifest.nbytes / 1e6,
+                 f" as a delta on {manifest.base}: {manifest.stored_nbytes / 1e6:.1f} MB" if is_delta else "",
                  time.monotonic() - started)
         return manifest
 
+    def _delta_base(self, version: int) -> HeldVersion | None:
+        """The version to write ``version`` as deltas against, or None when it is written in full."""
+        held = self._held
+        if (self.config.full_snapshot_every <= 1 or held is None or held.version >= version
+                or held.chain_length + 1 >= self.config.full_snapshot_every):
+            return None
+        # Normally our own previous version; if something collected it, readers could not rebuild ours.
+        return held if self.is_committed(held.version) else None
+
     def _write_tensor(self, folder: str, index: int, name: str, leaf: Any, process_index: int,
-                      owns_shard: Callable[[Any], bool] | None):
+                      owns_shard: Callable[[Any], bool] | None, keep: bool, base: HeldVersion | None):
         """Start writing this host's shards of one tensor; returns its record and the shard futures."""
         dtype = self._publish_dtype(leaf.dtype)
         shape = tuple(int(d) for d in leaf.shape)
@@ -218,30 +284,31 @@ class WeightStore:
             owns = owns_shard or (lambda shard: shard.replica_id == 0)
             for shard in leaf.addressable_shards:
                 if owns(shard):
-                    pieces.append((_normalize_index(shard.index, shape), shard.data))
+                    pieces.append((normalize_index(shard.index, shape), shard.data))
         elif process_index == 0:  # a host (numpy) array: the same on every host, host 0 writes it
             pieces.append((tuple((0, d) for d in shape), leaf))
-        futures = [self._pool.submit(self._write_shard, folder, index, slices, data, dtype)
+        base_tensor = None if base is None else base.arrays.get(name)
+        if base_tensor is not None and (base_tensor.shape != shape or base_tensor.dtype != dtype):
+            base_tensor = None  # a tensor that changed shape or dtype is written in full
+        futures = [self._pool.submit(self._write_shard, folder, index, slices, data, dtype, keep,
+                                     None if base_tensor is None else base_tensor[slices_of(slices)])
                    for slices, data in pieces]
-        return TensorRecord(name, np.dtype(dtype).name, shape, ()), futures
+        return TensorRecord(name, dtype.name, shape, ()), futures
 
-    def _write_shard(self, folder: str, index: int, slices, data: Any, dtype) -> tuple[ShardRecord, np.ndarray]:
+    def _write_shard(self, folder: str, index: int, slices, data: Any, dtype: np.dtype, keep: bool,
+                     base: np.ndarray | None) -> tuple[ShardRecord, np.ndarray | None]:
         host = np.asarray(data)  # a jax array: the device-to-host transfer, or a read-only view on CPU
-        if host.dtype != dtype:
-            host = host.astype(dtype)
-        elif host.flags.writeable and self.config.in_memory_cache:
-            host = host.copy()  # the caller's numpy array: the memory cache must not see later changes
-        host = np.ascontiguousarray(host).view()  # a view: freezing it leaves the caller's array writable
-        host.setflags(write=False)
-        payload = memoryview(host.reshape(-1).view(np.uint8)) if host.size else memoryview(b"")
-        file = f"t{index:05d}-" + "-".join(str(start) for start, _ in slices) + ".bin" if slices else f"t{index:05d}.bin"
-        self.storage.write(f"{folder}/{file}", payload)
-        return ShardRecord(file, slices, payload.nbytes, mf.checksum(payload)), host
+        stem = f"t{index:05d}-" + "-".join(str(start) for start, _ in slices) if slices else f"t{index:05d}"
+        file = f"{stem}.delta" if base is not None else f"{stem}.bin"
+        flat_base = None if base is None else np.ascontiguousarray(base).reshape(-1)
+        nbytes, checksum, delta, stored = write_shard(self.storage, f"{folder}/{file}", host, dtype, keep=keep,
+                                                      base=flat_base)
+        return ShardRecord(file, slices, nbytes, checksum, delta), stored
 
     def _publish_dtype(self, dtype) -> np.dtype:
         dtype = np.dtype(dtype)
-        if self.config.publish_dtype and _is_float(dtype):
-            return _dtype(self.config.publish_dtype)
+        if self.config.publish_dtype and is_float(dtype):
+            return dtype_of(self.config.publish_dtype)
         return dtype
 
     def _merge_parts(self, folder: str, version: int, process_count: int) -> list[TensorRecord]:
@@ -257,8 +324,7 @@ class WeightStore:
         order: list[str] = []
         for name in names:
             for raw in json.loads(self.storage.read(name)):
-                shards = tuple(ShardRecord(s["file"], tuple(tuple(i) for i in s["index"]), s["nbytes"], s["checksum"])
-                               for s in raw["shards"])
+                shards = tuple(ShardRecord.from_dict(shard) for shard in raw["shards"])
                 if raw["name"] not in merged:
                     order.append(raw["name"])
                     merged[raw["name"]] = TensorRecord(raw["name"], raw["dtype"], tuple(raw["shape"]), shards)
@@ -267,21 +333,14 @@ class WeightStore:
                     merged[raw["name"]] = TensorRecord(previous.name, previous.dtype, previous.shape,
                                                        previous.shards + shards)
         for record in merged.values():
-            _check_coverage(record, where=f"version {version}")
+            check_coverage(record, where=f"version {version}")
         return [merged[n] for n in order]
 
     # ------------------------------------------------------------------ loading
 
-    @contextlib.contextmanager
-    def lease(self, version: int) -> Iterator[None]:
+    def lease(self, version: int) -> ContextManager[None]:
         """Pin ``version`` against collection while the block runs (lapses after lease_ttl_s if we crash)."""
-        path = f"leases/{self.reader_id}-{mf.version_dir(version)}.json"
-        body = {"version": version, "reader": self.reader_id, "expires_at": time.time() + self.config.lease_ttl_s}
-        self.storage.write(path, json.dumps(body).encode(), atomic=True)
-        try:
-            yield
-        finally:
-            self.storage.delete(path)
+        return lease(self.storage, self.reader_id, version, self.config.lease_ttl_s)
 
     def load(self, version: int, *, dtype: Any = None, sharding: ShardingSpec = None,
              as_numpy: bool = False) -> dict[str, Any]:
@@ -290,48 +349,85 @@ class WeightStore:
         ``sharding``: a ``jax.sharding.Sharding`` for every tensor, a nested dict of them shaped like
         the params, a function ``name -> Sharding``, or None (the default device). ``as_numpy`` returns
         host arrays instead. Raises a ``WeightStoreError`` (and counts it) for anything but a whole,
-        intact version of this run.
+        intact version of this run. A version stored as deltas is rebuilt from the version this process
+        holds, or from the last full version before it and the deltas after that.
         """
         try:
-            with self.lease(version):
-                manifest = self.manifest(version)
-                flat = self._read_verified(version, manifest)
+            with contextlib.ExitStack() as leases:
+                manifest, flat = self._read_version(version, leases)
         except WeightStoreError as error:
             raise self._refuse(error, version) from None
-        out = {name: _cast(array, dtype) for name, array in flat.items()}
+        held = self._held
+        if self.keeps_versions_in_memory and (held is None or version >= held.version):
+            self._held = HeldVersion(version, manifest.chain_length, flat)
+        out = {name: cast(array, dtype) for name, array in flat.items()}
         if not as_numpy:
-            out = _place(out, sharding)
+            out = place(out, sharding)
         self._count("loaded", version)
         return unflatten_params(out)
 
-    def _read_verified(self, version: int, manifest: Manifest) -> dict[str, np.ndarray]:
-        recent = self._recent
-        if recent is not None and recent[0] == version:
-            return recent[1]
-        folder = mf.version_dir(version)
-        futures = {(t.name, s.file): self._pool.submit(self._read_shard, folder, t, s)
-                   for t in manifest.tensors for s in t.shards}
+    def _read_version(self, version: int, leases: contextlib.ExitStack) -> tuple[Manifest, dict[str, np.ndarray]]:
+        """The manifest and verified host arrays (as stored) of ``version``: from memory, from storage,
+        or from a base and the deltas after it. Every version read is leased until ``leases`` closes."""
+        manifest, held = self._leased_manifest(version, leases), self._held
+        if held is not None and held.version == version:
+            return manifest, held.arrays
+        deltas = []  # newest first
+        step = manifest
+        while step.base is not None:
+            deltas.append(step)
+            if held is not None and held.version == step.base:
+                arrays = held.arrays
+                break
+            try:
+                step = self._leased_manifest(step.base, leases)
+            except WeightStoreError as error:
+                raise type(error)(f"version {version} is built on version {step.base}, which cannot be read: "
+                                  f"{error}") from None
+        else:
+            arrays = self._read_tensors(step, base=None)
+            self._count("read_bytes", version, step.stored_nbytes)
+        for delta in reversed(deltas):
+            arrays = self._read_tensors(delta, base=arrays)
+            self._count("read_bytes", version, delta.stored_nbytes)
+        return manifest, arrays
+
+    def _leased_manifest(self, version: int, leases: contextlib.ExitStack) -> Manifest:
+        # The lease goes first: a collector that deletes the marker after we read it then sees the lease.
+        leases.enter_context(self.lease(version))
+        return self.manifest(version)
+
+    def _read_tensors(self, manifest: Manifest, base: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """Every tensor of ``manifest``, verified; its delta shards applied to the tensors of ``base``."""
+        folder, where = mf.version_dir(manifest.version), f"version {manifest.version}"
+        futures = {}
         try:
-            return {tensor.name: _assemble(tensor, {s.file: futures[(tensor.name, s.file)].result() for s in tensor.shards},
-                                           where=f"version {version}")
+            for tensor in manifest.tensors:
+                dtype = dtype_of(tensor.dtype)
+                base_tensor = None if base is None else base.get(tensor.name)
+                for shard in tensor.shards:
+                    base_values = None
+                    if shard.delta is not None:
+                        if base_tensor is None or base_tensor.shape != tensor.shape or base_tensor.dtype != dtype:
+                            raise ManifestError(f"{where}: {tensor.name} is stored as a delta, but base version "
+                                                f"{manifest.base} has no {tensor.dtype} tensor of shape {tensor.shape} "
+                                                "by that name")
+                        base_values = base_tensor[slices_of(shard.index)]
+                    futures[(tensor.name, shard.file)] = self._pool.submit(self._read_shard, folder, tensor, shard,
+                                                                           dtype, base_values)
+            return {tensor.name: assemble(tensor, {s.file: futures[(tensor.name, s.file)].result() for s in tensor.shards},
+                                          where=where)
                     for tensor in manifest.tensors}
         finally:
             for future in futures.values():
                 future.cancel()
 
-    def _read_shard(self, folder: str, tensor: TensorRecord, shard: ShardRecord) -> np.ndarray:
+    def _read_shard(self, folder: str, tensor: TensorRecord, shard: ShardRecord, dtype: np.dtype,
+                    base: np.ndarray | None) -> np.ndarray:
         path = f"{folder}/{shard.file}"
-        where = f"{self.storage.url}/{path} ({tensor.name})"
-        try:
-            data = self.storage.read_array(path)
-        except FileNotFoundError:
-            raise IntegrityError(f"{where}: tensor file missing") from None
-        if data.nbytes != shard.nbytes:
-            raise IntegrityError(f"{where}: {data.nbytes} bytes, manifest says {shard.nbytes} (truncated or overwritten)")
-        if mf.checksum(data) != shard.checksum:
-            raise IntegrityError(f"{where}: checksum mismatch (corrupted bytes)")
-        data.setflags(write=False)
-        return data.view(_dtype(tensor.dtype)).reshape(shard.shape)
+        flat_base = None if base is None else np.ascontiguousarray(base).reshape(-1)
+        values = read_shard(self.storage, path, shard, dtype, flat_base, where=f"{self.storage.url}/{path} ({tensor.name})")
+        return values.reshape(shard.shape)
 
     # ------------------------------------------------------------------ collecting
 
@@ -339,128 +435,18 @@ class WeightStore:
         """Remove old versions; returns those removed.
 
         Keeps the ``keep`` newest committed versions (default ``config.keep``), any version superseded
-        less than ``gc_grace_s`` ago, and any version a live lease pins. The commit marker goes first, so
-        a version is invisible before its files go. Uncommitted folders older than the newest committed
-        version (crashed or superseded publishes) are removed too.
+        less than ``gc_grace_s`` ago, any version a live lease pins, and every version that one of those
+        is built on (its delta base, the base's base, ... down to a full version). The commit marker goes
+        first, so a version is invisible before its files go. Uncommitted folders older than the newest
+        committed version (crashed or superseded publishes) are removed too.
         """
         keep = self.config.keep if keep is None else keep
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        committed = self.versions()
-        if not committed:
-            return []
-        now, pinned = time.time(), self._leased_versions(drop_expired=True)
-        removed = []
-        for older, newer in zip(committed[:-keep], committed[1:]):
-            if older in pinned:
-                continue
-            try:
-                superseded_at = self.marker(newer).committed_at
-            except WeightStoreError:
-                continue
-            if now - superseded_at < self.config.gc_grace_s:
-                continue
-            self.storage.delete(mf.marker_path(older))
-            # A reader leases before it reads the marker; one that read the marker just before it went
-            # has its lease visible by now, so its files stay until a later gc finds the lease gone.
-            if older not in self._leased_versions():
-                self.storage.delete_tree(mf.version_dir(older))
-            removed.append(older)
-        newest = committed[-1]
-        for name in self.storage.list(""):
-            version = mf.parse_version_name(name)
-            if version is not None and version < newest and version not in committed and version not in pinned:
-                self.storage.delete_tree(name)
-        if removed:
-            self._count("collected", newest, len(removed))
-        return removed
-
-    def _leased_versions(self, *, drop_expired: bool = False) -> set[int]:
-        pinned, now = set(), time.time()
-        for name in self.storage.list("leases"):
-            try:
-                body = json.loads(self.storage.read(f"leases/{name}"))
-            except (FileNotFoundError, ValueError):
-                continue  # released while we looked, or being written
-            if float(body.get("expires_at", 0)) > now:
-                pinned.add(int(body["version"]))
-            elif drop_expired:
-                self.storage.delete(f"leases/{name}")  # left by a reader that crashed
-        return pinned
-
+        return collect(self, keep)
 
 # ---------------------------------------------------------------------- helpers
 
 
 def _part_json(records: list[TensorRecord]) -> bytes:
     return json.dumps([dataclasses.asdict(r) for r in records]).encode()
-
-
-def _normalize_index(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    return tuple((s.indices(d)[0], s.indices(d)[1]) for s, d in zip(index, shape))
-
-
-def _assemble(tensor: TensorRecord, arrays: Mapping[str, np.ndarray], *, where: str = "") -> np.ndarray:
-    """One host array from the shards of a tensor (no copy when a single shard holds all of it)."""
-    if len(tensor.shards) == 1 and tensor.shards[0].shape == tensor.shape:
-        return arrays[tensor.shards[0].file]
-    _check_coverage(tensor, where=where)
-    whole = np.empty(tensor.shape, _dtype(tensor.dtype))
-    for shard in tensor.shards:
-        whole[tuple(slice(a, b) for a, b in shard.index)] = arrays[shard.file]
-    whole.setflags(write=False)
-    return whole
-
-
-def _check_coverage(tensor: TensorRecord, *, where: str) -> None:
-    """The shards of a tensor must tile it exactly once (a missing host would leave a hole)."""
-    covered = sum(int(np.prod(s.shape)) for s in tensor.shards)
-    if covered != int(np.prod(tensor.shape)):
-        raise IntegrityError(f"{where}: shards of {tensor.name} cover {covered} of {int(np.prod(tensor.shape))} elements")
-
-
-def _dtype(name: Any) -> np.dtype:
-    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
-
-    if isinstance(name, str) and name == "bfloat16":
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def _is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
-
-
-def _cast(array: np.ndarray, dtype: Any) -> np.ndarray:
-    if dtype is None:
-        return array
-    dtype = _dtype(dtype)
-    # Only floating tensors change dtype (token tables, counters and masks keep theirs).
-    return array if array.dtype == dtype or not _is_float(array.dtype) else array.astype(dtype)
-
-
-def _place(flat: dict[str, np.ndarray], sharding: ShardingSpec) -> dict[str, Any]:
-    import jax
-
-    if sharding is None:
-        return {name: jax.device_put(array) for name, array in flat.items()}
-    if isinstance(sharding, jax.sharding.Sharding):
-        return {name: jax.device_put(array, sharding) for name, array in flat.items()}
-    if callable(sharding):
-        return {name: jax.device_put(array, sharding(name)) for name, array in flat.items()}
-    if isinstance(sharding, Mapping):
-        per_name = _flatten_shardings(sharding)
-        missing = sorted(set(flat) - set(per_name))
-        if missing:
-            raise ValueError(f"load: no sharding given for {missing[:3]}{'...' if len(missing) > 3 else ''}")
-        return {name: jax.device_put(array, per_name[name]) for name, array in flat.items()}
-    raise TypeError(f"sharding must be a Sharding, a nested dict of them, a function of the name, or None; "
-                    f"got {type(sharding).__name__}")
-
-
-def _flatten_shardings(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        flat.update(_flatten_shardings(value, name) if isinstance(value, Mapping) else {name: value})
-    return flat

@@ -8,10 +8,11 @@ from rlax_core.weights import WeightFollower, WeightStore, WeightStoreConfig
 from tests.weights.versioned_params import assert_is_version
 
 
-def follow_until(root: str, run_id: str, last_version: int, timeout_s: float, ready, results) -> None:
+def follow_until(root: str, run_id: str, last_version: int, timeout_s: float, ready, results,
+                 full_snapshot_every: int = 1) -> None:
     report = {"seen": [], "errors": [], "refused": {}, "counters": {}}
     try:
-        with WeightStore(WeightStoreConfig(root=root, run_id=run_id)) as store:
+        with WeightStore(WeightStoreConfig(root=root, run_id=run_id, full_snapshot_every=full_snapshot_every)) as store:
             follower = WeightFollower(store, as_numpy=True)
             ready.set()
             deadline = time.monotonic() + timeout_s

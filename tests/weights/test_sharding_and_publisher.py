@@ -138,6 +138,44 @@ def test_params_donated_right_after_submit_are_published_intact(tmp_path, ready)
     store.close()
 
 
+def _float32_weights_with_every_rounding_case(shape, seed: int) -> np.ndarray:
+    """Normal weights, plus what a float32 -> bfloat16 cast can get wrong: ties (to even, both ways),
+    NaN payloads, infinities, -0.0, subnormals, overflow to infinity."""
+    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32).reshape(-1) * 0.02
+    cases = np.array([0x3F808000, 0x3F818000, 0x7FC00001, 0xFFC12345, 0x7F800000, 0xFF800000, 0x80000000,
+                      0x00000001, 0x807FFFFF, 0x7F7FFFFF], np.uint32).view(np.float32)
+    values[:cases.size] = cases
+    values[-cases.size:] = cases  # and again in the last of several cast chunks
+    return values.reshape(shape)
+
+
+@pytest.mark.parametrize("source", ["jax-cpu", "numpy"])
+def test_bfloat16_publish_loads_exactly_the_cast_of_the_float32_weights(make_store, source):
+    from rlax_core.weights.delta import CHUNK_ELEMENTS
+
+    rows = 2 * CHUNK_ELEMENTS // 1024 + 8  # spans three cast chunks; divisible by the 8 devices
+    weights = {"big": _float32_weights_with_every_rounding_case((rows, 1024), 0),
+               "small": _float32_weights_with_every_rounding_case((3, 5), 1), "step": np.array([7], np.int32)}
+    if source == "jax-cpu":  # the trainer's arrays: pinned, cast chunk by chunk by the publisher (one per shard)
+        mesh = Mesh(np.array(jax.devices()[:8]), ("fsdp",))
+        params = {"big": jax.device_put(weights["big"], NamedSharding(mesh, P("fsdp", None))),
+                  "small": jnp.asarray(weights["small"]), "step": jnp.asarray(weights["step"])}
+        jax.block_until_ready(params)
+    else:
+        params = weights
+    store = make_store(publish_dtype="bfloat16")
+    with AsyncPublisher(store) as publisher:
+        publisher.submit(1, params)
+        publisher.flush(timeout_s=60)
+    for loaded in (make_store().load(1, as_numpy=True), make_store().load(1, dtype="bfloat16")):
+        for name in ("big", "small"):
+            cast_by_ml_dtypes = weights[name].astype(jnp.bfloat16)
+            cast_by_xla = np.asarray(jnp.asarray(weights[name]).astype(jnp.bfloat16))
+            assert np.asarray(loaded[name]).dtype == jnp.bfloat16
+            assert np.asarray(loaded[name]).tobytes() == cast_by_ml_dtypes.tobytes() == cast_by_xla.tobytes(), name
+        assert np.asarray(loaded["step"]).dtype == np.int32 and int(loaded["step"][0]) == 7
+
+
 def test_a_failed_publication_surfaces_on_the_next_submit(tmp_path):
     store = WeightStore(WeightStoreConfig(root=str(tmp_path), run_id="run-a"))
     with AsyncPublisher(store) as publisher:
