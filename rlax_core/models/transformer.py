@@ -14,6 +14,7 @@ Functional API (parameters are a plain nested dict; ``config`` is hashable, pass
     params = init_params(config, jax.random.key(0), dtype=jnp.bfloat16)
     axes   = param_logical_axes(config)    # same tree; leaves are tuples such as ("layers", "embed", "mlp")
     logits = forward(params, config, input_ids, attention_mask=mask)           # float32 [B, S, V]
+    hidden = hidden_states(params, config, input_ids, attention_mask=mask)     # [B, S, hidden]: for value heads
     logits, cache = forward_with_cache(params, config, input_ids, positions, cache, attend)
 
 Pluggable attention (how the rollout engine brings its own paged KV cache and kernels)::
@@ -185,7 +186,7 @@ class Transformer(nn.Module):
     remat: bool = False  # recompute each layer's activations in the backward pass (saves memory)
 
     @nn.compact
-    def __call__(self, input_ids, positions, cache, last_token_only: bool = False):
+    def __call__(self, input_ids, positions, cache, last_token_only: bool = False, hidden_only: bool = False):
         c = self.config
         embed = nn.Embed(c.vocab_size, c.hidden_size, param_dtype=self.param_dtype, name="embed_tokens",
                          embedding_init=_logical(nn.initializers.normal(_INIT_STDDEV), "vocab", "embed"))
@@ -201,6 +202,8 @@ class Transformer(nn.Module):
         x = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="norm")(x)
         if last_token_only:
             x = x[:, -1:]
+        if hidden_only:  # what a value (or reward) head reads; no classifier, so no lm_head parameter either
+            return x, cache
         # The classifier runs in float32 whatever the parameter dtype: log-probs feed the RL loss.
         if c.tie_word_embeddings:
             classifier = embed.embedding.T
@@ -254,6 +257,17 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positi
     Token i sees tokens j <= i whose ``attention_mask`` is 1. ``positions`` default to the count of
     real tokens before each one, which is right for left and right padding alike.
     """
+    return _full_sequence(params, config, input_ids, positions, attention_mask, remat, hidden_only=False)
+
+
+def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
+                  attention_mask: jax.Array | None = None, remat: bool = False) -> jax.Array:
+    """As :func:`forward`, but the last layer's normalised hidden states [B, S, hidden] (compute dtype)
+    instead of logits: the input of a value or reward head. ``params`` need no ``lm_head``."""
+    return _full_sequence(params, config, input_ids, positions, attention_mask, remat, hidden_only=True)
+
+
+def _full_sequence(params, config, input_ids, positions, attention_mask, remat, *, hidden_only):
     batch, steps = input_ids.shape
     if attention_mask is None:
         attention_mask = jnp.ones((batch, steps), jnp.int32)
@@ -263,8 +277,8 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positi
     mask = causal[None] & attention_mask.astype(bool)[:, None, :]
     dtype = params["embed_tokens"]["embedding"].dtype
     model = Transformer(config, _full_sequence_attend(mask), dtype, remat=remat)
-    logits, _ = model.apply({"params": params}, input_ids, positions, None)
-    return logits
+    out, _ = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only)
+    return out
 
 
 def forward_with_cache(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array, cache: Any,
