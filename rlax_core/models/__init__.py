@@ -16,10 +16,11 @@ from rlax_core.models.transformer import (
     init_params,
     masked_attention,
     param_logical_axes,
+    unstack_layers,
 )
 
 __all__ = [
     "CheckpointError", "Model", "ModelConfig", "RopeScaling", "contiguous_attend", "default_positions", "forward",
     "forward_with_cache", "from_pretrained", "init_cache", "init_params", "masked_attention",
-    "param_logical_axes", "save_pretrained", "toy_config", "Tokenizer", "load_tokenizer",
+    "param_logical_axes", "save_pretrained", "toy_config", "Tokenizer", "load_tokenizer", "unstack_layers",
 ]

@@ -8,7 +8,8 @@ import pytest
 
 from rlax_core.config import ConfigError
 from rlax_core.models import (
-    ModelConfig, RopeScaling, forward, forward_with_cache, init_cache, init_params, param_logical_axes, toy_config)
+    ModelConfig, RopeScaling, forward, forward_with_cache, init_cache, init_params, param_logical_axes, toy_config,
+    unstack_layers)
 from rlax_core.models.config import rope_inverse_frequencies
 
 # Compiled once per shape: eager Flax re-traces the layer scan on every call.
@@ -113,6 +114,20 @@ def test_cached_prefill_and_decode_equal_the_full_forward(toy):
     for t in range(5, 9):  # one token at a time: one compile
         step, cache = forward_with_cache(params, config, ids[:, t:t + 1], positions[:, t:t + 1], cache)
         np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-5)
+
+
+def test_unstacked_layers_give_the_stacked_forward(toy):
+    config, params = toy
+    unstacked = unstack_layers(params)
+    assert "layers" not in unstacked and sorted(k for k in unstacked if k.startswith("layers_")) == [
+        f"layers_{i}" for i in range(config.num_layers)]
+    np.testing.assert_array_equal(unstacked["layers_1"]["mlp"]["up_proj"]["kernel"],
+                                  params["layers"]["mlp"]["up_proj"]["kernel"][1])
+    ids = jax.random.randint(jax.random.key(5), (2, 6), 0, config.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+    stacked, _ = forward_with_cache(params, config, ids, positions, init_cache(config, batch=2, max_len=16))
+    unrolled, _ = forward_with_cache(unstacked, config, ids, positions, init_cache(config, batch=2, max_len=16))
+    np.testing.assert_allclose(unrolled, stacked, atol=1e-6)
 
 
 @pytest.mark.slow  # two gradient compiles
