@@ -12,7 +12,7 @@ from typing import Literal
 
 from rlax_core.config import require
 
-AttentionImpl = Literal["auto", "pallas", "reference"]
+AttentionImpl = Literal["auto", "pallas", "window", "reference"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +27,11 @@ class EngineConfig:
       bucket (and per power-of-two prefill batch) and never for a new length.
     decode_steps_per_call: tokens decoded per compiled call before control returns to Python to
       retire finished sequences and admit new ones.
-    attention_impl: "pallas" (the paged Pallas kernel; interpret mode on CPU), "reference" (plain
-      jnp), or "auto" (Pallas where it compiles natively, TPU and GPU; the reference on CPU).
+    attention_impl: decode attention over the cache. "pallas": the paged Pallas kernel reads pages
+      in place (interpret mode on CPU). "window": each decode call gathers the running sequences'
+      pages into a dense window, decodes against it and writes it back (the fast path on CPU; it
+      costs a transient num_slots x max_seq_len cache per call). "reference": plain jnp, gathering
+      the pages at every layer of every step. "auto": Pallas on TPU and GPU, the window on CPU.
     """
 
     num_slots: int = 16

@@ -37,13 +37,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention
+from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention, window_decode_attention
 from rlax_core.inference.config import EngineConfig, SamplingParams
-from rlax_core.inference.kv_cache import KVCache, PageAllocator, init_kv_cache, pages_needed, write_pages
+from rlax_core.inference.kv_cache import (
+    DecodeWindow, KVCache, PageAllocator, gather_window, init_kv_cache, pages_needed, scatter_window, write_pages)
 from rlax_core.inference.pallas_attention import paged_decode_attention
 from rlax_core.inference.sampling import SamplingMode, prompt_key_id, sample_key, sample_tokens
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.transformer import forward_with_cache
+from rlax_core.models.transformer import forward_with_cache, unstack_layers
 
 logger = logging.getLogger(__name__)
 
@@ -135,11 +136,11 @@ class Engine:
         self.config = config
         self.model_config = model_config
         self.detokenize = detokenize
-        self._params, self._version = params, int(version)
         self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
+        self._params, self._version = unstack_layers(params), int(version)
         self._pending_weights: tuple[Any, int] | None = None
         self._lock = threading.Lock()
-        self._use_pallas = self._resolve_attention(config.attention_impl)
+        self.attention = self._resolve_attention(config.attention_impl)
         self._prefill_batches = _power_of_two_buckets(config.num_slots)
         dtype = jnp.bfloat16 if config.cache_dtype == "bfloat16" else jnp.float32
         self._cache = init_kv_cache(model_config.num_layers, config.num_pages, config.page_size,
@@ -154,7 +155,7 @@ class Engine:
         # Module-level programs keyed by static shapes: engines with equal configs share compilations.
         self._prefill = functools.partial(_prefill, model_config=model_config)
         self._decode = functools.partial(_decode, model_config=model_config, chunk=config.decode_steps_per_call,
-                                         use_pallas=self._use_pallas)
+                                         attention=self.attention)
 
     # ------------------------------------------------------------------ public API
 
@@ -213,6 +214,7 @@ class Engine:
         if shapes != self._param_shapes:
             raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
                              "engine's; build a new Engine for a different model")
+        params = unstack_layers(params)
         with self._lock:
             self._pending_weights = (params, int(version))
         self._maybe_swap_weights()
@@ -379,10 +381,10 @@ class Engine:
         logger.info("engine now on weight version %d", self._version)
 
     @staticmethod
-    def _resolve_attention(impl: str) -> bool:
+    def _resolve_attention(impl: str) -> str:
         if impl == "auto":
-            return jax.default_backend() in ("tpu", "gpu")
-        return impl == "pallas"
+            return "pallas" if jax.default_backend() in ("tpu", "gpu") else "window"
+        return impl
 
 
 # ----------------------------------------------------------------------------- compiled programs (device)
@@ -410,9 +412,9 @@ def _prefill(params, cache: KVCache, tokens, positions, page_table, state, *, mo
     return first, logprobs, cache
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "chunk", "use_pallas", "mode"),
+@functools.partial(jax.jit, static_argnames=("model_config", "chunk", "attention", "mode"),
                    donate_argnames=("cache",))
-def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, use_pallas: bool,
+def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, attention: str,
             mode: SamplingMode):
     """Decode up to ``chunk`` tokens for every active slot; stop early when all are done.
 
@@ -422,19 +424,17 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
     num_slots = state["active"].shape[0]
     scale = model_config.head_dim ** -0.5
     page_table = state["page_table"]
+    windowed = attention == "window"
 
     def step(carry):
-        index, cache, s, out_tokens, out_logprobs = carry
+        index, kv, s, out_tokens, out_logprobs = carry
         active = s["active"]
-        positions = s["length"][:, None]
-
-        def attend(layer, q, k, v, cache):
-            cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
-                            write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
-            attention = _decode_attention(q[:, 0], cache, layer, page_table, s["length"] + 1, scale, use_pallas)
-            return attention[:, None], cache
-
-        logits, cache = forward_with_cache(params, model_config, s["last_token"][:, None], positions, cache, attend)
+        if windowed:
+            attend = _window_attend(s["length"], active, scale)
+        else:
+            attend = _paged_attend(page_table, s["length"], active, scale, use_pallas=attention == "pallas")
+        logits, kv = forward_with_cache(params, model_config, s["last_token"][:, None], s["length"][:, None], kv,
+                                        attend)
         keys = _keys(s, s["generated"] + 1)  # token 0 was sampled by the prefill
         tokens, logprobs = sample_tokens(logits[:, 0], keys, s["temperature"], s["top_k"], s["top_p"], mode)
         out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
@@ -445,20 +445,45 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
         done = stopped | (generated + 1 >= s["max_new"])
         s = {**s, "generated": generated, "length": s["length"] + active, "active": active & ~done,
              "last_token": jnp.where(active, tokens, s["last_token"])}
-        return index + 1, cache, s, out_tokens, out_logprobs
+        return index + 1, kv, s, out_tokens, out_logprobs
 
     def keep_going(carry):
         index, _, s, _, _ = carry
         return (index < chunk) & s["active"].any()
 
-    init = (jnp.int32(0), cache, state, jnp.full((num_slots, chunk), -1, jnp.int32),
+    kv = gather_window(cache, page_table) if windowed else cache
+    init = (jnp.int32(0), kv, state, jnp.full((num_slots, chunk), -1, jnp.int32),
             jnp.zeros((num_slots, chunk), jnp.float32))
-    steps, cache, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
+    steps, kv, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
+    cache = scatter_window(cache, kv, page_table) if windowed else kv
     return out_tokens, out_logprobs, steps, state, cache
 
 
-def _decode_attention(q, cache: KVCache, layer, page_table, lengths, scale, use_pallas: bool):
-    if use_pallas:
-        return paged_decode_attention(q, cache.k[layer], cache.v[layer], page_table, lengths, scale=scale,
-                                      interpret=jax.default_backend() == "cpu")
-    return paged_decode_attention_reference(q, cache.k, cache.v, page_table, lengths, scale, layer=layer)
+def _paged_attend(page_table, lengths, active, scale, use_pallas: bool):
+    """Write each active slot's new token into its page, then attend over the pages."""
+    positions = lengths[:, None]
+
+    def attend(layer, q, k, v, cache: KVCache):
+        cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
+                        write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
+        if use_pallas:
+            out = paged_decode_attention(q[:, 0], cache.k[layer], cache.v[layer], page_table, lengths + 1,
+                                         scale=scale, interpret=jax.default_backend() == "cpu")
+        else:
+            out = paged_decode_attention_reference(q[:, 0], cache.k, cache.v, page_table, lengths + 1, scale,
+                                                   layer=layer)
+        return out[:, None], cache
+
+    return attend
+
+
+def _window_attend(lengths, active, scale):
+    """Write each active slot's new token into the dense window, then attend over the window."""
+
+    def attend(layer, q, k, v, window: DecodeWindow):
+        dropped = window.k[layer].shape[-1]  # an out-of-range position: idle slots write nothing
+        window = window.write(layer, jnp.where(active, lengths, dropped), k[:, 0], v[:, 0])
+        out = window_decode_attention(q[:, 0], window.k[layer], window.v[layer], lengths + 1, scale)
+        return out[:, None], window
+
+    return attend

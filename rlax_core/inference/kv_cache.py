@@ -8,6 +8,12 @@ budget (prompt + its max_new_tokens) instead of the engine-wide maximum.
 Page 0 is never handed out: it is the sink for writes that must go nowhere (prompt padding, idle
 slots), which keeps every write a fixed-shape scatter with no branch. Admission control reserves a
 request's worst-case pages before it starts, so a running sequence never runs out of pages.
+
+A ``DecodeWindow`` is the running sequences' pages laid out densely, one ``[slots, pages *
+page_size, kv_heads, head_dim]`` array per layer. Backends without a paged-attention kernel (CPU)
+gather it once per decode call, decode the call's steps against it and write it back: one gather
+per call instead of one per layer per token. The pool stays the cache of record, so memory
+between calls still follows real lengths.
 """
 
 from __future__ import annotations
@@ -49,6 +55,68 @@ def write_pages(pool: jax.Array, layer: int | jax.Array, new: jax.Array, page_ta
     pages = jnp.where(valid, jnp.take_along_axis(page_table, page_index, axis=1), SINK_PAGE)
     offsets = jnp.where(valid, positions % page_size, 0)
     return pool.at[layer, pages, offsets].set(new.astype(pool.dtype), mode="promise_in_bounds")
+
+
+def gather_pages(pages: jax.Array, page_table: jax.Array, layer: jax.Array | int | None = None) -> jax.Array:
+    """Each sequence's cached tokens in order: [B, P*S, Hkv, D] from a pool [num_pages, S, Hkv, D].
+
+    ``pages`` may be all layers' pools [num_layers, num_pages, S, Hkv, D] with ``layer`` naming one
+    (gathering straight from the full pool avoids copying a layer's slice out of it first). Page
+    ids come from the allocator, so they are in bounds and the gather needs no clamping.
+    """
+    index = page_table if layer is None else (layer, page_table)
+    gathered = pages.at[index].get(mode="promise_in_bounds")
+    return gathered.reshape(page_table.shape[0], -1, *pages.shape[-2:])
+
+
+def to_window_layout(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Tokens-major k/v [B, T, Hkv, D] to the window layout: keys [B, Hkv, D, T], values [B, Hkv, T, D].
+
+    Decode attention contracts keys over D and values over T. With these layouts both contractions
+    stream over a contiguous minor axis, which on CPU runs at memory bandwidth; the tokens-major
+    layout makes the score reduction a short horizontal sum, four times slower.
+    """
+    return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+
+
+class DecodeWindow(NamedTuple):
+    """Per layer, the running slots' keys [B, Hkv, D, T] and values [B, Hkv, T, D] (``to_window_layout``)."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    def write(self, layer: int, positions: jax.Array, k: jax.Array, v: jax.Array) -> "DecodeWindow":
+        """Store one token per slot, k/v [B, Hkv, D], at ``positions`` [B]; out-of-range positions are dropped."""
+        rows = jnp.arange(positions.shape[0])
+        keys = self.k[layer].at[rows, :, :, positions].set(k.astype(self.k[layer].dtype), mode="drop")
+        values = self.v[layer].at[rows, :, positions].set(v.astype(self.v[layer].dtype), mode="drop")
+        return DecodeWindow(_replace(self.k, layer, keys), _replace(self.v, layer, values))
+
+
+def _replace(items: tuple, index: int, item) -> tuple:
+    return (*items[:index], item, *items[index + 1:])
+
+
+def gather_window(cache: KVCache, page_table: jax.Array) -> DecodeWindow:
+    layers = [to_window_layout(gather_pages(cache.k, page_table, layer), gather_pages(cache.v, page_table, layer))
+              for layer in range(cache.k.shape[0])]
+    return DecodeWindow(tuple(k for k, _ in layers), tuple(v for _, v in layers))
+
+
+def scatter_window(cache: KVCache, window: DecodeWindow, page_table: jax.Array) -> KVCache:
+    """Write the window back into its pages. Rows of idle slots (page table 0) land in the sink."""
+    batch, pages_per_sequence = page_table.shape
+    page_shape = cache.k.shape[2:]  # [S, Hkv, D]
+
+    def put(pool, layer, tokens_major):
+        pages = tokens_major.reshape(batch, pages_per_sequence, *page_shape)
+        return pool.at[layer, page_table].set(pages.astype(pool.dtype), mode="promise_in_bounds")
+
+    k_pool, v_pool = cache
+    for layer, (keys, values) in enumerate(zip(window.k, window.v)):
+        k_pool = put(k_pool, layer, keys.transpose(0, 3, 1, 2))
+        v_pool = put(v_pool, layer, values.transpose(0, 2, 1, 3))
+    return KVCache(k_pool, v_pool)
 
 
 class PageAllocator:

@@ -19,4 +19,4 @@ def stories(shared_data):
 def small_engine_config():
     """Four slots, 8-token pages, prompts up to 32 tokens: every engine test fits in it."""
     return EngineConfig(num_slots=4, page_size=8, num_pages=96, max_prompt_len=32, max_new_tokens=256,
-                            prefill_buckets=(8, 16, 32), decode_steps_per_call=16, attention_impl="reference")
+                            prefill_buckets=(8, 16, 32), decode_steps_per_call=16, attention_impl="window")

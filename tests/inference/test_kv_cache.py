@@ -1,10 +1,11 @@
-"""The page allocator (free list, admission) and page writes (sink page for invalid tokens)."""
+"""The page allocator (free list, admission), page writes (sink page for invalid tokens), the decode window."""
 
 import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from rlax_core.inference.kv_cache import SINK_PAGE, PageAllocator, pages_needed, write_pages
+from rlax_core.inference.kv_cache import (
+    SINK_PAGE, KVCache, PageAllocator, gather_window, pages_needed, scatter_window, write_pages)
 
 
 def test_allocator_never_hands_out_the_sink_page_and_refuses_when_short():
@@ -41,3 +42,25 @@ def test_write_pages_puts_tokens_at_page_offsets_and_invalid_ones_in_the_sink():
     written = np.asarray(write_pages(pool, 0, new, page_table, positions, valid))[0, :, :, 0, 0]
     assert written[3].tolist() == [1, 2] and written[1].tolist() == [3, 0]
     assert written[2].tolist() == [4, 0]
+
+
+def test_decode_window_holds_each_slot_in_order_and_writes_back_only_real_pages():
+    layers, num_pages, page_size, kv_heads, head_dim = 2, 7, 2, 2, 3
+    rng = np.random.default_rng(0)
+    k = jnp.asarray(rng.normal(size=(layers, num_pages, page_size, kv_heads, head_dim)), jnp.float32)
+    cache = KVCache(k, k + 100)
+    page_table = jnp.asarray([[5, 2, 0], [0, 0, 0], [1, 3, 6]], jnp.int32)  # slot 1 idle; slot 0 has 2 pages
+    window = gather_window(cache, page_table)
+    # Keys are [B, Hkv, D, T], values [B, Hkv, T, D]: token t of slot 2 is page 3's offset 0 when t == 2.
+    np.testing.assert_array_equal(window.k[1][2, :, :, 2], k[1, 3, 0])
+    np.testing.assert_array_equal(window.v[0][0, :, 3, :], k[0, 2, 1] + 100)
+    new = jnp.full((3, kv_heads, head_dim), -1.0)
+    window = window.write(1, jnp.asarray([3, 6, 99]), new, new)  # slot 2 at 99: out of range, dropped
+    written = scatter_window(cache, window, page_table)
+    expected = np.asarray(k).copy()
+    expected[1, 2, 1] = -1.0  # slot 0, token 3 = page 2 offset 1; slot 1's write lands in the sink
+    real = [1, 2, 3, 5, 6]
+    np.testing.assert_array_equal(np.asarray(written.k)[:, real], expected[:, real])
+    np.testing.assert_array_equal(np.asarray(written.v)[:, real][0], expected[0, real] + 100)
+    assert np.asarray(written.v)[1, 2, 1].tolist() == [[-1.0] * head_dim] * kv_heads
+    np.testing.assert_array_equal(np.asarray(written.k)[:, 4], k[:, 4])  # in no page table: untouched
