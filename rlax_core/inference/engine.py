@@ -142,6 +142,7 @@ class Engine:
         self._lock = threading.Lock()
         self.attention = self._resolve_attention(config.attention_impl)
         self._prefill_batches = _power_of_two_buckets(config.num_slots)
+        self._window_widths = _power_of_two_buckets(config.pages_per_sequence)
         dtype = jnp.bfloat16 if config.cache_dtype == "bfloat16" else jnp.float32
         self._cache = init_kv_cache(model_config.num_layers, config.num_pages, config.page_size,
                                     model_config.num_kv_heads, model_config.head_dim, dtype)
@@ -182,6 +183,30 @@ class Engine:
         for sample_index in range(request.sampling.n):
             self._queue.append(_Sequence(self._next_order, request, sample_index))
             self._next_order += 1
+
+    def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode)) -> None:
+        """Compile every program ``generate`` may call for these sampling modes, now.
+
+        That is one prefill per (batch bucket, prompt-length bucket) and one decode per window
+        width. Call it when a worker starts so that no request pays for a compilation: afterwards
+        nothing compiles, whatever lengths, fills and sampling settings arrive. It runs each
+        program on an idle batch, which writes only the sink page.
+        """
+        if self.has_unfinished():
+            raise RuntimeError("warm_up() needs an idle engine")
+        config = self.config
+        for mode in modes:
+            for batch in self._prefill_batches:
+                rows = _SlotState(batch, config.pages_per_sequence)
+                for length in config.prefill_buckets:
+                    padding = np.zeros((batch, length), np.int32)
+                    *_, self._cache = self._prefill(self._params, self._cache, padding, padding - 1, rows.page_table,
+                                                    rows.as_dict(), mode=mode)
+            for width in self._window_widths:
+                idle = self._slots.as_dict()  # no slot is active: the decode loop exits at once
+                idle["page_table"] = idle["page_table"][:, :width]
+                *_, self._cache = self._decode(self._params, self._cache, idle, mode=mode)
+        jax.block_until_ready(self._cache)
 
     def has_unfinished(self) -> bool:
         return bool(self._queue) or any(seq is not None for seq in self._running)
@@ -308,7 +333,9 @@ class Engine:
     def _decode_chunk(self) -> None:
         slots = self._slots
         mode = max(_mode_of(seq.request.sampling) for seq in self._running if seq is not None)
-        tokens, logprobs, steps, state, self._cache = self._decode(self._params, self._cache, slots.as_dict(), mode=mode)
+        state = slots.as_dict()
+        state["page_table"] = state["page_table"][:, : self._pages_this_call()]
+        tokens, logprobs, steps, state, self._cache = self._decode(self._params, self._cache, state, mode=mode)
         tokens, logprobs, steps = np.asarray(tokens), np.asarray(logprobs), int(steps)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += steps
@@ -319,6 +346,15 @@ class Engine:
                 produced = tokens[slot, :steps]
                 count = int((produced >= 0).sum())
                 self._record(slot, produced[:count].tolist(), logprobs[slot, :count].tolist())
+
+    def _pages_this_call(self) -> int:
+        """Page-table columns the next decode call can touch, rounded up to a power of two.
+
+        Attention then reads the pages in use rather than the longest sequence's worth, which
+        matters most early in long generations; the rounding bounds the compiled variants.
+        """
+        longest = int(self._slots.length[self._slots.active].max(initial=0)) + self.config.decode_steps_per_call
+        return next(w for w in self._window_widths if w >= pages_needed(longest, self.config.page_size))
 
     def _record(self, slot: int, tokens: list[int], logprobs: list[float]) -> None:
         """Append new tokens to the slot's sequence and retire it if a stop rule fired."""

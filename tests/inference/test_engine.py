@@ -9,6 +9,7 @@ import pytest
 
 from rlax_core.inference.config import SamplingParams
 from rlax_core.inference.engine import Engine, Request
+from rlax_core.inference.sampling import SamplingMode
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
 
@@ -190,10 +191,7 @@ def test_no_compilation_after_warm_up_across_lengths_fills_and_weight_swaps(engi
     model, _ = stories
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_new_tokens=20, ignore_eos=True)
-    # Warm-up: every prefill (length bucket x batch bucket) and the decode program once.
-    for bucket in small_engine_config.prefill_buckets:
-        for fill in (1, 2, 4):
-            engine.generate([Request(rng.integers(3, 512, bucket).tolist(), params) for _ in range(fill)])
+    engine.warm_up(modes=(SamplingMode.GREEDY,))  # every prefill bucket and decode window width
     engine.update_weights(model.params, engine.version + 1)
     fresh_copies = [jax.tree.map(lambda x: x * 1.0, model.params) for _ in range(6)]  # new buffers, same shapes
 
@@ -201,7 +199,7 @@ def test_no_compilation_after_warm_up_across_lengths_fills_and_weight_swaps(engi
     for round_index in range(6):
         count = int(rng.integers(1, 8))  # from one request to more than the slots hold
         lengths = rng.integers(1, small_engine_config.max_prompt_len + 1, count)
-        varied = dataclasses.replace(params, max_new_tokens=int(rng.integers(1, 40)))
+        varied = dataclasses.replace(params, max_new_tokens=int(rng.integers(1, 200)))  # many window widths
         completions = engine.generate([Request(rng.integers(3, 512, n).tolist(), varied) for n in lengths])
         assert all(len(c.completion_ids) == varied.max_new_tokens for c in completions)
         engine.update_weights(fresh_copies[round_index], engine.version + 1)
