@@ -189,7 +189,10 @@ def value_loss(config, values, old_values, returns, mask) -> tuple[jnp.ndarray, 
     if config.value_clip_eps is not None:
         clipped = old_values + jnp.clip(values - old_values, -config.value_clip_eps, config.value_clip_eps)
         clipped_loss = 0.5 * jnp.square(clipped - returns)
-        stats["value_clip_frac"] = masked_mean(clipped_loss > loss_per_token, mask)
+        # Counted only where the clip moved the value: inside the range, old + (V - old) may differ
+        # from V by a rounding error, which must not read as clipping.
+        moved = jnp.abs(values - old_values) > config.value_clip_eps
+        stats["value_clip_frac"] = masked_mean((clipped_loss > loss_per_token) & moved, mask)
         loss_per_token = jnp.maximum(loss_per_token, clipped_loss)
     loss = aggregate(loss_per_token, mask, config.loss_aggregation, config.loss_max_length)
     residual_var = masked_mean(jnp.square(returns - values - masked_mean(returns - values, mask)), mask)
