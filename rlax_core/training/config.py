@@ -70,6 +70,15 @@ class MeshConfig:
 
 
 @dataclass(frozen=True)
+class ValueModelConfig:
+    """PPO's critic (``rlax_core.training.value_model``), trained only when the advantage estimator
+    needs values (``gae``): initialised from the policy's backbone with a zero value head, updated
+    with PPO's (clipped: ``algorithm.value_clip_eps``) value loss by its own optimizer."""
+
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """The trainer: the update, sharding, checkpoints, and how the job reads rollouts."""
 
@@ -77,12 +86,16 @@ class TrainerConfig:
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
-    # The update: ``groups_per_step`` rollout groups form one batch, split into
-    # ``micro_batches`` equal slices whose gradients are accumulated before one optimizer step.
+    # The update: ``groups_per_step`` rollout groups form one batch. PPO passes over it
+    # ``ppo_epochs`` times; each pass takes ``mini_batches`` optimizer steps, one per equal slice of
+    # the batch; each slice is split into ``micro_batches`` whose gradients are accumulated.
     groups_per_step: int = 8
+    ppo_epochs: int = 1
+    mini_batches: int = 1
     micro_batches: int = 1
     max_seq_len: int = 128  # prompt + completion tokens; every batch is padded to it (one compile)
     remat: bool = False  # recompute activations in the backward pass (less memory, more FLOPs)
+    value_model: ValueModelConfig = field(default_factory=ValueModelConfig)  # used by value-based estimators
     # The job.
     total_steps: int = 100
     max_staleness: int = 1  # accept rollouts of weight version >= step - max_staleness
@@ -95,6 +108,8 @@ class TrainerConfig:
 
     def __post_init__(self):
         require(self.groups_per_step >= 1, "groups_per_step", "must be >= 1")
+        require(self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1")
+        require(self.mini_batches >= 1, "mini_batches", "must be >= 1")
         require(self.micro_batches >= 1, "micro_batches", "must be >= 1")
         require(self.max_seq_len >= 2, "max_seq_len", "must be >= 2")
         require(self.total_steps >= 1, "total_steps", "must be >= 1")

@@ -1,28 +1,39 @@
-"""The policy update: one optimizer step on one batch of rollout groups, in one jitted graph.
+"""The update: PPO's epochs of optimizer steps on one batch of rollout groups, in one jitted graph.
 
-Inside the graph, for each micro-batch (strided rows of the batch, so every device holds part of
-every micro-batch):
+Once per batch, before its first update, with the weights the batch arrived to (``prepare_batch``)::
+
+    ref_logprobs   the frozen reference policy's log-probs, when the algorithm has a KL term
+    old_logprobs   pi_old's, when the batch takes more than one update or the KL is in the reward
+    old_values     the value model's, when the estimator needs values (PPO's GAE)
+    kl             kl_estimate(old_logprobs, ref_logprobs): its kl_coef multiple is taken off the
+                   token rewards when ``kl_in_reward`` (summed over the sequence for group estimators)
+    advantages     rlax_core.rl.compute_advantages over the whole batch
+    returns        rlax_core.rl.value_targets: the value model's regression targets
+
+Then ``ppo_epochs`` passes over the batch, each of ``mini_batches`` optimizer updates, one per slice of
+the batch (the same slices in every pass); each slice's gradient is accumulated over ``micro_batches``.
+Slices and micro-batches take strided rows, so each spans every device. Per micro-batch::
 
     logprobs, entropy = log-softmax of the policy's float32 logits at the sampled tokens
-    old_logprobs      = stop_gradient(logprobs)      one update per batch: pi_old is pi, ratio == 1.0
-    ref_logprobs      = the frozen reference policy's, when the algorithm has a KL term
-    loss, metrics     = rlax_core.rl.policy_loss(...)  (advantages from rlax_core.rl.compute_advantages
-                                                       over the whole batch, before the split)
+    old_logprobs      = stop_gradient(logprobs) with one update per batch (the ratio is exactly 1.0),
+                        else the prepared ones, held fixed across epochs and slices
+    loss, metrics     = rlax_core.rl.policy_loss(...)
+    value loss        = rlax_core.rl.value_loss(values, old_values, returns), the critic's own gradient
 
-Micro-batch gradients are summed, each micro-batch loss weighted by its share of the whole batch's
-token weights, so that the accumulated gradient equals the gradient of the whole-batch loss under
-every ``loss_aggregation``. Then global-norm clipping and AdamW (``optimizer.py``).
+Micro-batch gradients are summed, each micro-batch loss weighted by its share of its slice's token
+weights, so that the accumulated gradient equals the gradient of the slice's loss under every
+``loss_aggregation``. Then global-norm clipping and AdamW (``optimizer.py``), for the policy and, with
+its own optimizer state, for the critic.
 
 Usage::
 
     trainer = Trainer(model_config, algorithm, trainer_config, mesh)
-    state = trainer.init_state(params)              # sharded over the mesh
+    state = trainer.init_state(params)              # sharded over the mesh (with a critic for PPO)
     state, metrics = trainer.step(state, batch)     # batch: numpy arrays from batching.make_batch
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import flax.struct
@@ -34,13 +45,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward, param_logical_axes
-from rlax_core.rl.advantages import compute_advantages
-from rlax_core.rl.aggregation import token_weights
+from rlax_core.rl.advantages import compute_advantages, value_targets
+from rlax_core.rl.aggregation import masked_mean, token_weights
 from rlax_core.rl.config import AlgorithmConfig
-from rlax_core.rl.objective import policy_loss
+from rlax_core.rl.kl import kl_estimate
+from rlax_core.rl.objective import policy_loss, value_loss
 from rlax_core.training.config import TrainerConfig
 from rlax_core.training.mesh import BATCH_AXES, batch_sharding, replicated, tree_shardings
 from rlax_core.training.optimizer import learning_rate_schedule, make_optimizer
+from rlax_core.training.value_model import init_value_params, token_values, value_logical_axes
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -49,10 +62,12 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 class TrainState:
     """Everything a checkpoint must hold to continue bit for bit."""
 
-    step: jax.Array  # int32: optimizer updates taken
+    step: jax.Array  # int32: batches trained; each took ppo_epochs x mini_batches optimizer updates
     params: Any
     opt_state: Any
     rng: jax.Array  # uint32 key data (raw, so that any checkpoint format can hold it)
+    value_params: Any = None  # PPO's critic (value_model.py); None without a value-based estimator
+    value_opt_state: Any = None
 
 
 def token_logprobs(params, config: ModelConfig, tokens, attention_mask, *, remat: bool = False):
@@ -75,30 +90,37 @@ def split_micro_batches(batch: dict[str, jax.Array], num: int) -> dict[str, jax.
     return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // num, num, *x.shape[1:]), 0, 1), batch)
 
 
-def _combine_metrics(stacked: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Per-micro-batch metrics [M] -> one value each (min of mins, max of maxes, sum of counts, else mean)."""
+def join_micro_batches(split: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The inverse of :func:`split_micro_batches`: [num, B / num, ...] -> [B, ...] in the original row order."""
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:]), split)
+
+
+def _combine_metrics(stacked: dict[str, jax.Array], axis=None) -> dict[str, jax.Array]:
+    """Stacked metrics -> one value each along ``axis`` (min of mins, max of maxes, sum of counts, else mean)."""
     out = {}
     for name, values in stacked.items():
         if name.endswith("_min"):
-            out[name] = jnp.min(values)
+            out[name] = jnp.min(values, axis=axis)
         elif name.endswith("_max"):
-            out[name] = jnp.max(values)
+            out[name] = jnp.max(values, axis=axis)
         elif name.startswith("num_"):
-            out[name] = jnp.sum(values)
+            out[name] = jnp.sum(values, axis=axis)
         else:
-            out[name] = jnp.mean(values)
+            out[name] = jnp.mean(values, axis=axis)
     return out
+
+
+def _init_float32(optimizer: optax.GradientTransformation, params):
+    """Optimizer state in float32 whatever the parameter dtype: bfloat16 Adam moments lose the small
+    updates, and the float32 gradients would turn them into float32 after one update anyway (a state
+    whose dtypes drift cannot be carried through the update loop or restored exactly)."""
+    return optimizer.init(jax.tree.map(lambda x: x.astype(jnp.float32), params))
 
 
 class Trainer:
     """The jitted update for one model, algorithm and mesh, and the state it updates."""
 
     def __init__(self, model_config: ModelConfig, algorithm: AlgorithmConfig, config: TrainerConfig, mesh: Mesh):
-        if algorithm.uses_values:
-            raise ValueError(f"advantage_estimator {algorithm.advantage_estimator!r} needs a value model, "
-                             "which this trainer does not have yet; use a group estimator (grpo, rloo, ...)")
-        if algorithm.kl_in_reward and algorithm.kl_coef > 0:
-            raise ValueError("kl_in_reward is not supported by this trainer yet; keep the KL in the loss")
         self.model_config = model_config
         self.algorithm = algorithm
         self.config = config
@@ -107,19 +129,37 @@ class Trainer:
         self.optimizer = make_optimizer(config.optimizer)
         self.learning_rate = learning_rate_schedule(config.optimizer)
         self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
-        self.row_multiple = self.batch_shards * config.micro_batches
+        self.row_multiple = self.batch_shards * config.mini_batches * config.micro_batches
+        self.updates_per_batch = config.ppo_epochs * config.mini_batches
+        self.uses_value_model = algorithm.uses_values
+        self.kl_in_reward = algorithm.kl_in_reward and algorithm.kl_coef > 0
+        # pi_old must be computed apart from the training forward when a later update needs it (the
+        # weights have moved by then) or when the rewards need it before any update (the KL penalty).
+        self.needs_old_logprobs = self.updates_per_batch > 1 or self.kl_in_reward
 
         abstract_params = jax.eval_shape(
             lambda: jax.tree.map(lambda x: x.astype(self.param_dtype), self._init_params(jax.random.key(0))))
         self.param_shardings = tree_shardings(abstract_params, param_logical_axes(model_config), mesh)
-        abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
-        # Optimizer moments mirror the parameters and are sharded like them; counters are replicated.
-        opt_shardings = optax.tree_map_params(self.optimizer, lambda _, sharding: sharding, abstract_opt,
-                                              self.param_shardings, transform_non_params=lambda _: replicated(mesh))
+        opt_shardings = self._optimizer_shardings(self.optimizer, abstract_params, self.param_shardings)
+        value_shardings = value_opt_shardings = None
+        if self.uses_value_model:
+            self.value_optimizer = make_optimizer(config.value_model.optimizer)
+            abstract_value = jax.eval_shape(init_value_params, abstract_params)
+            value_shardings = tree_shardings(abstract_value, value_logical_axes(model_config), mesh)
+            value_opt_shardings = self._optimizer_shardings(self.value_optimizer, abstract_value, value_shardings)
+        self.value_param_shardings = value_shardings
         self.state_shardings = TrainState(step=replicated(mesh), params=self.param_shardings,
-                                          opt_state=opt_shardings, rng=replicated(mesh))
-        self._step = jax.jit(self._train_step, out_shardings=(self.state_shardings, replicated(mesh)),
+                                          opt_state=opt_shardings, rng=replicated(mesh),
+                                          value_params=value_shardings, value_opt_state=value_opt_shardings)
+        self._step = jax.jit(self._train_step, out_shardings=(self.state_shardings, replicated(mesh), replicated(mesh)),
                              donate_argnums=0)
+        self._prepare = jax.jit(self._prepare_batch, out_shardings=replicated(mesh))
+
+    def _optimizer_shardings(self, optimizer, abstract_params, param_shardings):
+        # Optimizer moments mirror the parameters and are sharded like them; counters are replicated.
+        abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+        return optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract_opt, param_shardings,
+                                     transform_non_params=lambda _: replicated(self.mesh))
 
     # ------------------------------------------------------------------ state
 
@@ -128,30 +168,33 @@ class Trainer:
 
         return init_params(self.model_config, rng, jnp.float32)
 
+    def _build_state(self, params, rng) -> TrainState:
+        params = jax.tree.map(lambda x: x.astype(self.param_dtype), params)
+        value_params = value_opt_state = None
+        if self.uses_value_model:
+            value_params = init_value_params(params)
+            value_opt_state = _init_float32(self.value_optimizer, value_params)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=_init_float32(self.optimizer, params),
+                          rng=jax.random.key_data(rng), value_params=value_params, value_opt_state=value_opt_state)
+
     def init_state(self, params: Any | None = None, *, seed: int | None = None) -> TrainState:
-        """A fresh state: ``params`` (e.g. a pretrained model) or a random init from ``seed``."""
+        """A fresh state: ``params`` (e.g. a pretrained model) or a random init from ``seed``.
+
+        With a value-based estimator the critic starts as a copy of these parameters' backbone with
+        a zero value head (``value_model.py``).
+        """
         seed = self.config.seed if seed is None else seed
         rng = jax.random.key(seed)
         init_rng, state_rng = jax.random.split(rng)
-
-        def build(params):
-            params = jax.tree.map(lambda x: x.astype(self.param_dtype), params)
-            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params),
-                              rng=jax.random.key_data(state_rng))
-
         if params is None:
-            return jax.jit(lambda: build(self._init_params(init_rng)), out_shardings=self.state_shardings)()
+            return jax.jit(lambda: self._build_state(self._init_params(init_rng), state_rng),
+                           out_shardings=self.state_shardings)()
         params = jax.device_put(params, self.param_shardings)
-        return jax.jit(build, out_shardings=self.state_shardings)(params)
+        return jax.jit(lambda p: self._build_state(p, state_rng), out_shardings=self.state_shardings)(params)
 
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and shardings of the state, without materialising it (the restore target)."""
-        def build():
-            params = jax.tree.map(lambda x: x.astype(self.param_dtype), self._init_params(jax.random.key(0)))
-            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params),
-                              rng=jax.random.key_data(jax.random.key(0)))
-
-        abstract = jax.eval_shape(build)
+        abstract = jax.eval_shape(lambda: self._build_state(self._init_params(jax.random.key(0)), jax.random.key(0)))
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             abstract, self.state_shardings)
 
@@ -162,7 +205,8 @@ class Trainer:
         rows = next(iter(batch.values())).shape[0]
         if rows % self.row_multiple:
             raise ValueError(f"batch of {rows} rows does not split into {self.batch_shards} device shards x "
-                             f"{self.config.micro_batches} micro-batches; pad it with make_batch(row_multiple=...)")
+                             f"{self.config.mini_batches} mini-batches x {self.config.micro_batches} micro-batches; "
+                             "pad it with make_batch(row_multiple=...)")
 
         def put(x):
             sharding = batch_sharding(self.mesh, x.ndim)
@@ -170,72 +214,168 @@ class Trainer:
 
         return {name: put(np.asarray(x)) for name, x in batch.items()}
 
-    def step(self, state: TrainState, batch: dict[str, np.ndarray] | dict[str, jax.Array],
-             ref_params: Any | None = None) -> tuple[TrainState, dict[str, float]]:
-        """One optimizer update. ``ref_params`` are required when the algorithm has a KL term."""
+    def _check_inputs(self, batch, ref_params):
         if self.algorithm.uses_reference and ref_params is None:
             raise ValueError(f"{self.algorithm.name}: kl_coef > 0 needs ref_params (the reference policy)")
         if isinstance(next(iter(batch.values())), np.ndarray):
             batch = self.put_batch(batch)
-        state, metrics = self._step(state, batch, ref_params if self.algorithm.uses_reference else None)
+        return batch, ref_params if self.algorithm.uses_reference else None
+
+    def step(self, state: TrainState, batch: dict[str, np.ndarray] | dict[str, jax.Array],
+             ref_params: Any | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One batch: ``ppo_epochs x mini_batches`` optimizer updates. ``ref_params`` are required when
+        the algorithm has a KL term. Metrics are scalars over all of the batch's updates."""
+        state, metrics, _ = self.step_with_update_metrics(state, batch, ref_params)
         return state, metrics
 
-    def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any):
+    def step_with_update_metrics(self, state: TrainState, batch, ref_params: Any | None = None):
+        """As :meth:`step`, plus the metrics of each update: arrays ``[ppo_epochs, mini_batches]``."""
+        batch, ref_params = self._check_inputs(batch, ref_params)
+        return self._step(state, batch, ref_params)
+
+    def prepare_batch(self, state: TrainState, batch, ref_params: Any | None = None) -> dict[str, jax.Array]:
+        """What :meth:`step` computes once for this batch before its first update (see the module
+        docstring): ``advantages``, and as the algorithm needs them ``old_logprobs``, ``ref_logprobs``,
+        ``kl``, ``old_values``, ``returns``; all [B, T-1]."""
+        batch, ref_params = self._check_inputs(batch, ref_params)
+        return self._prepare(state, batch, ref_params)
+
+    def _forward_rows(self, fn, arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """``fn(micro) -> dict of [rows, ...]`` over the batch in update-sized micro-batches (bounded memory)."""
+        chunks = self.config.mini_batches * self.config.micro_batches
+        return join_micro_batches(jax.lax.map(lambda micro: fn(self._constrain(micro)),
+                                              split_micro_batches(arrays, chunks)))
+
+    def _constrain(self, arrays):
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+            x, NamedSharding(self.mesh, PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1))))), arrays)
+
+    def _prepare_batch(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any) -> dict[str, jax.Array]:
         algorithm, config = self.algorithm, self.config
         mask = batch["loss_mask"]
-        advantages = compute_advantages(algorithm, batch["rewards"], mask, group_ids=batch["group_ids"],
-                                        sample_mask=batch["sample_mask"])
-        whole_weights = token_weights(mask, algorithm.loss_aggregation, algorithm.loss_max_length)
-        inputs = dict(tokens=batch["tokens"], attention_mask=batch["attention_mask"], loss_mask=mask,
-                      behavior_logprobs=batch["behavior_logprobs"], advantages=advantages,
-                      whole_weights=whole_weights)
-        micro_batches = split_micro_batches(inputs, config.micro_batches)
 
-        def micro_loss(params, micro):
-            logprobs, entropy = token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"],
-                                               remat=config.remat)
-            ref_logprobs = None
+        def score(micro):
+            out = {}
+            if self.needs_old_logprobs:
+                out["old_logprobs"], _ = token_logprobs(state.params, self.model_config, micro["tokens"],
+                                                        micro["attention_mask"])
             if ref_params is not None:
-                ref_logprobs, _ = token_logprobs(ref_params, self.model_config, micro["tokens"],
+                out["ref_logprobs"], _ = token_logprobs(ref_params, self.model_config, micro["tokens"],
+                                                        micro["attention_mask"])
+            if self.uses_value_model:
+                out["old_values"] = token_values(state.value_params, self.model_config, micro["tokens"],
                                                  micro["attention_mask"])
-                ref_logprobs = jax.lax.stop_gradient(ref_logprobs)
-            if algorithm.entropy_coef == 0:
-                entropy = jax.lax.stop_gradient(entropy)
-            loss, metrics = policy_loss(algorithm, logprobs, jax.lax.stop_gradient(logprobs), micro["advantages"],
-                                        micro["loss_mask"], ref_logprobs=ref_logprobs,
-                                        behavior_logprobs=micro["behavior_logprobs"], entropy=entropy)
-            # This micro-batch's part of the whole-batch loss (see the module docstring).
+            return out
+
+        prepared = {}
+        if self.needs_old_logprobs or ref_params is not None or self.uses_value_model:
+            prepared = self._forward_rows(score, {"tokens": batch["tokens"], "attention_mask": batch["attention_mask"]})
+        prepared = {name: jnp.where(mask > 0, x, 0.0) for name, x in prepared.items()}
+        kl = None
+        if self.kl_in_reward:
+            kl = prepared["kl"] = kl_estimate(prepared["old_logprobs"], prepared["ref_logprobs"],
+                                              algorithm.kl_estimator) * mask
+        values = prepared.get("old_values")
+        prepared["advantages"] = compute_advantages(algorithm, batch["rewards"], mask, group_ids=batch["group_ids"],
+                                                    sample_mask=batch["sample_mask"], values=values, kl=kl)
+        if self.uses_value_model:
+            prepared["returns"] = value_targets(algorithm, batch["rewards"], mask, values, kl=kl)
+        return prepared
+
+    def _policy_loss(self, params, micro):
+        algorithm, config = self.algorithm, self.config
+        logprobs, entropy = token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"],
+                                           remat=config.remat)
+        old_logprobs = micro["old_logprobs"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(logprobs)
+        if algorithm.entropy_coef == 0:
+            entropy = jax.lax.stop_gradient(entropy)
+        loss, metrics = policy_loss(algorithm, logprobs, old_logprobs, micro["advantages"], micro["loss_mask"],
+                                    ref_logprobs=micro.get("ref_logprobs"),
+                                    behavior_logprobs=micro["behavior_logprobs"], entropy=entropy)
+        return loss * micro["share"], metrics
+
+    def _value_loss(self, value_params, micro):
+        values = token_values(value_params, self.model_config, micro["tokens"], micro["attention_mask"],
+                              remat=self.config.remat)
+        # One update per batch: the old critic is the critic, exactly (as for the policy's ratio).
+        old_values = micro["old_values"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(values)
+        loss, metrics = value_loss(self.algorithm, values, old_values, micro["returns"], micro["loss_mask"])
+        return loss * micro["share"], metrics
+
+    def _update(self, carry, slice_):
+        """One optimizer update (policy, and critic) on one slice of the batch, over its micro-batches."""
+        algorithm, config = self.algorithm, self.config
+        params, opt_state, value_params, value_opt_state = carry
+        slice_["slice_weights"] = token_weights(slice_["loss_mask"], algorithm.loss_aggregation,
+                                                algorithm.loss_max_length)
+
+        def accumulate(grad_sums, micro):
+            micro = self._constrain(micro)
+            # This micro-batch's part of the slice's loss (see the module docstring).
             own = jnp.sum(token_weights(micro["loss_mask"], algorithm.loss_aggregation, algorithm.loss_max_length))
-            share = jnp.sum(micro["whole_weights"]) / jnp.maximum(own, 1e-30)
-            return loss * share, metrics
+            micro["share"] = jnp.sum(micro["slice_weights"]) / jnp.maximum(own, 1e-30)
+            (loss, metrics), grads = jax.value_and_grad(self._policy_loss, has_aux=True)(params, micro)
+            policy_sum, value_sum = grad_sums
+            policy_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), policy_sum, grads)
+            metrics = {**metrics, "loss": loss}
+            if self.uses_value_model:
+                (loss, value_metrics), value_grads = jax.value_and_grad(self._value_loss, has_aux=True)(
+                    value_params, micro)
+                value_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), value_sum, value_grads)
+                metrics.update(value_metrics, value_loss=loss)
+            return (policy_sum, value_sum), metrics
 
-        def accumulate(grad_sum, micro):
-            micro = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
-                x, NamedSharding(self.mesh, PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1))))), micro)
-            (loss, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(state.params, micro)
-            grad_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), grad_sum, grads)
-            return grad_sum, (loss, metrics)
-
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        grads, (losses, metrics) = jax.lax.scan(accumulate, zeros, micro_batches)
+        zeros = lambda tree: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), tree)
+        (grads, value_grads), metrics = jax.lax.scan(
+            accumulate, (zeros(params), zeros(value_params)), split_micro_batches(slice_, config.micro_batches))
+        # Micro-batch losses are already weighted by their shares: their sum is the slice's loss.
+        losses = {name: jnp.sum(metrics.pop(name)) for name in ("loss", "value_loss") if name in metrics}
+        metrics = {**_combine_metrics(metrics), **losses}
         grads = jax.lax.with_sharding_constraint(grads, self.param_shardings)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        if self.uses_value_model:
+            value_grads = jax.lax.with_sharding_constraint(value_grads, self.value_param_shardings)
+            value_updates, value_opt_state = self.value_optimizer.update(value_grads, value_opt_state, value_params)
+            value_params = optax.apply_updates(value_params, value_updates)
+            metrics["value_grad_norm"] = optax.global_norm(value_grads)
+        return (params, opt_state, value_params, value_opt_state), metrics
+
+    def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any):
+        config = self.config
+        prepared = self._prepare_batch(state, batch, ref_params)
+        inputs = dict(tokens=batch["tokens"], attention_mask=batch["attention_mask"], loss_mask=batch["loss_mask"],
+                      behavior_logprobs=batch["behavior_logprobs"], advantages=prepared["advantages"])
+        for name in ("old_logprobs", "ref_logprobs", "old_values", "returns"):
+            if name in prepared:
+                inputs[name] = prepared[name]
+        slices = split_micro_batches(inputs, config.mini_batches)
+
+        def epoch(carry, _):
+            return jax.lax.scan(self._update, carry, slices)
+
+        carry = (state.params, state.opt_state, state.value_params, state.value_opt_state)
+        (params, opt_state, value_params, value_opt_state), per_update = jax.lax.scan(
+            epoch, carry, None, length=config.ppo_epochs)
         # One draw per step keeps the RNG stream reproducible across restarts (nothing samples yet).
         rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0])
 
-        metrics = _combine_metrics(metrics)
-        sample_mask = batch["sample_mask"]
+        metrics = _combine_metrics(per_update)
+        mask, sample_mask = batch["loss_mask"], batch["sample_mask"]
         num_samples = jnp.maximum(jnp.sum(sample_mask), 1.0)
-        lengths = jnp.sum(mask, axis=1)
         metrics.update(
-            loss=jnp.sum(losses),
-            grad_norm=optax.global_norm(grads),
             param_norm=optax.global_norm(params),
-            learning_rate=self.learning_rate(state.step),
+            learning_rate=self.learning_rate(state.step * self.updates_per_batch),
             reward_mean=jnp.sum(batch["rewards"] * sample_mask) / num_samples,
-            completion_length_mean=jnp.sum(lengths * sample_mask) / num_samples,
+            completion_length_mean=jnp.sum(jnp.sum(mask, axis=1) * sample_mask) / num_samples,
             num_samples=jnp.sum(sample_mask),
+            num_tokens=jnp.sum(mask),
         )
-        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
-        return new_state, metrics
+        if "kl" in prepared:
+            metrics["reward_kl"] = masked_mean(prepared["kl"], mask)  # the KL taken off the rewards, per token
+        if "returns" in prepared:
+            metrics["return_mean"] = masked_mean(prepared["returns"], mask)
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng,
+                               value_params=value_params, value_opt_state=value_opt_state)
+        return new_state, metrics, per_update

@@ -6,6 +6,7 @@ import pytest
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.models.config import toy_config
 from rlax_core.rl.config import AlgorithmConfig
+from rlax_core.rl.presets import get_preset
 from rlax_core.training.batching import make_batch
 from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig
 from rlax_core.training.mesh import make_mesh
@@ -60,19 +61,31 @@ def test_first_update_is_on_policy_and_micro_batches_add_up(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh_config", [MeshConfig(fsdp=2, tensor=4), MeshConfig(data=2, fsdp=2, tensor=2)])
-def test_sharded_step_equals_unsharded(tmp_path, mesh_config):
+@pytest.mark.parametrize("mesh_config, algorithm, updates", [
+    (MeshConfig(fsdp=2, tensor=4), AlgorithmConfig(), {}),
+    (MeshConfig(data=2, fsdp=2, tensor=2), AlgorithmConfig(), {}),
+    # PPO: a critic sharded by the same rules, the KL in the reward, 2 epochs x 2 mini-batches.
+    (MeshConfig(fsdp=2, tensor=4), get_preset("ppo"), dict(ppo_epochs=2, mini_batches=2)),
+], ids=["fsdp2-tensor4", "data2-fsdp2-tensor2", "ppo-fsdp2-tensor4"])
+def test_sharded_step_equals_unsharded(tmp_path, mesh_config, algorithm, updates):
     assert len(jax.devices()) == 8, "conftest simulates 8 CPU devices"
     batch = batch_from_store(tmp_path, groups=4, samples=4)
-    single, sharded = trainer(MeshConfig(fsdp=1)), trainer(mesh_config, micro_batches=2)
+    single = trainer(MeshConfig(fsdp=1), algorithm, **updates)
+    sharded = trainer(mesh_config, algorithm, micro_batches=2, **updates)
     params = single.init_state().params
-    state_1, metrics_1 = single.step(single.init_state(params), batch)
-    state_8, metrics_8 = sharded.step(sharded.init_state(params), batch)
+    reference = jax.tree.map(np.asarray, params) if algorithm.uses_reference else None  # host: each mesh places it
+    state_1, metrics_1 = single.step(single.init_state(params), batch, reference)
+    state_8, metrics_8 = sharded.step(sharded.init_state(params), batch, reference)
     embedding = state_8.params["embed_tokens"]["embedding"]
     assert len(embedding.sharding.device_set) == 8 and not embedding.sharding.is_fully_replicated
     np.testing.assert_allclose(float(metrics_1["loss"]), float(metrics_8["loss"]), rtol=1e-5, atol=1e-7)
+    trained = lambda state: (state.params, state.value_params)
+    if algorithm.uses_values:
+        critic_embedding = state_8.value_params["backbone"]["embed_tokens"]["embedding"]
+        assert len(critic_embedding.sharding.device_set) == 8 and not critic_embedding.sharding.is_fully_replicated
+        np.testing.assert_allclose(float(metrics_1["value_loss"]), float(metrics_8["value_loss"]), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6),
-                 state_1.params, state_8.params)
+                 trained(state_1), trained(state_8))
 
 
 @pytest.mark.slow

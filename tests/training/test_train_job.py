@@ -22,14 +22,19 @@ REPO = Path(__file__).resolve().parents[2]
 GROUPS_PER_STEP = 2
 
 
-def make_run(tmp_path: Path, name: str, model_dir: Path) -> Path:
+# PPO: a critic with its own Adam state, the KL in the reward, 2 epochs x 2 mini-batches per batch.
+PPO = ({"preset": "ppo"}, {"ppo_epochs": 2, "mini_batches": 2, "value_model": {"optimizer": {"learning_rate": 1e-3}}})
+
+
+def make_run(tmp_path: Path, name: str, model_dir: Path, algorithm=None, trainer=None) -> Path:
     config = {
         "run": {"name": "job", "output_dir": str(tmp_path / name)},
         "model": {"path": str(model_dir)},
-        "algorithm": {"preset": "grpo"},
+        "algorithm": algorithm or {"preset": "grpo"},
         "trainer": {"groups_per_step": GROUPS_PER_STEP, "max_seq_len": 16, "total_steps": 6, "checkpoint_every": 1,
                     "poll_s": 0.1, "wait_timeout_s": 300, "mesh": {"fsdp": 1},
-                    "optimizer": {"learning_rate": 1e-3, "warmup_steps": 2, "schedule": "cosine", "decay_steps": 10}},
+                    "optimizer": {"learning_rate": 1e-3, "warmup_steps": 2, "schedule": "cosine", "decay_steps": 10},
+                    **(trainer or {})},
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -75,14 +80,15 @@ def load_final(output: Path):
 
 
 @pytest.mark.slow
-def test_sigkill_and_restart_resumes_bit_identically(tmp_path, model_dir):
+@pytest.mark.parametrize("algorithm, trainer", [(None, None), PPO], ids=["grpo", "ppo-value-model"])
+def test_sigkill_and_restart_resumes_bit_identically(tmp_path, model_dir, algorithm, trainer):
     # Uninterrupted: every group is there from the start.
-    config = make_run(tmp_path, "straight", model_dir)
+    config = make_run(tmp_path, "straight", model_dir, algorithm, trainer)
     write_random_groups(RolloutStore(tmp_path / "straight" / "rollouts", "job"), range(6), groups_per_step=GROUPS_PER_STEP)
     finish(start(config, tmp_path / "straight.log"), tmp_path / "straight.log")
 
     # Interrupted: 3 steps of groups, SIGKILL once step 3 is checkpointed, then the rest and a restart.
-    config = make_run(tmp_path, "killed", model_dir)
+    config = make_run(tmp_path, "killed", model_dir, algorithm, trainer)
     store = RolloutStore(tmp_path / "killed" / "rollouts", "job")
     write_random_groups(store, range(3), groups_per_step=GROUPS_PER_STEP)
     first = start(config, tmp_path / "killed-1.log")
@@ -98,6 +104,8 @@ def test_sigkill_and_restart_resumes_bit_identically(tmp_path, model_dir):
     assert step_a == step_b == 6
     leaves_a, leaves_b = jax_leaves(state_a), jax_leaves(state_b)
     assert len(leaves_a) == len(leaves_b) > 10
+    if trainer is not None:  # the critic and its Adam moments are in the checkpoint too
+        assert any("value_opt_state" in path for path, _ in leaves_a)
     for (path, a), (_, b) in zip(leaves_a, leaves_b):
         np.testing.assert_array_equal(a, b, err_msg=path)  # params, Adam moments, counts, step, RNG: bit for bit
     assert ledger_a == ledger_b
