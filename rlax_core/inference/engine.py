@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -117,6 +118,15 @@ def _mode_of(sampling: SamplingParams) -> SamplingMode:
     return SamplingMode.FILTERED if sampling.filtered else SamplingMode.TEMPERATURE
 
 
+def _geometric_buckets(limit: int, growth: float = 1.25) -> tuple[int, ...]:
+    """1, 2, 3, 4, 5, 7, 9, 12, ... up to ``limit``: a width is padded by at most a quarter."""
+    sizes, size = [], 1
+    while size < limit:
+        sizes.append(size)
+        size = max(size + 1, math.ceil(size * growth))
+    return (*sizes, limit)
+
+
 def _power_of_two_buckets(limit: int) -> tuple[int, ...]:
     sizes, size = [], 1
     while size < limit:
@@ -142,7 +152,9 @@ class Engine:
         self._lock = threading.Lock()
         self.attention = self._resolve_attention(config.attention_impl)
         self._prefill_batches = _power_of_two_buckets(config.num_slots)
-        self._window_widths = _power_of_two_buckets(config.pages_per_sequence)
+        # The Pallas kernel reads only the pages in use whatever the table width: one width serves.
+        self._window_widths = ((config.pages_per_sequence,) if self.attention == "pallas"
+                               else _geometric_buckets(config.pages_per_sequence))
         dtype = jnp.bfloat16 if config.cache_dtype == "bfloat16" else jnp.float32
         self._cache = init_kv_cache(model_config.num_layers, config.num_pages, config.page_size,
                                     model_config.num_kv_heads, model_config.head_dim, dtype)
@@ -348,13 +360,14 @@ class Engine:
                 self._record(slot, produced[:count].tolist(), logprobs[slot, :count].tolist())
 
     def _pages_this_call(self) -> int:
-        """Page-table columns the next decode call can touch, rounded up to a power of two.
+        """Page-table columns the next decode call can touch, rounded up to a bucket (``_geometric_buckets``).
 
         Attention then reads the pages in use rather than the longest sequence's worth, which
-        matters most early in long generations; the rounding bounds the compiled variants.
+        matters most early in long generations; the buckets bound the compiled variants.
         """
         longest = int(self._slots.length[self._slots.active].max(initial=0)) + self.config.decode_steps_per_call
-        return next(w for w in self._window_widths if w >= pages_needed(longest, self.config.page_size))
+        needed = min(pages_needed(longest, self.config.page_size), self.config.pages_per_sequence)
+        return next(w for w in self._window_widths if w >= needed)
 
     def _record(self, slot: int, tokens: list[int], logprobs: list[float]) -> None:
         """Append new tokens to the slot's sequence and retire it if a stop rule fired."""

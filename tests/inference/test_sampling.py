@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rlax_core.inference.sampling import SamplingMode, prompt_key_id, sample_key, sample_tokens, token_logprobs
+from rlax_core.inference.sampling import (
+    SamplingMode, _filter_mask, greedy_tokens, prompt_key_id, sample_key, sample_tokens, token_logprobs)
 
 
 def _keys(seeds, prompt=7, sample=0, token=0):
@@ -68,3 +69,45 @@ def test_prompt_key_ids_are_stable_and_checked():
     assert prompt_key_id(12) == 12
     with pytest.raises(ValueError):
         prompt_key_id(-1)
+
+
+def test_greedy_takes_the_first_of_tied_maxima_like_argmax():
+    logits = jnp.asarray([[1.0, 5.0, 5.0, -2.0], [-3.0, -3.0, -4.0, -3.0], [0.0, 0.0, 0.0, 7.0]])
+    assert np.asarray(greedy_tokens(logits)).tolist() == np.asarray(jnp.argmax(logits, -1)).tolist() == [1, 0, 3]
+
+
+def test_filters_keep_what_a_sorted_vocabulary_keeps():
+    """The bisection thresholds against the definition: sort, keep the top k and the smallest prefix reaching top_p."""
+    rng = np.random.default_rng(3)
+    logits = rng.normal(scale=3.0, size=(48, 1000)).astype(np.float32)
+    top_k = rng.choice([0, 1, 5, 50, 999], 48).astype(np.int32)
+    top_p = rng.choice([1.0, 0.9, 0.5, 0.05], 48).astype(np.float32)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    keep = np.asarray(_filter_mask(jnp.asarray(logits), jnp.asarray(probs), jnp.asarray(top_k), jnp.asarray(top_p)))
+    for row in range(48):
+        order = np.argsort(-logits[row], kind="stable")
+        mass_before = np.cumsum(probs[row][order]) - probs[row][order]
+        allowed = (mass_before < top_p[row]) | (np.arange(1000) == 0) | (top_p[row] >= 1.0)
+        if top_k[row]:
+            allowed &= np.arange(1000) < top_k[row]
+        expected = np.zeros(1000, bool)
+        expected[order[allowed]] = True
+        assert np.array_equal(keep[row], expected), (row, top_k[row], top_p[row])
+
+
+def test_draws_from_a_large_vocabulary_follow_the_distribution():
+    """The two-level inverse CDF over 3000 tokens (blocks of 64), zero-weight tokens never drawn."""
+    rng = np.random.default_rng(4)
+    logits = rng.normal(scale=2.0, size=3000).astype(np.float32)
+    logits[rng.choice(3000, 1500, replace=False)] = -np.inf  # as a top-k/top-p mask leaves them
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    seeds = list(range(20000))
+    tokens = np.asarray(_draw(logits, seeds, mode=SamplingMode.TEMPERATURE)[0])
+    assert np.all(np.isfinite(logits[tokens]))
+    counts = np.bincount(tokens, minlength=3000) / len(seeds)
+    heavy = np.argsort(-probs)[:20]  # the twenty most probable tokens, each within four standard errors
+    tolerance = 4 * np.sqrt(probs[heavy] / len(seeds)) + 1e-3
+    assert np.all(np.abs(counts[heavy] - probs[heavy]) <= tolerance), (counts[heavy], probs[heavy])
+    assert abs(counts[heavy].sum() - probs[heavy].sum()) < 0.02
