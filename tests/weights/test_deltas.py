@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import jax
 import ml_dtypes
@@ -240,3 +241,27 @@ def test_sharded_tensors_are_published_as_deltas_per_shard(tmp_path):
         assert len(embed.shards) == 8 and all(s.delta is not None for s in embed.shards)
         assert_bits_equal(reader.load(2, as_numpy=True), {"embed": versions[1]["embed"], "norm": versions[1]["norm"]})
         assert reader.counters["read_bytes"] == writer.manifest(1).stored_nbytes + manifest.stored_nbytes
+
+
+def test_versions_written_before_deltas_existed_still_load(make_store):
+    """Format 1: no base or chain length in the manifest, no delta field per shard, no base in the marker."""
+    store = make_store(full_snapshot_every=2)
+    versions = trained_versions(2)
+    store.publish(1, versions[0])
+    manifest = json.loads(store.storage.read(f"{mf.version_dir(1)}/manifest.json"))
+    manifest.update(format=1)
+    del manifest["base"], manifest["chain_length"]
+    for tensor in manifest["tensors"]:
+        for shard in tensor["shards"]:
+            del shard["delta"]
+    manifest_bytes = json.dumps(manifest).encode()
+    marker = json.loads(store.storage.read(mf.marker_path(1)))
+    del marker["base"]
+    marker["manifest_checksum"] = mf.checksum(manifest_bytes)
+    store.storage.write(f"{mf.version_dir(1)}/manifest.json", manifest_bytes)
+    store.storage.write(mf.marker_path(1), json.dumps(marker).encode())
+    reader = make_store(full_snapshot_every=2)
+    assert_bits_equal(reader.load(1, as_numpy=True), versions[0])
+    store.publish(2, versions[1])  # and a delta on it
+    assert store.manifest(2).base == 1
+    assert_bits_equal(reader.load(2, as_numpy=True), versions[1])
