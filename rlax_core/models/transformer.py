@@ -103,11 +103,24 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     """
     batch, steps, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
-    q = q.reshape(batch, steps, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
+    group = num_heads // num_kv_heads
+    # KV-head-major operands ([B, K, G*T, D] queries, [B, K, S, D] keys and values): the two products
+    # are then plain batched matmuls whose [.., T, S] results need no transposing copies (on CPU those
+    # copies of the largest tensor cost more than the products).
+    q = q.reshape(batch, steps, num_kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    q = q.reshape(batch, num_kv_heads, group * steps, head_dim)
+    k, v_heads = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
+    scores = scores.reshape(batch, num_kv_heads, group, steps, -1)
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+    # Softmax normalised after the value product: dividing the [.., T, D] output rather than the
+    # [.., T, S] probabilities saves a pass over the scores, forward and backward. The max is a shift
+    # the result does not depend on, so no gradient flows through it.
+    weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+    totals = jnp.sum(weights, axis=-1).reshape(batch, num_kv_heads, group * steps, 1)
+    out = jnp.einsum("bkqs,bksd->bkqd", weights.reshape(batch, num_kv_heads, group * steps, -1).astype(v.dtype),
+                     v_heads, preferred_element_type=jnp.float32) / totals
+    out = out.reshape(batch, num_kv_heads, group, steps, head_dim).transpose(0, 3, 1, 2, 4)
     return out.reshape(batch, steps, num_heads, head_dim).astype(v.dtype)
 
 
@@ -261,7 +274,9 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positi
     """Full-sequence forward for training and scoring: float32 logits [B, S, V].
 
     Token i sees tokens j <= i whose ``attention_mask`` is 1. ``positions`` default to the count of
-    real tokens before each one, which is right for left and right padding alike.
+    real tokens before each one, which is right for left and right padding alike. ``params`` may be
+    stacked (scanned layers) or ``unstack_layers``'d (unrolled layers: no per-layer weight slices or
+    stacked activations; faster for shallow models on CPU, but the compile time grows with depth).
     """
     return _full_sequence(params, config, input_ids, positions, attention_mask, remat, hidden_only=False)
 
@@ -282,7 +297,7 @@ def _full_sequence(params, config, input_ids, positions, attention_mask, remat, 
     causal = jnp.tril(jnp.ones((steps, steps), bool))
     mask = causal[None] & attention_mask.astype(bool)[:, None, :]
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, _full_sequence_attend(mask), dtype, remat=remat)
+    model = Transformer(config, _full_sequence_attend(mask), dtype, remat=remat, scan_layers="layers" in params)
     out, _ = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only)
     return out
 
@@ -305,12 +320,21 @@ def unstack_layers(params: Params) -> Params:
     ``forward_with_cache`` accepts either layout and runs this one as an unrolled loop. A decode
     step is dominated by reading the weights; unrolled layers read each one in place, where the
     scan's per-iteration slice of the stacked weights costs a copy (about a fifth of the step on
-    CPU). Training keeps the stacked layout: its compile time does not grow with depth.
+    CPU). ``forward`` accepts it too; training keeps the stacked layout unless the trainer's
+    ``scan_layers`` is off (the compile time of a scan does not grow with depth).
     """
     stacked = params["layers"]
     count = jax.tree.leaves(stacked)[0].shape[0]
     rest = {name: value for name, value in params.items() if name != "layers"}
     return {**rest, **{f"layers_{i}": jax.tree.map(lambda leaf, i=i: leaf[i], stacked) for i in range(count)}}
+
+
+def stack_layers(params: Params) -> Params:
+    """The inverse of :func:`unstack_layers`: ``layers_0 .. layers_{n-1}`` stacked into ``layers``
+    (for example gradients taken in the unrolled layout, going back to the stacked one)."""
+    count = sum(name.startswith("layers_") for name in params)
+    rest = {name: value for name, value in params.items() if not name.startswith("layers_")}
+    return {**rest, "layers": jax.tree.map(lambda *leaves: jnp.stack(leaves), *(params[f"layers_{i}"] for i in range(count)))}
 
 
 # ----------------------------------------------------------------------------- the default KV cache

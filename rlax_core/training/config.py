@@ -95,6 +95,10 @@ class TrainerConfig:
     micro_batches: int = 1
     max_seq_len: int = 128  # prompt + completion tokens; every batch is padded to it (one compile)
     remat: bool = False  # recompute activations in the backward pass (less memory, more FLOPs)
+    # False: run the layers unrolled (models.unstack_layers inside the step) instead of as one scan.
+    # Faster for shallow models on CPU (no per-layer weight slices or stacked activations); the
+    # compile time then grows with depth. The state keeps the stacked layout either way.
+    scan_layers: bool = True
     value_model: ValueModelConfig = field(default_factory=ValueModelConfig)  # used by value-based estimators
     # The job.
     total_steps: int = 100

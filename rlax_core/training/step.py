@@ -44,7 +44,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.transformer import forward, param_logical_axes
+from rlax_core.models.transformer import forward, param_logical_axes, stack_layers, unstack_layers
 from rlax_core.rl.advantages import compute_advantages, value_targets
 from rlax_core.rl.aggregation import masked_mean, token_weights
 from rlax_core.rl.config import AlgorithmConfig
@@ -72,13 +72,15 @@ class TrainState:
 
 def token_logprobs(params, config: ModelConfig, tokens, attention_mask, *, remat: bool = False):
     """log pi(token t+1 | tokens <= t) and the entropy of that distribution, both [B, T-1] float32."""
-    logits = forward(params, config, tokens, attention_mask=attention_mask, remat=remat)[:, :-1]
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    log_probs = jax.nn.log_softmax(forward(params, config, tokens, attention_mask=attention_mask, remat=remat), axis=-1)
+    # Every position gets a target (the last one a placeholder) and only the [B, T] results drop the
+    # last column: slicing the [B, T, V] log-probs instead costs a padding copy of them in the backward pass.
+    targets = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
     # A one-hot contraction rather than a gather: its gradient is a dense multiply, where a gather's
     # is a scatter into [B, T, V], which XLA runs slowly on CPU.
-    chosen = jnp.einsum("btv,btv->bt", log_probs, jax.nn.one_hot(tokens[:, 1:], log_probs.shape[-1], dtype=log_probs.dtype))
+    chosen = jnp.einsum("btv,btv->bt", log_probs, jax.nn.one_hot(targets, log_probs.shape[-1], dtype=log_probs.dtype))
     entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-    return chosen, entropy
+    return chosen[:, :-1], entropy[:, :-1]
 
 
 def split_micro_batches(batch: dict[str, jax.Array], num: int) -> dict[str, jax.Array]:
@@ -240,6 +242,29 @@ class Trainer:
         batch, ref_params = self._check_inputs(batch, ref_params)
         return self._prepare(state, batch, ref_params)
 
+    def _unrolled(self, params):
+        """Weights (policy or critic) in the layout the forward pass runs: unrolled layers when
+        ``scan_layers`` is off. Done once per update, outside the micro-batch loop, so that the
+        gradients are accumulated in that layout and stacked back once (:meth:`_stacked`)."""
+        if self.config.scan_layers or params is None:
+            return params
+        if "backbone" in params:
+            return {**params, "backbone": unstack_layers(params["backbone"])}
+        return unstack_layers(params)
+
+    def _stacked(self, tree):
+        if self.config.scan_layers or tree is None:
+            return tree
+        if "backbone" in tree:
+            return {**tree, "backbone": stack_layers(tree["backbone"])}
+        return stack_layers(tree)
+
+    def _logprobs(self, params, micro, remat=False):
+        return token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat)
+
+    def _values(self, value_params, micro, remat=False):
+        return token_values(value_params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat)
+
     def _forward_rows(self, fn, arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """``fn(micro) -> dict of [rows, ...]`` over the batch in update-sized micro-batches (bounded memory)."""
         chunks = self.config.mini_batches * self.config.micro_batches
@@ -254,17 +279,16 @@ class Trainer:
         algorithm, config = self.algorithm, self.config
         mask = batch["loss_mask"]
 
+        policy, reference, critic = (self._unrolled(p) for p in (state.params, ref_params, state.value_params))
+
         def score(micro):
             out = {}
             if self.needs_old_logprobs:
-                out["old_logprobs"], _ = token_logprobs(state.params, self.model_config, micro["tokens"],
-                                                        micro["attention_mask"])
-            if ref_params is not None:
-                out["ref_logprobs"], _ = token_logprobs(ref_params, self.model_config, micro["tokens"],
-                                                        micro["attention_mask"])
+                out["old_logprobs"], _ = self._logprobs(policy, micro)
+            if reference is not None:
+                out["ref_logprobs"], _ = self._logprobs(reference, micro)
             if self.uses_value_model:
-                out["old_values"] = token_values(state.value_params, self.model_config, micro["tokens"],
-                                                 micro["attention_mask"])
+                out["old_values"] = self._values(critic, micro)
             return out
 
         prepared = {}
@@ -284,8 +308,7 @@ class Trainer:
 
     def _policy_loss(self, params, micro):
         algorithm, config = self.algorithm, self.config
-        logprobs, entropy = token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"],
-                                           remat=config.remat)
+        logprobs, entropy = self._logprobs(params, micro, remat=config.remat)
         old_logprobs = micro["old_logprobs"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(logprobs)
         if algorithm.entropy_coef == 0:
             entropy = jax.lax.stop_gradient(entropy)
@@ -295,8 +318,7 @@ class Trainer:
         return loss * micro["share"], metrics
 
     def _value_loss(self, value_params, micro):
-        values = token_values(value_params, self.model_config, micro["tokens"], micro["attention_mask"],
-                              remat=self.config.remat)
+        values = self._values(value_params, micro, remat=self.config.remat)
         # One update per batch: the old critic is the critic, exactly (as for the policy's ratio).
         old_values = micro["old_values"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(values)
         loss, metrics = value_loss(self.algorithm, values, old_values, micro["returns"], micro["loss_mask"])
@@ -306,6 +328,7 @@ class Trainer:
         """One optimizer update (policy, and critic) on one slice of the batch, over its micro-batches."""
         algorithm, config = self.algorithm, self.config
         params, opt_state, value_params, value_opt_state = carry
+        forward_params, forward_value_params = self._unrolled(params), self._unrolled(value_params)
         slice_["slice_weights"] = token_weights(slice_["loss_mask"], algorithm.loss_aggregation,
                                                 algorithm.loss_max_length)
 
@@ -314,20 +337,22 @@ class Trainer:
             # This micro-batch's part of the slice's loss (see the module docstring).
             own = jnp.sum(token_weights(micro["loss_mask"], algorithm.loss_aggregation, algorithm.loss_max_length))
             micro["share"] = jnp.sum(micro["slice_weights"]) / jnp.maximum(own, 1e-30)
-            (loss, metrics), grads = jax.value_and_grad(self._policy_loss, has_aux=True)(params, micro)
+            (loss, metrics), grads = jax.value_and_grad(self._policy_loss, has_aux=True)(forward_params, micro)
             policy_sum, value_sum = grad_sums
             policy_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), policy_sum, grads)
             metrics = {**metrics, "loss": loss}
             if self.uses_value_model:
                 (loss, value_metrics), value_grads = jax.value_and_grad(self._value_loss, has_aux=True)(
-                    value_params, micro)
+                    forward_value_params, micro)
                 value_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), value_sum, value_grads)
                 metrics.update(value_metrics, value_loss=loss)
             return (policy_sum, value_sum), metrics
 
         zeros = lambda tree: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), tree)
         (grads, value_grads), metrics = jax.lax.scan(
-            accumulate, (zeros(params), zeros(value_params)), split_micro_batches(slice_, config.micro_batches))
+            accumulate, (zeros(forward_params), zeros(forward_value_params)),
+            split_micro_batches(slice_, config.micro_batches))
+        grads, value_grads = self._stacked(grads), self._stacked(value_grads)
         # Micro-batch losses are already weighted by their shares: their sum is the slice's loss.
         losses = {name: jnp.sum(metrics.pop(name)) for name in ("loss", "value_loss") if name in metrics}
         metrics = {**_combine_metrics(metrics), **losses}

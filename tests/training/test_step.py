@@ -110,3 +110,20 @@ def test_bfloat16_parameters_keep_float32_log_probs(tmp_path):
     assert state.params["embed_tokens"]["embedding"].dtype == jnp.bfloat16
     logprobs, _ = token_logprobs(state.params, MODEL, jnp.asarray(batch["tokens"]), jnp.asarray(batch["attention_mask"]))
     assert logprobs.dtype == jnp.float32 and np.isfinite(float(metrics["loss"]))
+
+
+@pytest.mark.slow
+def test_unrolled_layers_take_the_same_step_as_the_scan(tmp_path):
+    batch = batch_from_store(tmp_path)
+    algorithm = get_preset("ppo")  # policy, critic and reference all run through the layer layout
+    scanned = trainer(algorithm=algorithm, mini_batches=2, micro_batches=2)
+    unrolled = trainer(algorithm=algorithm, mini_batches=2, micro_batches=2, scan_layers=False)
+    params = scanned.init_state().params
+    reference = jax.tree.map(np.asarray, params)
+    state_a, metrics_a = scanned.step(scanned.init_state(params), batch, reference)
+    state_b, metrics_b = unrolled.step(unrolled.init_state(params), batch, reference)
+    assert jax.tree.structure(state_a) == jax.tree.structure(state_b)  # the state keeps the stacked layout
+    np.testing.assert_allclose(float(metrics_a["loss"]), float(metrics_b["loss"]), rtol=1e-5, atol=1e-7)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 (state_a.params, state_a.value_params, state_a.opt_state),
+                 (state_b.params, state_b.value_params, state_b.opt_state))
