@@ -7,11 +7,12 @@
 How it runs. A fixed number of slots decode together. Each sample of each request waits in a FIFO
 queue until a slot is free and the page allocator can reserve every page the sample may need
 (prompt + its max_new_tokens): that admission control means a running sequence never runs out of
-cache. Admitted samples are prefilled together (left-padded to a length bucket, batch padded to a
-power of two), which also samples their first token. Then one compiled call decodes
-``decode_steps_per_call`` tokens for all slots in a ``lax.while_loop`` (no Python per token) and
-returns to Python, which retires finished sequences, frees their pages and admits new samples at
-once (continuous batching). Every compiled shape is fixed by ``EngineConfig``, so after warm-up
+cache. Admitted prompts are prefilled together (left-padded to a length bucket, batch padded to a
+power of two), all but their last token, and once per request: the other samples of a request
+admitted with it copy its prompt pages. Then one compiled call decodes ``decode_steps_per_call``
+tokens for all slots in a ``lax.while_loop`` (no Python per token); its first step for a new
+sample runs the last prompt token and samples the first new one. Control returns to Python, which
+retires finished sequences, frees their pages and admits new samples at once (continuous batching). Every compiled shape is fixed by ``EngineConfig``, so after warm-up
 nothing recompiles whatever the prompt lengths, sampling settings or batch fill.
 
 Weights are an argument of the compiled programs, not a constant in them, so ``update_weights``
@@ -164,7 +165,8 @@ class Engine:
         self._queue: deque[_Sequence] = deque()
         self._finished: list[_Sequence] = []
         self._next_order = 0
-        self.stats = {"prefill_calls": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0, "weight_swaps": 0}
+        self.stats = {"prefill_calls": 0, "shared_prefills": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0,
+                      "weight_swaps": 0}
         # Module-level programs keyed by static shapes: engines with equal configs share compilations.
         self._prefill = functools.partial(_prefill, model_config=model_config)
         self._decode = functools.partial(_decode, model_config=model_config, chunk=config.decode_steps_per_call,
@@ -199,21 +201,23 @@ class Engine:
     def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode)) -> None:
         """Compile every program ``generate`` may call for these sampling modes, now.
 
-        That is one prefill per (batch bucket, prompt-length bucket) and one decode per window
-        width. Call it when a worker starts so that no request pays for a compilation: afterwards
+        That is one prefill per (batch bucket, prompt-length bucket), one page copy per prompt-length
+        bucket, and one decode per window width and mode. Call it when a worker starts so that no request pays for a compilation: afterwards
         nothing compiles, whatever lengths, fills and sampling settings arrive. It runs each
         program on an idle batch, which writes only the sink page.
         """
         if self.has_unfinished():
             raise RuntimeError("warm_up() needs an idle engine")
         config = self.config
+        for batch in self._prefill_batches:
+            for length in config.prefill_buckets:
+                padding = np.zeros((batch, length), np.int32)
+                no_pages = np.zeros((batch, config.pages_per_sequence), np.int32)
+                self._cache = self._prefill(self._params, self._cache, padding, padding - 1, no_pages)
+        for pages in sorted({pages_needed(length, config.page_size) for length in config.prefill_buckets}):
+            sink = np.zeros((config.num_slots, pages), np.int32)
+            self._cache = _copy_pages(self._cache, sink, sink)
         for mode in modes:
-            for batch in self._prefill_batches:
-                rows = _SlotState(batch, config.pages_per_sequence)
-                for length in config.prefill_buckets:
-                    padding = np.zeros((batch, length), np.int32)
-                    *_, self._cache = self._prefill(self._params, self._cache, padding, padding - 1, rows.page_table,
-                                                    rows.as_dict(), mode=mode)
             for width in self._window_widths:
                 idle = self._slots.as_dict()  # no slot is active: the decode loop exits at once
                 idle["page_table"] = idle["page_table"][:, :width]
@@ -300,33 +304,54 @@ class Engine:
             self._prefill_group(admitted)
 
     def _prefill_group(self, admitted: list[tuple[int, _Sequence]]) -> None:
+        """Cache every admitted prompt but its last token, once per request; start the slots.
+
+        The first decode step runs each sample's last prompt token and samples its first token
+        with the sample's own key. So the samples of one request share one prefill: the first
+        sample admitted computes the prompt, its siblings admitted with it copy its pages.
+        """
         config = self.config
-        batch = next(b for b in self._prefill_batches if b >= len(admitted))
-        length = config.bucket_for(max(len(seq.request.prompt_ids) for _, seq in admitted))
-        tokens = np.zeros((batch, length), np.int32)
-        positions = np.full((batch, length), -1, np.int32)
-        page_table = np.zeros((batch, config.pages_per_sequence), np.int32)
-        rows = _SlotState(batch, config.pages_per_sequence)
-        for row, (_, seq) in enumerate(admitted):
-            prompt = np.asarray(seq.request.prompt_ids, np.int32)
-            tokens[row, length - len(prompt):] = prompt  # left-padded: the last column is the last token
-            positions[row, length - len(prompt):] = np.arange(len(prompt))
-            page_table[row, : len(seq.pages)] = seq.pages
-            self._fill_sampling(rows, row, seq)
-        mode = max(_mode_of(seq.request.sampling) for _, seq in admitted)
-        first_tokens, first_logprobs, self._cache = self._prefill(
-            self._params, self._cache, tokens, positions, page_table, rows.as_dict(), mode=mode)
-        first_tokens, first_logprobs = np.asarray(first_tokens), np.asarray(first_logprobs)
-        self.stats["prefill_calls"] += 1
-        for row, (slot, seq) in enumerate(admitted):
+        owners: dict[int, _Sequence] = {}  # id(request) -> the sample whose pages hold the prompt
+        for _, seq in admitted:
+            owners.setdefault(id(seq.request), seq)
+        prefixes = [seq for seq in owners.values() if len(seq.request.prompt_ids) > 1]
+        if prefixes:
+            batch = next(b for b in self._prefill_batches if b >= len(prefixes))
+            length = config.bucket_for(max(len(seq.request.prompt_ids) - 1 for seq in prefixes))
+            tokens = np.zeros((batch, length), np.int32)
+            positions = np.full((batch, length), -1, np.int32)
+            page_table = np.zeros((batch, config.pages_per_sequence), np.int32)
+            for row, seq in enumerate(prefixes):
+                prefix = np.asarray(seq.request.prompt_ids[:-1], np.int32)
+                tokens[row, length - len(prefix):] = prefix  # left-padded: positions say where each token goes
+                positions[row, length - len(prefix):] = np.arange(len(prefix))
+                page_table[row, : len(seq.pages)] = seq.pages
+            self._cache = self._prefill(self._params, self._cache, tokens, positions, page_table)
+            self.stats["prefill_calls"] += 1
+            self._copy_prefixes_to_siblings(admitted, owners, pages_needed(length, config.page_size))
+        slots = self._slots
+        for slot, seq in admitted:
             self._running[slot] = seq
-            slots = self._slots
             self._fill_sampling(slots, slot, seq)
-            slots.page_table[slot] = page_table[row]
-            slots.length[slot] = len(seq.request.prompt_ids)
-            slots.last_token[slot] = first_tokens[row]
+            slots.page_table[slot] = 0
+            slots.page_table[slot, : len(seq.pages)] = seq.pages
+            slots.length[slot] = len(seq.request.prompt_ids) - 1
+            slots.last_token[slot] = seq.request.prompt_ids[-1]
             slots.active[slot] = True
-            self._record(slot, [int(first_tokens[row])], [float(first_logprobs[row])])
+
+    def _copy_prefixes_to_siblings(self, admitted, owners: dict[int, _Sequence], width: int) -> None:
+        source = np.zeros((self.config.num_slots, width), np.int32)  # sink -> sink in unused rows
+        target = np.zeros_like(source)
+        copies = 0
+        for row, (_, seq) in enumerate(admitted):
+            owner = owners[id(seq.request)]
+            pages = pages_needed(len(seq.request.prompt_ids) - 1, self.config.page_size)
+            if owner is not seq and pages:
+                source[row, :pages], target[row, :pages] = owner.pages[:pages], seq.pages[:pages]
+                copies += 1
+        if copies:
+            self._cache = _copy_pages(self._cache, source, target)
+            self.stats["shared_prefills"] += copies
 
     def _fill_sampling(self, state: _SlotState, row: int, seq: _Sequence) -> None:
         sampling, request = seq.request.sampling, seq.request
@@ -443,10 +468,9 @@ def _keys(state, token_index):
     return jax.vmap(sample_key)(state["seed"], state["prompt_key"], state["sample_index"], token_index)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "mode"), donate_argnames=("cache",))
-def _prefill(params, cache: KVCache, tokens, positions, page_table, state, *, model_config: ModelConfig,
-             mode: SamplingMode):
-    """Run left-padded prompts [B, T] through the model, fill their pages, sample each first token."""
+@functools.partial(jax.jit, static_argnames=("model_config",), donate_argnames=("cache",))
+def _prefill(params, cache: KVCache, tokens, positions, page_table, *, model_config: ModelConfig) -> KVCache:
+    """Run left-padded prompt prefixes [B, T] through the model and write their keys and values into their pages."""
     valid = positions >= 0
     scale = model_config.head_dim ** -0.5
 
@@ -455,10 +479,15 @@ def _prefill(params, cache: KVCache, tokens, positions, page_table, state, *, mo
                         write_pages(cache.v, layer, v, page_table, positions, valid))
         return prefill_attention(q, k, v, valid, scale), cache
 
-    logits, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)
-    keys = _keys(state, jnp.zeros_like(state["seed"]))
-    first, logprobs = sample_tokens(logits[:, 0], keys, state["temperature"], state["top_k"], state["top_p"], mode)
-    return first, logprobs, cache
+    # Only the cache is returned: the compiler drops the classifier.
+    _, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)
+    return cache
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _copy_pages(cache: KVCache, source, target) -> KVCache:
+    """Copy pages ``source[i, j]`` to ``target[i, j]`` in every layer (both [rows, pages]; 0 -> 0 is a no-op)."""
+    return KVCache(*(pool.at[:, target].set(pool[:, source], mode="promise_in_bounds") for pool in cache))
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "chunk", "attention", "mode"),
@@ -484,14 +513,13 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
             attend = _paged_attend(page_table, s["length"], active, scale, use_pallas=attention == "pallas")
         logits, kv = forward_with_cache(params, model_config, s["last_token"][:, None], s["length"][:, None], kv,
                                         attend)
-        keys = _keys(s, s["generated"] + 1)  # token 0 was sampled by the prefill
+        keys = _keys(s, s["generated"])
         tokens, logprobs = sample_tokens(logits[:, 0], keys, s["temperature"], s["top_k"], s["top_p"], mode)
         out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
         out_logprobs = out_logprobs.at[:, index].set(jnp.where(active, logprobs, 0.0))
         generated = s["generated"] + active
         stopped = (tokens[:, None] == s["stop_ids"]).any(axis=1)
-        # generated counts decode steps; the prefill's token makes the total generated + 1.
-        done = stopped | (generated + 1 >= s["max_new"])
+        done = stopped | (generated >= s["max_new"])
         s = {**s, "generated": generated, "length": s["length"] + active, "active": active & ~done,
              "last_token": jnp.where(active, tokens, s["last_token"])}
         return index + 1, kv, s, out_tokens, out_logprobs

@@ -263,3 +263,19 @@ def test_window_engine_matches_reference_engine(engine, stories, small_engine_co
     for ours, theirs in zip(engine.generate(requests), reference.generate(requests)):
         assert ours.completion_ids == theirs.completion_ids
         np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=1e-5)
+
+
+def test_samples_of_a_request_share_one_prefill_and_equal_unshared_samples(engine, stories, small_engine_config):
+    model, tokenizer = stories
+    alone = Engine(dataclasses.replace(small_engine_config, num_slots=1), model.config, model.params)
+    request = Request(tokenizer.encode("Once upon a time there was a little", add_bos=True),
+                      SamplingParams(temperature=1.0, max_new_tokens=20, n=4, ignore_eos=True), prompt_id="p", seed=3)
+    before = engine.stats["shared_prefills"]
+    shared = engine.generate([request])
+    assert engine.stats["shared_prefills"] - before == 3  # one prefill, three page copies
+    one_at_a_time = alone.generate([request])
+    assert alone.stats["shared_prefills"] == 0
+    assert len({c.completion_ids for c in shared}) > 1  # the samples differ from one another
+    for ours, theirs in zip(shared, one_at_a_time):
+        assert ours.completion_ids == theirs.completion_ids
+        np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=1e-5)
