@@ -12,6 +12,7 @@ from rlax_core.weights.errors import (
     ForeignRunError,
     IntegrityError,
     ManifestError,
+    StorageTimeoutError,
     VersionExistsError,
     VersionNotCommittedError,
     WeightStoreError,
@@ -24,6 +25,6 @@ from rlax_core.weights.store import WeightStore
 
 __all__ = [
     "AsyncPublisher", "CommitMarker", "ForeignRunError", "IntegrityError", "Manifest", "ManifestError",
-    "VersionExistsError", "VersionNotCommittedError", "WeightFollower", "WeightStore", "WeightStoreConfig",
-    "WeightStoreError", "is_fresh_enough", "oldest_fresh_version", "stage_params",
+    "StorageTimeoutError", "VersionExistsError", "VersionNotCommittedError", "WeightFollower", "WeightStore",
+    "WeightStoreConfig", "WeightStoreError", "is_fresh_enough", "oldest_fresh_version", "stage_params",
 ]

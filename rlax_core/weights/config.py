@@ -34,6 +34,9 @@ class WeightStoreConfig:
     commit_timeout_s: float = 600.0
     # Parallel shard reads and writes on gs:// (a local folder uses at most one per CPU core).
     io_threads: int = 8
+    # Longest wait for one tensor's shard reads (load) or writes (publish) before failing loudly with
+    # StorageTimeoutError; also bounds how long close() waits for I/O still running.
+    io_timeout_s: float = 600.0
     # Keep the newest published version in this process's memory, so a reader in the same process
     # (the local quickstart loop) skips the storage round trip; checksums are still verified.
     in_memory_cache: bool = False
@@ -54,6 +57,7 @@ class WeightStoreConfig:
         require(self.poll_interval_s > 0, "poll_interval_s", "seconds > 0")
         require(self.watch_timeout_s > 0, "watch_timeout_s", "seconds > 0")
         require(self.commit_timeout_s > 0, "commit_timeout_s", "seconds > 0")
+        require(self.io_timeout_s > 0, "io_timeout_s", "seconds > 0")
         require(1 <= self.io_threads <= 256, "io_threads", "an integer in [1, 256]")
         require(1 <= self.full_snapshot_every <= 1000, "full_snapshot_every",
                 "an integer in [1, 1000] (1 = no deltas; a reader may have to apply that many - 1 in a row)")

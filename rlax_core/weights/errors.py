@@ -35,3 +35,9 @@ class ManifestError(WeightStoreError):
     """The manifest is unreadable or does not match its commit marker."""
 
     reason = "manifest"
+
+
+class StorageTimeoutError(WeightStoreError, TimeoutError):
+    """A tensor's shard reads or writes did not finish within ``io_timeout_s`` (storage hangs or crawls)."""
+
+    reason = "timeout"

@@ -110,6 +110,9 @@ class AsyncPublisher:
                 self._closed = True
                 self._cond.notify_all()
             self._thread.join(timeout=5)
+        # Reached only when flush succeeded: nothing was in flight, so the thread had only to wake and return.
+        if self._thread.is_alive():
+            raise TimeoutError("the weight publisher's thread did not stop within 5s of close()")
 
     def __enter__(self) -> "AsyncPublisher":
         return self

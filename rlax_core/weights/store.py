@@ -29,7 +29,8 @@ import socket
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import numpy as np
@@ -52,6 +53,7 @@ from rlax_core.weights.errors import (
     ForeignRunError,
     IntegrityError,
     ManifestError,
+    StorageTimeoutError,
     VersionExistsError,
     VersionNotCommittedError,
     WeightStoreError,
@@ -91,17 +93,57 @@ class WeightStore:
         self.io_threads = (config.io_threads if isinstance(self.storage, FsspecStorage)
                            else min(config.io_threads, os.cpu_count() or 1))
         self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="weights-io")
+        self._io: set[Future] = set()  # shard reads and writes not finished yet (close() waits for them)
         # The newest version this process published or loaded, when the config asks to keep one.
         self._held: HeldVersion | None = None
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Wait up to ``io_timeout_s`` for shard I/O still running, then stop the I/O threads.
+
+        Raises ``StorageTimeoutError`` when some shard I/O is still stuck then (its thread is left behind).
+        """
+        self._pool.shutdown(wait=False)
+        with self._lock:
+            running = list(self._io)
+        _, stuck = wait_for_futures(running, timeout=self.config.io_timeout_s)
+        if stuck:
+            raise StorageTimeoutError(f"closing the weight store on {self.storage.url}: {len(stuck)} shard read(s) or "
+                                      f"write(s) still running after io_timeout_s={self.config.io_timeout_s:g}s")
 
     def __enter__(self) -> "WeightStore":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ shard I/O
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future = self._pool.submit(fn, *args)
+        with self._lock:
+            self._io.add(future)
+        future.add_done_callback(self._io_done)  # runs at once if it is already done
+        return future
+
+    def _io_done(self, future: Future) -> None:
+        with self._lock:
+            self._io.discard(future)
+
+    def _shard_results(self, futures: list[Future], version: int, tensor: str, what: str) -> list[Any]:
+        """The results of one tensor's shard ``futures``, in order, waiting at most ``io_timeout_s`` in all."""
+        timeout_s = self.config.io_timeout_s
+        deadline = time.monotonic() + timeout_s
+        results = []
+        for future in futures:
+            try:
+                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+            except TimeoutError as error:
+                if future.done() and future.exception() is error:
+                    raise  # the storage call's own timeout, not ours
+                raise StorageTimeoutError(f"version {version}: shard {what} of tensor {tensor!r} did not finish "
+                                          f"within io_timeout_s={timeout_s:g}s ({self.storage.url} hangs or is "
+                                          "too slow)") from None
+        return results
 
     # ------------------------------------------------------------------ counters
 
@@ -237,12 +279,20 @@ class WeightStore:
         pending = [self._write_tensor(folder, index, name, leaf, process_index, owns_shard, keep, base)
                    for index, (name, leaf) in enumerate(flatten_params(params).items())]
         records, kept = [], {}
-        for record, futures in pending:
-            written = [future.result() for future in futures]
-            record = dataclasses.replace(record, shards=tuple(shard for shard, _ in written))
-            records.append(record)
-            if keep:
-                kept[record.name] = assemble(record, {shard.file: values.reshape(shard.shape) for shard, values in written})
+        try:
+            for record, futures in pending:
+                written = self._shard_results(futures, version, record.name, "writes")
+                record = dataclasses.replace(record, shards=tuple(shard for shard, _ in written))
+                records.append(record)
+                if keep:
+                    kept[record.name] = assemble(record, {shard.file: values.reshape(shard.shape)
+                                                          for shard, values in written})
+        except StorageTimeoutError as error:
+            raise self._refuse(error, version) from None
+        finally:
+            for _, futures in pending:  # after a failure, shards still queued are not written
+                for future in futures:
+                    future.cancel()
         if process_count > 1:
             self.storage.write(f"{folder}/part-{process_index:05d}.json", _part_json(records), atomic=True)
             if process_index != 0:
@@ -290,8 +340,8 @@ class WeightStore:
         base_tensor = None if base is None else base.arrays.get(name)
         if base_tensor is not None and (base_tensor.shape != shape or base_tensor.dtype != dtype):
             base_tensor = None  # a tensor that changed shape or dtype is written in full
-        futures = [self._pool.submit(self._write_shard, folder, index, slices, data, dtype, keep,
-                                     None if base_tensor is None else base_tensor[slices_of(slices)])
+        futures = [self._submit(self._write_shard, folder, index, slices, data, dtype, keep,
+                                None if base_tensor is None else base_tensor[slices_of(slices)])
                    for slices, data in pieces]
         return TensorRecord(name, dtype.name, shape, ()), futures
 
@@ -413,11 +463,14 @@ class WeightStore:
                                                 f"{manifest.base} has no {tensor.dtype} tensor of shape {tensor.shape} "
                                                 "by that name")
                         base_values = base_tensor[slices_of(shard.index)]
-                    futures[(tensor.name, shard.file)] = self._pool.submit(self._read_shard, folder, tensor, shard,
-                                                                           dtype, base_values)
-            return {tensor.name: assemble(tensor, {s.file: futures[(tensor.name, s.file)].result() for s in tensor.shards},
-                                          where=where)
-                    for tensor in manifest.tensors}
+                    futures[(tensor.name, shard.file)] = self._submit(self._read_shard, folder, tensor, shard,
+                                                                      dtype, base_values)
+            arrays = {}
+            for tensor in manifest.tensors:
+                values = self._shard_results([futures[(tensor.name, s.file)] for s in tensor.shards],
+                                             manifest.version, tensor.name, "reads")
+                arrays[tensor.name] = assemble(tensor, {s.file: v for s, v in zip(tensor.shards, values)}, where=where)
+            return arrays
         finally:
             for future in futures.values():
                 future.cancel()
