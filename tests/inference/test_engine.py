@@ -113,15 +113,15 @@ def test_stop_tokens_stop_strings_and_lengths(engine, stories):
 def test_eos_stops_unless_ignored(engine, stories):
     model, tokenizer = stories
     prompt = tokenizer.encode("Once upon a time", add_bos=True)
-    stopping = SamplingParams(temperature=1.0, max_new_tokens=256, n=4)
-    completions = engine.generate([Request(prompt, stopping, seed=1)])
+    stopping = SamplingParams(temperature=1.0, max_new_tokens=256, n=8)
+    completions = engine.generate([Request(prompt, stopping, seed=3)])  # a seed under which stories end early
     # stories260K ends a story with BOS (ids 1 and 2 are both its stop ids).
     eos = set(model.config.eos_token_ids)
     assert any(c.finish_reason == "stop" for c in completions)
     for c in completions:
         assert not set(c.completion_ids[:-1]) & eos
         assert (c.finish_reason == "stop") == (c.completion_ids[-1] in eos)
-    ignoring = engine.generate([Request(prompt, dataclasses.replace(stopping, ignore_eos=True), seed=1)])
+    ignoring = engine.generate([Request(prompt, dataclasses.replace(stopping, ignore_eos=True), seed=3)])
     assert all(c.finish_reason == "length" and len(c.completion_ids) == 256 for c in ignoring)
     for stopped, kept_going in zip(completions, ignoring):
         assert kept_going.completion_ids[: len(stopped.completion_ids)] == stopped.completion_ids
