@@ -12,7 +12,12 @@ Measured in one run, printed as one JSON object:
                    (rlax_core.training.Trainer), with the new weights handed back to the engine;
                    side by side with TRL's GRPOTrainer on the same weights (our save_pretrained ->
                    Hugging Face Llama), the same prompts, batch, reward, learning rate and KL
-                   (beta = 0, TRL's default). seconds per step: median of the timed steps after warm-up.
+                   (beta = 0, TRL's default). seconds per step: median of the timed steps after warm-up,
+                   split into generating, updating (Trainer.step until its results are ready) and the
+                   rest (rewarding, batching, handing the weights to the engine); each part's median.
+
+Both updates run the layers unrolled (``trainer.scan_layers=false``) in micro-batches small enough
+for their activations to stay in cache (stories260K: 8 of 8 rows); see docs/training.md.
 
     python benchmarks/train_step.py
     python benchmarks/train_step.py --skip-trl --grpo-steps 3
@@ -54,6 +59,7 @@ STORIES = REPO / "pipelines/assets/stories260K"
 PROMPTS = ["Once upon a time", "One day, a little girl", "Tom had a big red ball", "The sun was shining and",
            "There was a small dog", "Lily wanted to play", "A boy found a box", "The cat sat on the"]
 NUM_GENERATIONS, NEW_TOKENS, LEARNING_RATE = 8, 64, 3e-4
+GRPO_MICRO_BATCHES = 8  # 64 sequences of ~70 tokens: 8 rows per micro-batch
 WORD = "dog"
 
 
@@ -63,7 +69,8 @@ def reward(text: str) -> float:
 
 
 def single_device_trainer(model_config, algorithm, **fields) -> Trainer:
-    config = TrainerConfig(mesh=MeshConfig(fsdp=1), optimizer=OptimizerConfig(learning_rate=LEARNING_RATE), **fields)
+    config = TrainerConfig(mesh=MeshConfig(fsdp=1), optimizer=OptimizerConfig(learning_rate=LEARNING_RATE),
+                           scan_layers=False, **fields)
     return Trainer(model_config, algorithm, config, make_mesh(config.mesh, jax.devices()[:1]))
 
 
@@ -115,10 +122,11 @@ def rlax_grpo(steps: int, warmup: int) -> dict:
                                  max_new_tokens=NEW_TOKENS, prefill_buckets=(16,), decode_steps_per_call=NEW_TOKENS)
     engine = Engine(engine_config, model.config, model.params)
     trainer = single_device_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
-                                    groups_per_step=len(PROMPTS), max_seq_len=longest + NEW_TOKENS)
+                                    groups_per_step=len(PROMPTS), max_seq_len=longest + NEW_TOKENS,
+                                    micro_batches=GRPO_MICRO_BATCHES)
     state = trainer.init_state(model.params)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, n=NUM_GENERATIONS, ignore_eos=True)
-    times, generate_times, rewards = [], [], []
+    times, generate_times, update_times, rewards = [], [], [], []
     for step in range(warmup + steps):
         started = time.perf_counter()
         requests = [Request(ids, sampling, prompt_id=i, seed=step) for i, ids in enumerate(prompt_ids)]
@@ -133,16 +141,23 @@ def rlax_grpo(steps: int, warmup: int) -> dict:
                          finish_reason=c.finish_reason, reward=reward(tokenizer.decode(c.completion_ids)),
                          reward_info="{}") for c in group]
             tables.append(to_table(rows, ROLLOUT_SCHEMA))
-        state, metrics = trainer.step(state, make_batch(tables, max_seq_len=longest + NEW_TOKENS))
+        batch = make_batch(tables, max_seq_len=longest + NEW_TOKENS, row_multiple=trainer.row_multiple)
+        update_started = time.perf_counter()
+        state, metrics = trainer.step(state, batch)
+        jax.block_until_ready((state, metrics))
+        updated = time.perf_counter()
         # The next update donates (reuses) the state's buffers, so the engine gets its own copy.
         engine.update_weights(jax.tree.map(jnp.copy, state.params), step + 1)
         jax.block_until_ready(state.params)
         if step >= warmup:
             times.append(time.perf_counter() - started)
             generate_times.append(generated - started)
+            update_times.append(updated - update_started)
             rewards.append(float(metrics["reward_mean"]))
-    return {"seconds_per_step": statistics.median(times), "generate_seconds": statistics.median(generate_times),
-            "steps_timed": steps, "reward_mean": float(np.mean(rewards)),
+    seconds, generating, updating = map(statistics.median, (times, generate_times, update_times))
+    return {"seconds_per_step": seconds, "generate_seconds": generating, "update_seconds": updating,
+            "other_seconds": seconds - generating - updating, "update_batch": list(batch["tokens"].shape),
+            "update_micro_batches": GRPO_MICRO_BATCHES, "steps_timed": steps, "reward_mean": float(np.mean(rewards)),
             "completion_tokens": len(PROMPTS) * NUM_GENERATIONS * NEW_TOKENS}
 
 

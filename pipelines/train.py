@@ -7,8 +7,9 @@ Reads (all from the run config, ``pipelines.config.RunConfig``):
     model.path, model.dtype   the initial policy (and the KL reference): HF folder or llama2.c .bin
     algorithm                 the objective (rlax_core.rl; ``preset: grpo`` + overrides)
     trainer                   rlax_core.training.TrainerConfig: optimizer, mesh, groups_per_step,
-                              micro_batches, max_seq_len, total_steps, max_staleness,
-                              checkpoint_every, keep_checkpoints, wait_timeout_s, ...
+                              ppo_epochs, mini_batches, micro_batches, value_model (PPO's critic),
+                              max_seq_len, total_steps, max_staleness, checkpoint_every,
+                              keep_checkpoints, wait_timeout_s, ...
     run.name, run.output_dir  where everything lives:
 
     OUTPUT/rollouts/RUN/step_XXXXXXXX/group_XXXXX.parquet   input  (rlax_core.data.rollout_store)
