@@ -5,8 +5,9 @@
     engine = Engine(EngineConfig(num_slots=16), model.config, model.params, version=0)
     completions = engine.generate([Request(prompt_ids, SamplingParams(temperature=1.0, n=4), "id-17", seed=0)])
 
-See ``engine`` for scheduling and weight swaps, ``sampling`` for keys and log-probs, ``kv_cache``
-for the paged cache, ``attention`` / ``pallas_attention`` for the decode attention.
+See ``engine`` for scheduling and weight swaps, ``programs`` for the compiled prefill and decode,
+``sampling`` for keys and log-probs, ``kv_cache`` for the paged cache and the decode window,
+``attention`` / ``pallas_attention`` for the decode attention.
 """
 
 from rlax_core.inference.config import EngineConfig, SamplingParams

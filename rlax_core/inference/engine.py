@@ -31,7 +31,6 @@ import functools
 import logging
 import math
 import threading
-import time
 from collections import deque
 from typing import Any, Callable, Literal, Sequence
 
@@ -39,14 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention, window_decode_attention
+from rlax_core.inference import programs
 from rlax_core.inference.config import EngineConfig, SamplingParams
-from rlax_core.inference.kv_cache import (
-    DecodeWindow, KVCache, PageAllocator, gather_window, init_kv_cache, pages_needed, scatter_window, write_pages)
-from rlax_core.inference.pallas_attention import paged_decode_attention
-from rlax_core.inference.sampling import SamplingMode, prompt_key_id, sample_key, sample_tokens
+from rlax_core.inference.kv_cache import PageAllocator, init_kv_cache, pages_needed
+from rlax_core.inference.sampling import SamplingMode, prompt_key_id
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.transformer import forward_with_cache, unstack_layers
+from rlax_core.models.transformer import unstack_layers
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +165,8 @@ class Engine:
         self.stats = {"prefill_calls": 0, "shared_prefills": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0,
                       "weight_swaps": 0}
         # Module-level programs keyed by static shapes: engines with equal configs share compilations.
-        self._prefill = functools.partial(_prefill, model_config=model_config)
-        self._decode = functools.partial(_decode, model_config=model_config, chunk=config.decode_steps_per_call,
+        self._prefill = functools.partial(programs.prefill, model_config=model_config)
+        self._decode = functools.partial(programs.decode, model_config=model_config, chunk=config.decode_steps_per_call,
                                          attention=self.attention)
 
     # ------------------------------------------------------------------ public API
@@ -202,9 +199,9 @@ class Engine:
         """Compile every program ``generate`` may call for these sampling modes, now.
 
         That is one prefill per (batch bucket, prompt-length bucket), one page copy per prompt-length
-        bucket, and one decode per window width and mode. Call it when a worker starts so that no request pays for a compilation: afterwards
-        nothing compiles, whatever lengths, fills and sampling settings arrive. It runs each
-        program on an idle batch, which writes only the sink page.
+        bucket, and one decode per window width and mode. Call it when a worker starts so that no
+        request pays for a compilation: afterwards nothing compiles, whatever lengths, fills and
+        sampling settings arrive. It runs each program on an idle batch, which writes only the sink page.
         """
         if self.has_unfinished():
             raise RuntimeError("warm_up() needs an idle engine")
@@ -216,12 +213,10 @@ class Engine:
                 self._cache = self._prefill(self._params, self._cache, padding, padding - 1, no_pages)
         for pages in sorted({pages_needed(length, config.page_size) for length in config.prefill_buckets}):
             sink = np.zeros((config.num_slots, pages), np.int32)
-            self._cache = _copy_pages(self._cache, sink, sink)
+            self._cache = programs.copy_pages(self._cache, sink, sink)
         for mode in modes:
-            for width in self._window_widths:
-                idle = self._slots.as_dict()  # no slot is active: the decode loop exits at once
-                idle["page_table"] = idle["page_table"][:, :width]
-                *_, self._cache = self._decode(self._params, self._cache, idle, mode=mode)
+            for width in self._window_widths:  # no slot is active: each decode loop exits at once
+                *_, self._cache = self._decode(self._params, self._cache, self._decode_state(width), mode=mode)
         jax.block_until_ready(self._cache)
 
     def has_unfinished(self) -> bool:
@@ -350,7 +345,7 @@ class Engine:
                 source[row, :pages], target[row, :pages] = owner.pages[:pages], seq.pages[:pages]
                 copies += 1
         if copies:
-            self._cache = _copy_pages(self._cache, source, target)
+            self._cache = programs.copy_pages(self._cache, source, target)
             self.stats["shared_prefills"] += copies
 
     def _fill_sampling(self, state: _SlotState, row: int, seq: _Sequence) -> None:
@@ -370,9 +365,8 @@ class Engine:
     def _decode_chunk(self) -> None:
         slots = self._slots
         mode = max(_mode_of(seq.request.sampling) for seq in self._running if seq is not None)
-        state = slots.as_dict()
-        state["page_table"] = state["page_table"][:, : self._pages_this_call()]
-        tokens, logprobs, steps, state, self._cache = self._decode(self._params, self._cache, state, mode=mode)
+        tokens, logprobs, steps, state, self._cache = self._decode(
+            self._params, self._cache, self._decode_state(self._pages_this_call()), mode=mode)
         tokens, logprobs, steps = np.asarray(tokens), np.asarray(logprobs), int(steps)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += steps
@@ -383,6 +377,11 @@ class Engine:
                 produced = tokens[slot, :steps]
                 count = int((produced >= 0).sum())
                 self._record(slot, produced[:count].tolist(), logprobs[slot, :count].tolist())
+
+    def _decode_state(self, width: int) -> dict[str, np.ndarray]:
+        state = self._slots.as_dict()
+        state["page_table"] = state["page_table"][:, :width]
+        return state
 
     def _pages_this_call(self) -> int:
         """Page-table columns the next decode call can touch, rounded up to a bucket (``_geometric_buckets``).
@@ -459,108 +458,3 @@ class Engine:
         if impl == "auto":
             return "pallas" if jax.default_backend() in ("tpu", "gpu") else "window"
         return impl
-
-
-# ----------------------------------------------------------------------------- compiled programs (device)
-
-
-def _keys(state, token_index):
-    return jax.vmap(sample_key)(state["seed"], state["prompt_key"], state["sample_index"], token_index)
-
-
-@functools.partial(jax.jit, static_argnames=("model_config",), donate_argnames=("cache",))
-def _prefill(params, cache: KVCache, tokens, positions, page_table, *, model_config: ModelConfig) -> KVCache:
-    """Run left-padded prompt prefixes [B, T] through the model and write their keys and values into their pages."""
-    valid = positions >= 0
-    scale = model_config.head_dim ** -0.5
-
-    def attend(layer, q, k, v, cache):
-        cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, valid),
-                        write_pages(cache.v, layer, v, page_table, positions, valid))
-        return prefill_attention(q, k, v, valid, scale), cache
-
-    # Only the cache is returned: the compiler drops the classifier.
-    _, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)
-    return cache
-
-
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def _copy_pages(cache: KVCache, source, target) -> KVCache:
-    """Copy pages ``source[i, j]`` to ``target[i, j]`` in every layer (both [rows, pages]; 0 -> 0 is a no-op)."""
-    return KVCache(*(pool.at[:, target].set(pool[:, source], mode="promise_in_bounds") for pool in cache))
-
-
-@functools.partial(jax.jit, static_argnames=("model_config", "chunk", "attention", "mode"),
-                   donate_argnames=("cache",))
-def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, attention: str,
-            mode: SamplingMode):
-    """Decode up to ``chunk`` tokens for every active slot; stop early when all are done.
-
-    Returns tokens and log-probs [num_slots, chunk] (-1 where a slot produced nothing), the
-    number of steps run, the updated slot state and the cache.
-    """
-    num_slots = state["active"].shape[0]
-    scale = model_config.head_dim ** -0.5
-    page_table = state["page_table"]
-    windowed = attention == "window"
-
-    def step(carry):
-        index, kv, s, out_tokens, out_logprobs = carry
-        active = s["active"]
-        if windowed:
-            attend = _window_attend(s["length"], active, scale)
-        else:
-            attend = _paged_attend(page_table, s["length"], active, scale, use_pallas=attention == "pallas")
-        logits, kv = forward_with_cache(params, model_config, s["last_token"][:, None], s["length"][:, None], kv,
-                                        attend)
-        keys = _keys(s, s["generated"])
-        tokens, logprobs = sample_tokens(logits[:, 0], keys, s["temperature"], s["top_k"], s["top_p"], mode)
-        out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
-        out_logprobs = out_logprobs.at[:, index].set(jnp.where(active, logprobs, 0.0))
-        generated = s["generated"] + active
-        stopped = (tokens[:, None] == s["stop_ids"]).any(axis=1)
-        done = stopped | (generated >= s["max_new"])
-        s = {**s, "generated": generated, "length": s["length"] + active, "active": active & ~done,
-             "last_token": jnp.where(active, tokens, s["last_token"])}
-        return index + 1, kv, s, out_tokens, out_logprobs
-
-    def keep_going(carry):
-        index, _, s, _, _ = carry
-        return (index < chunk) & s["active"].any()
-
-    kv = gather_window(cache, page_table) if windowed else cache
-    init = (jnp.int32(0), kv, state, jnp.full((num_slots, chunk), -1, jnp.int32),
-            jnp.zeros((num_slots, chunk), jnp.float32))
-    steps, kv, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
-    cache = scatter_window(cache, kv, page_table) if windowed else kv
-    return out_tokens, out_logprobs, steps, state, cache
-
-
-def _paged_attend(page_table, lengths, active, scale, use_pallas: bool):
-    """Write each active slot's new token into its page, then attend over the pages."""
-    positions = lengths[:, None]
-
-    def attend(layer, q, k, v, cache: KVCache):
-        cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
-                        write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
-        if use_pallas:
-            out = paged_decode_attention(q[:, 0], cache.k[layer], cache.v[layer], page_table, lengths + 1,
-                                         scale=scale, interpret=jax.default_backend() == "cpu")
-        else:
-            out = paged_decode_attention_reference(q[:, 0], cache.k, cache.v, page_table, lengths + 1, scale,
-                                                   layer=layer)
-        return out[:, None], cache
-
-    return attend
-
-
-def _window_attend(lengths, active, scale):
-    """Write each active slot's new token into the dense window, then attend over the window."""
-
-    def attend(layer, q, k, v, window: DecodeWindow):
-        dropped = window.k[layer].shape[-1]  # an out-of-range position: idle slots write nothing
-        window = window.write(layer, jnp.where(active, lengths, dropped), k[:, 0], v[:, 0])
-        out = window_decode_attention(q[:, 0], window.k[layer], window.v[layer], lengths + 1, scale)
-        return out[:, None], window
-
-    return attend

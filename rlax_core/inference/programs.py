@@ -1,0 +1,121 @@
+"""The engine's compiled programs: prefill, page copy and the decode loop (device side).
+
+Each is jitted once per static shape and donates the KV cache, which it returns updated. The
+host side (``engine``) decides what runs when; these decide nothing, they compute.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention, window_decode_attention
+from rlax_core.inference.kv_cache import DecodeWindow, KVCache, gather_window, scatter_window, write_pages
+from rlax_core.inference.pallas_attention import paged_decode_attention
+from rlax_core.inference.sampling import SamplingMode, sample_key, sample_tokens
+from rlax_core.models.config import ModelConfig
+from rlax_core.models.transformer import forward_with_cache
+
+
+def _keys(state, token_index):
+    return jax.vmap(sample_key)(state["seed"], state["prompt_key"], state["sample_index"], token_index)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config",), donate_argnames=("cache",))
+def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_config: ModelConfig) -> KVCache:
+    """Run left-padded prompt prefixes [B, T] through the model and write their keys and values into their pages."""
+    valid = positions >= 0
+    scale = model_config.head_dim ** -0.5
+
+    def attend(layer, q, k, v, cache):
+        cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, valid),
+                        write_pages(cache.v, layer, v, page_table, positions, valid))
+        return prefill_attention(q, k, v, valid, scale), cache
+
+    # Only the cache is returned: the compiler drops the classifier.
+    _, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)
+    return cache
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def copy_pages(cache: KVCache, source, target) -> KVCache:
+    """Copy pages ``source[i, j]`` to ``target[i, j]`` in every layer (both [rows, pages]; 0 -> 0 is a no-op)."""
+    return KVCache(*(pool.at[:, target].set(pool[:, source], mode="promise_in_bounds") for pool in cache))
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "chunk", "attention", "mode"),
+                   donate_argnames=("cache",))
+def decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, attention: str,
+            mode: SamplingMode):
+    """Decode up to ``chunk`` tokens for every active slot; stop early when all are done.
+
+    Returns tokens and log-probs [num_slots, chunk] (-1 where a slot produced nothing), the
+    number of steps run, the updated slot state and the cache.
+    """
+    num_slots = state["active"].shape[0]
+    scale = model_config.head_dim ** -0.5
+    page_table = state["page_table"]
+    windowed = attention == "window"
+
+    def step(carry):
+        index, kv, s, out_tokens, out_logprobs = carry
+        active = s["active"]
+        if windowed:
+            attend = _window_attend(s["length"], active, scale)
+        else:
+            attend = _paged_attend(page_table, s["length"], active, scale, use_pallas=attention == "pallas")
+        logits, kv = forward_with_cache(params, model_config, s["last_token"][:, None], s["length"][:, None], kv,
+                                        attend)
+        keys = _keys(s, s["generated"])
+        tokens, logprobs = sample_tokens(logits[:, 0], keys, s["temperature"], s["top_k"], s["top_p"], mode)
+        out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
+        out_logprobs = out_logprobs.at[:, index].set(jnp.where(active, logprobs, 0.0))
+        generated = s["generated"] + active
+        stopped = (tokens[:, None] == s["stop_ids"]).any(axis=1)
+        done = stopped | (generated >= s["max_new"])
+        s = {**s, "generated": generated, "length": s["length"] + active, "active": active & ~done,
+             "last_token": jnp.where(active, tokens, s["last_token"])}
+        return index + 1, kv, s, out_tokens, out_logprobs
+
+    def keep_going(carry):
+        index, _, s, _, _ = carry
+        return (index < chunk) & s["active"].any()
+
+    kv = gather_window(cache, page_table) if windowed else cache
+    init = (jnp.int32(0), kv, state, jnp.full((num_slots, chunk), -1, jnp.int32),
+            jnp.zeros((num_slots, chunk), jnp.float32))
+    steps, kv, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
+    cache = scatter_window(cache, kv, page_table) if windowed else kv
+    return out_tokens, out_logprobs, steps, state, cache
+
+
+def _paged_attend(page_table, lengths, active, scale, use_pallas: bool):
+    """Write each active slot's new token into its page, then attend over the pages."""
+    positions = lengths[:, None]
+
+    def attend(layer, q, k, v, cache: KVCache):
+        cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
+                        write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
+        if use_pallas:
+            out = paged_decode_attention(q[:, 0], cache.k[layer], cache.v[layer], page_table, lengths + 1,
+                                         scale=scale, interpret=jax.default_backend() == "cpu")
+        else:
+            out = paged_decode_attention_reference(q[:, 0], cache.k, cache.v, page_table, lengths + 1, scale,
+                                                   layer=layer)
+        return out[:, None], cache
+
+    return attend
+
+
+def _window_attend(lengths, active, scale):
+    """Write each active slot's new token into the dense window, then attend over the window."""
+
+    def attend(layer, q, k, v, window: DecodeWindow):
+        dropped = window.k[layer].shape[-1]  # an out-of-range position: idle slots write nothing
+        window = window.write(layer, jnp.where(active, lengths, dropped), k[:, 0], v[:, 0])
+        out = window_decode_attention(q[:, 0], window.k[layer], window.v[layer], lengths + 1, scale)
+        return out[:, None], window
+
+    return attend
