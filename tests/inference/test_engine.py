@@ -245,9 +245,14 @@ def test_pallas_engine_matches_reference_engine(engine, stories, small_engine_co
     params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
     requests = [Request(tokenizer.encode(t, add_bos=True), params, prompt_id=i)
                 for i, t in enumerate(["Once upon a time", "The dog ran"])]
-    for ours, reference in zip(pallas.generate(requests), engine.generate(requests)):
-        assert ours.completion_ids == reference.completion_ids
-        np.testing.assert_allclose(ours.logprobs, reference.logprobs, atol=1e-5)
+    _assert_same_samples(pallas.generate(requests), engine.generate(requests))
+
+
+def _assert_same_samples(ours, theirs):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.completion_ids == b.completion_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
 def test_window_engine_matches_reference_engine(engine, stories, small_engine_config):
@@ -260,9 +265,7 @@ def test_window_engine_matches_reference_engine(engine, stories, small_engine_co
     # Six samples through four slots: later samples reuse freed slots and pages mid-generation.
     requests = [Request(tokenizer.encode(t, add_bos=True), sampled, prompt_id=i, seed=7)
                 for i, t in enumerate(["Once upon a time", "The dog ran to the big"])]
-    for ours, theirs in zip(engine.generate(requests), reference.generate(requests)):
-        assert ours.completion_ids == theirs.completion_ids
-        np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=1e-5)
+    _assert_same_samples(engine.generate(requests), reference.generate(requests))
 
 
 def test_samples_of_a_request_share_one_prefill_and_equal_unshared_samples(engine, stories, small_engine_config):
@@ -276,6 +279,4 @@ def test_samples_of_a_request_share_one_prefill_and_equal_unshared_samples(engin
     one_at_a_time = alone.generate([request])
     assert alone.stats["shared_prefills"] == 0
     assert len({c.completion_ids for c in shared}) > 1  # the samples differ from one another
-    for ours, theirs in zip(shared, one_at_a_time):
-        assert ours.completion_ids == theirs.completion_ids
-        np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=1e-5)
+    _assert_same_samples(shared, one_at_a_time)
