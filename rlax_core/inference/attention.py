@@ -1,4 +1,5 @@
-"""Attention over the paged KV cache in plain jnp: the reference the Pallas kernel is tested against.
+"""Decode and prefill attention in plain jnp: the decode window's attention (the CPU path), and the
+paged reference (gather the pages, then the same math) that the Pallas kernel is tested against.
 
 Shapes: B sequences, Hq query heads, Hkv key/value heads (GQA: each KV head serves Hq // Hkv
 query heads), D head dim, P pages per sequence of S tokens each. Softmax runs in float32.

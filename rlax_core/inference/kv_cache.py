@@ -9,8 +9,9 @@ Page 0 is never handed out: it is the sink for writes that must go nowhere (prom
 slots), which keeps every write a fixed-shape scatter with no branch. Admission control reserves a
 request's worst-case pages before it starts, so a running sequence never runs out of pages.
 
-A ``DecodeWindow`` is the running sequences' pages laid out densely, one ``[slots, pages *
-page_size, kv_heads, head_dim]`` array per layer. Backends without a paged-attention kernel (CPU)
+A ``DecodeWindow`` is the running sequences' pages laid out densely, per layer a keys array
+``[slots, kv_heads, head_dim, tokens]`` and a values array ``[slots, kv_heads, tokens, head_dim]``
+(``to_window_layout``). Backends without a paged-attention kernel (CPU)
 gather it once per decode call, decode the call's steps against it and write it back: one gather
 per call instead of one per layer per token. The pool stays the cache of record, so memory
 between calls still follows real lengths.
