@@ -246,18 +246,18 @@ class Trainer:
         """Weights (policy or critic) in the layout the forward pass runs: unrolled layers when
         ``scan_layers`` is off. Done once per update, outside the micro-batch loop, so that the
         gradients are accumulated in that layout and stacked back once (:meth:`_stacked`)."""
-        if self.config.scan_layers or params is None:
-            return params
-        if "backbone" in params:
-            return {**params, "backbone": unstack_layers(params["backbone"])}
-        return unstack_layers(params)
+        return self._relayout(params, unstack_layers)
 
     def _stacked(self, tree):
+        return self._relayout(tree, stack_layers)
+
+    def _relayout(self, tree, convert):
+        """``convert`` the layer layout of a policy tree, or of a critic's ``backbone``."""
         if self.config.scan_layers or tree is None:
             return tree
         if "backbone" in tree:
-            return {**tree, "backbone": stack_layers(tree["backbone"])}
-        return stack_layers(tree)
+            return {**tree, "backbone": convert(tree["backbone"])}
+        return convert(tree)
 
     def _logprobs(self, params, micro, remat=False):
         return token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat)
