@@ -7,10 +7,12 @@
 
 See ``engine`` for scheduling and weight swaps, ``programs`` for the compiled prefill and decode,
 ``sampling`` for keys and log-probs, ``kv_cache`` for the paged cache and the decode window,
-``attention`` / ``pallas_attention`` for the decode attention.
+``attention`` / ``pallas_attention`` for the decode attention, ``replicas`` for one engine per
+device (data-parallel generation within a host).
 """
 
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.inference.engine import Completion, Engine, Request
+from rlax_core.inference.replicas import ReplicatedEngine
 
-__all__ = ["Completion", "Engine", "EngineConfig", "Request", "SamplingParams"]
+__all__ = ["Completion", "Engine", "EngineConfig", "ReplicatedEngine", "Request", "SamplingParams"]

@@ -136,16 +136,19 @@ def _power_of_two_buckets(limit: int) -> tuple[int, ...]:
 class Engine:
     """Load once, generate many times. Not re-entrant: one ``generate`` at a time per engine.
 
-    ``detokenize`` (ids -> text) is needed only for requests with stop strings.
+    ``detokenize`` (ids -> text) is needed only for requests with stop strings. ``device``: where
+    the weights and the cache live and every program runs (default: JAX's default device); one
+    engine per device is ``ReplicatedEngine``.
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, params: Any, version: int = 0,
-                 detokenize: Callable[[Sequence[int]], str] | None = None):
+                 detokenize: Callable[[Sequence[int]], str] | None = None, device: jax.Device | None = None):
         self.config = config
         self.model_config = model_config
         self.detokenize = detokenize
+        self.device = device
         self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-        self._params, self._version = unstack_layers(params), int(version)
+        self._params, self._version = self._place(unstack_layers(params)), int(version)
         self._pending_weights: tuple[Any, int] | None = None
         self._lock = threading.Lock()
         self.attention = self._resolve_attention(config.attention_impl)
@@ -154,8 +157,9 @@ class Engine:
         self._window_widths = ((config.pages_per_sequence,) if self.attention == "pallas"
                                else _geometric_buckets(config.pages_per_sequence))
         dtype = jnp.bfloat16 if config.cache_dtype == "bfloat16" else jnp.float32
-        self._cache = init_kv_cache(model_config.num_layers, config.num_pages, config.page_size,
-                                    model_config.num_kv_heads, model_config.head_dim, dtype)
+        with jax.default_device(device):  # allocated in place: a TPU cache may not fit twice on one chip
+            self._cache = init_kv_cache(model_config.num_layers, config.num_pages, config.page_size,
+                                        model_config.num_kv_heads, model_config.head_dim, dtype)
         self._allocator = PageAllocator(config.num_pages)
         self._slots = _SlotState(config.num_slots, config.pages_per_sequence)
         self._running: list[_Sequence | None] = [None] * config.num_slots
@@ -250,7 +254,7 @@ class Engine:
         if shapes != self._param_shapes:
             raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
                              "engine's; build a new Engine for a different model")
-        params = unstack_layers(params)
+        params = self._place(unstack_layers(params))
         with self._lock:
             self._pending_weights = (params, int(version))
         self._maybe_swap_weights()
@@ -452,6 +456,10 @@ class Engine:
             (self._params, self._version), self._pending_weights = self._pending_weights, None
         self.stats["weight_swaps"] += 1
         logger.info("engine now on weight version %d", self._version)
+
+    def _place(self, tree):
+        """On the engine's device: programs run where their committed inputs (weights, cache) are."""
+        return tree if self.device is None else jax.device_put(tree, self.device)
 
     @staticmethod
     def _resolve_attention(impl: str) -> str:

@@ -1,0 +1,93 @@
+"""Data-parallel generation within one host: one ``Engine`` per device, all decoding at once.
+
+    engine = ReplicatedEngine(EngineConfig(num_slots=32), model.config, model.params)  # every local device
+    completions = engine.generate(requests)        # as Engine.generate: request order, then sample index
+    engine.update_weights(new_params, version=1)   # every replica; each swaps as Engine does
+
+Each replica holds its own weights and paged cache on its device and runs its own decode loop in
+its own thread (a compiled call releases the GIL), so ``num_slots`` is per replica. A request goes
+whole to one replica, so its ``n`` samples still share one prefill; requests are dealt to the
+replica with the fewest sample tokens so far, in request order, so the split is deterministic.
+
+Which replica decodes a sample does not change its random draws (they are keyed by seed, prompt id
+and sample index), only the batch it shares, exactly as with one engine and a different batch.
+
+On a CPU host, ``rlax_core.utils.devices.use_cpu_cores_as_devices`` makes each core a device: the
+small operations of a small model run on one thread each, so a second replica is what puts the
+second core to work.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+import jax
+
+from rlax_core.inference.config import EngineConfig
+from rlax_core.inference.engine import Completion, Engine, Request
+from rlax_core.inference.sampling import SamplingMode
+from rlax_core.models.config import ModelConfig
+
+
+class ReplicatedEngine:
+    """``Engine``'s ``generate`` / ``update_weights`` / ``warm_up`` over one engine per device."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, params: Any, version: int = 0,
+                 detokenize: Callable[[Sequence[int]], str] | None = None,
+                 devices: Sequence[jax.Device] | None = None):
+        devices = list(jax.local_devices() if devices is None else devices)
+        if not devices:
+            raise ValueError("ReplicatedEngine needs at least one device")
+        self.config = config
+        self.engines = [Engine(config, model_config, params, version, detokenize, device=device) for device in devices]
+        self._threads = ThreadPoolExecutor(len(devices), thread_name_prefix="engine-replica")
+
+    @property
+    def version(self) -> int:
+        """The weight version new sequences start on (the oldest replica's, mid-swap)."""
+        return min(engine.version for engine in self.engines)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Every replica's counters, summed."""
+        return {name: sum(engine.stats[name] for engine in self.engines) for name in self.engines[0].stats}
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Complete every request ``n`` times across the replicas; request order, then sample index."""
+        shares = self._deal(requests)
+        results = self._on_every_replica(lambda engine, share: engine.generate([requests[i] for i in share]), shares)
+        by_request: list[list[Completion]] = [[] for _ in requests]
+        for share, completions in zip(shares, results):
+            position = 0
+            for i in share:  # each replica returns its requests in order, n completions each
+                by_request[i] = completions[position:position + requests[i].sampling.n]
+                position += requests[i].sampling.n
+        return [completion for completions in by_request for completion in completions]
+
+    def update_weights(self, params: Any, version: int) -> None:
+        for engine in self.engines:
+            engine.update_weights(params, version)
+
+    def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode)) -> None:
+        self._on_every_replica(lambda engine, _: engine.warm_up(modes), [None] * len(self.engines))
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+
+    def _deal(self, requests: Sequence[Request]) -> list[list[int]]:
+        """Request indices per replica: each to the replica with the least sample tokens so far."""
+        shares: list[list[int]] = [[] for _ in self.engines]
+        load = [0] * len(self.engines)
+        for i, request in enumerate(requests):
+            target = min(range(len(self.engines)), key=lambda r: load[r])
+            shares[target].append(i)
+            load[target] += request.sampling.n * (len(request.prompt_ids) + request.sampling.max_new_tokens)
+        return shares
+
+    def _on_every_replica(self, work, arguments: list) -> list:
+        """``work(engine, argument)`` on every replica at once; the first failure is raised."""
+        if len(self.engines) == 1:
+            return [work(self.engines[0], arguments[0])]
+        futures = [self._threads.submit(work, engine, argument) for engine, argument in zip(self.engines, arguments)]
+        return [future.result() for future in futures]

@@ -1,0 +1,82 @@
+"""One engine per device: the same completions as one engine, on the devices asked for, in order."""
+
+import jax
+import numpy as np
+import pytest
+
+from rlax_core.inference.config import SamplingParams
+from rlax_core.inference.engine import Engine, Request
+from rlax_core.inference.replicas import ReplicatedEngine
+
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, n=3, ignore_eos=True)
+TEXTS = ["Once upon a time", "The dog ran to the big", "Lily", "A boy found a box and", "Tom"]
+
+
+@pytest.fixture(scope="module")
+def replicated(stories, small_engine_config):
+    model, tokenizer = stories
+    if jax.local_device_count() < 2:
+        pytest.skip("needs two devices (tests run with 8 simulated CPU devices)")
+    return ReplicatedEngine(small_engine_config, model.config, model.params, detokenize=tokenizer.decode,
+                            devices=jax.local_devices()[:2])
+
+
+def _requests(tokenizer, sampling=SAMPLED):
+    return [Request(tokenizer.encode(t, add_bos=True), sampling, prompt_id=f"p{i}", seed=11)
+            for i, t in enumerate(TEXTS)]
+
+
+def test_replicas_give_one_engines_completions_in_request_then_sample_order(replicated, stories,
+                                                                           small_engine_config):
+    model, tokenizer = stories
+    single = Engine(small_engine_config, model.config, model.params)
+    requests = _requests(tokenizer)
+    ours, theirs = replicated.generate(requests), single.generate(requests)
+    assert [(c.prompt_id, c.sample_index) for c in ours] == [(f"p{i}", s) for i in range(len(TEXTS)) for s in range(3)]
+    assert [c.completion_ids for c in ours] == [c.completion_ids for c in theirs]
+    # The batches differ (each replica holds a part), and with them the order of some float sums.
+    np.testing.assert_allclose([c.logprobs for c in ours], [c.logprobs for c in theirs], atol=1e-4)
+
+
+def test_each_replica_runs_on_its_device_and_both_take_work(replicated, stories):
+    _, tokenizer = stories
+    assert [engine.device for engine in replicated.engines] == jax.local_devices()[:2]
+    for engine in replicated.engines:
+        assert jax.tree.leaves(engine._params)[0].devices() == {engine.device}
+        assert engine._cache.k.devices() == engine._cache.v.devices() == {engine.device}
+    before = [engine.stats["tokens"] for engine in replicated.engines]
+    replicated.generate(_requests(tokenizer))
+    done = [engine.stats["tokens"] - b for engine, b in zip(replicated.engines, before)]
+    assert all(count > 0 for count in done) and sum(done) == len(TEXTS) * 3 * SAMPLED.max_new_tokens
+    # A request's samples stay on one replica, so they still share one prefill: 2 copies per request.
+    assert replicated.stats["shared_prefills"] >= 2 * len(TEXTS)
+
+
+def test_requests_are_dealt_by_sample_tokens_deterministically(replicated, stories):
+    _, tokenizer = stories
+    long_one = SamplingParams(temperature=0.0, max_new_tokens=200, n=4, ignore_eos=True)
+    short = SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True)
+    requests = [Request([1, 2, 3], long_one, prompt_id="long")] + [
+        Request([1, 2, 3], short, prompt_id=f"s{i}") for i in range(6)]
+    assert replicated._deal(requests) == [[0], [1, 2, 3, 4, 5, 6]]
+    assert replicated._deal(requests) == replicated._deal(requests)
+
+
+def test_weight_swap_reaches_every_replica(stories, small_engine_config):
+    model, tokenizer = stories
+    replicated = ReplicatedEngine(small_engine_config, model.config, model.params, version=3,
+                                  devices=jax.local_devices()[:2])
+    newer = jax.tree.map(lambda x: x * 0.9, model.params)
+    replicated.update_weights(newer, version=4)
+    assert replicated.version == 4 and all(engine.version == 4 for engine in replicated.engines)
+    completions = replicated.generate(_requests(tokenizer))
+    assert {c.weight_version for c in completions} == {4}
+    reference = Engine(small_engine_config, model.config, newer, version=4).generate(_requests(tokenizer))
+    assert [c.completion_ids for c in completions] == [c.completion_ids for c in reference]
+    replicated.close()
+
+
+def test_a_bad_request_fails_with_its_reason(replicated):
+    too_long = Request(list(range(3, 40)), SAMPLED, prompt_id="too-long")
+    with pytest.raises(ValueError, match="max_prompt_len"):
+        replicated.generate([too_long])
