@@ -19,7 +19,7 @@ def window_decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, le
                             scale: float) -> jax.Array:
     """One query token per sequence against its first ``lengths[b]`` tokens of a decode window.
 
-    q [B, Hq, D]; keys [B, Hkv, D, T] and values [B, Hkv, T, D] (``kv_cache.to_window_layout``).
+    q [B, Hq, D]; keys and values [B, Hkv, D, T] (``kv_cache.to_window_layout``).
     Returns [B, Hq, D] in q's dtype. A length of 0 attends to nothing and gives zeros.
     """
     batch, num_heads, head_dim = q.shape
@@ -27,9 +27,12 @@ def window_decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, le
     qg = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = jnp.einsum("bhgd,bhdt->bhgt", qg, keys, preferred_element_type=jnp.float32) * scale
     visible = (jnp.arange(tokens)[None, :] < lengths[:, None])[:, None, None, :]
-    # Zeroing masked weights makes an empty sequence (length 0) attend to nothing: output zeros.
-    weights = jnp.where(visible, jax.nn.softmax(jnp.where(visible, scores, _MASKED), axis=-1), 0.0)
-    out = jnp.einsum("bhgt,bhtd->bhgd", weights, values.astype(jnp.float32), preferred_element_type=jnp.float32)
+    scores = jnp.where(visible, scores, _MASKED)
+    # Unnormalised weights, zero where masked (so a length of 0 gives zeros), divided after the value
+    # product: the division then runs over [.., D] instead of the [.., T] weights.
+    weights = jnp.where(visible, jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True)), 0.0)
+    out = jnp.einsum("bhgt,bhdt->bhgd", weights, values.astype(jnp.float32), preferred_element_type=jnp.float32)
+    out = out / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)
 
 

@@ -71,17 +71,18 @@ def gather_pages(pages: jax.Array, page_table: jax.Array, layer: jax.Array | int
 
 
 def to_window_layout(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Tokens-major k/v [B, T, Hkv, D] to the window layout: keys [B, Hkv, D, T], values [B, Hkv, T, D].
+    """Tokens-major k/v [B, T, Hkv, D] to the window layout: keys and values both [B, Hkv, D, T].
 
-    Decode attention contracts keys over D and values over T. With these layouts both contractions
-    stream over a contiguous minor axis, which on CPU runs at memory bandwidth; the tokens-major
-    layout makes the score reduction a short horizontal sum, four times slower.
+    Decode attention contracts keys over D and values over T. Tokens-minor keys make the score
+    product stream over T (the tokens-major layout made it a short horizontal sum, four times
+    slower). Tokens-minor values make the value product a dot along contiguous T per output, which
+    XLA:CPU runs 1.6x faster than the same product over [.., T, D] values (stories260K, batch 32).
     """
-    return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 3, 1)
 
 
 class DecodeWindow(NamedTuple):
-    """Per layer, the running slots' keys [B, Hkv, D, T] and values [B, Hkv, T, D] (``to_window_layout``)."""
+    """Per layer, the running slots' keys and values, each [B, Hkv, D, T] (``to_window_layout``)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -90,7 +91,7 @@ class DecodeWindow(NamedTuple):
         """Store one token per slot, k/v [B, Hkv, D], at ``positions`` [B]; out-of-range positions are dropped."""
         rows = jnp.arange(positions.shape[0])
         keys = self.k[layer].at[rows, :, :, positions].set(k.astype(self.k[layer].dtype), mode="drop")
-        values = self.v[layer].at[rows, :, positions].set(v.astype(self.v[layer].dtype), mode="drop")
+        values = self.v[layer].at[rows, :, :, positions].set(v.astype(self.v[layer].dtype), mode="drop")
         return DecodeWindow(_replace(self.k, layer, keys), _replace(self.v, layer, values))
 
 
@@ -116,7 +117,7 @@ def scatter_window(cache: KVCache, window: DecodeWindow, page_table: jax.Array) 
     k_pool, v_pool = cache
     for layer, (keys, values) in enumerate(zip(window.k, window.v)):
         k_pool = put(k_pool, layer, keys.transpose(0, 3, 1, 2))
-        v_pool = put(v_pool, layer, values.transpose(0, 2, 1, 3))
+        v_pool = put(v_pool, layer, values.transpose(0, 3, 1, 2))
     return KVCache(k_pool, v_pool)
 
 

@@ -51,9 +51,9 @@ def test_decode_window_holds_each_slot_in_order_and_writes_back_only_real_pages(
     cache = KVCache(k, k + 100)
     page_table = jnp.asarray([[5, 2, 0], [0, 0, 0], [1, 3, 6]], jnp.int32)  # slot 1 idle; slot 0 has 2 pages
     window = gather_window(cache, page_table)
-    # Keys are [B, Hkv, D, T], values [B, Hkv, T, D]: token t of slot 2 is page 3's offset 0 when t == 2.
+    # Keys and values are [B, Hkv, D, T]: token t of slot 2 is page 3's offset 0 when t == 2.
     np.testing.assert_array_equal(window.k[1][2, :, :, 2], k[1, 3, 0])
-    np.testing.assert_array_equal(window.v[0][0, :, 3, :], k[0, 2, 1] + 100)
+    np.testing.assert_array_equal(window.v[0][0, :, :, 3], k[0, 2, 1] + 100)
     new = jnp.full((3, kv_heads, head_dim), -1.0)
     window = window.write(1, jnp.asarray([3, 6, 99]), new, new)  # slot 2 at 99: out of range, dropped
     written = scatter_window(cache, window, page_table)
