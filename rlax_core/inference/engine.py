@@ -43,7 +43,6 @@ from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.inference.kv_cache import PageAllocator, init_kv_cache, pages_needed
 from rlax_core.inference.sampling import SamplingMode, prompt_key_id
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.transformer import unstack_layers
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +147,7 @@ class Engine:
         self.detokenize = detokenize
         self.device = device
         self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-        self._params, self._version = self._place(unstack_layers(params)), int(version)
+        self._params, self._version = programs.unstacked(self._place(params)), int(version)
         self._pending_weights: tuple[Any, int] | None = None
         self._lock = threading.Lock()
         self.attention = self._resolve_attention(config.attention_impl)
@@ -254,7 +253,7 @@ class Engine:
         if shapes != self._param_shapes:
             raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
                              "engine's; build a new Engine for a different model")
-        params = self._place(unstack_layers(params))
+        params = programs.unstacked(self._place(params))
         with self._lock:
             self._pending_weights = (params, int(version))
         self._maybe_swap_weights()

@@ -1,4 +1,4 @@
-"""The engine's compiled programs: prefill, page copy and the decode loop (device side).
+"""The engine's compiled programs: prefill, page copy, the decode loop, and the weights' relayout.
 
 Each is jitted once per static shape and donates the KV cache, which it returns updated. The
 host side (``engine``) decides what runs when; these decide nothing, they compute.
@@ -16,7 +16,11 @@ from rlax_core.inference.kv_cache import DecodeWindow, KVCache, gather_window, s
 from rlax_core.inference.pallas_attention import paged_decode_attention
 from rlax_core.inference.sampling import SamplingMode, sample_key, sample_tokens
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.transformer import forward_with_cache
+from rlax_core.models.transformer import forward_with_cache, unstack_layers
+
+# The engine's weight layout (unrolled layers), in one dispatch: sliced op by op, the weights of a
+# trainer's multi-device mesh took 44 ms per swap for stories260K on 2 CPU devices.
+unstacked = jax.jit(unstack_layers)
 
 
 def _keys(state, token_index):
