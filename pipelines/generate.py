@@ -41,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-sequence tokens")
     parser.add_argument("--format", choices=["text", "jsonl"], default="text")
     parser.add_argument("--output", help="write here instead of stdout")
-    parser.add_argument("--num-slots", type=int, default=16, help="sequences decoded together")
+    parser.add_argument("--num-slots", type=int, default=16, help="sequences decoded together (per replica)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="engines, one per device, dealt whole prompts; 0 = one per local device. "
+                             "On a CPU host each core becomes a device")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--chat", action="store_true", help="render each prompt as a user turn with the chat template")
 
@@ -75,6 +78,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return "give --prompt or --prompts-file, not both"
     if args.n < 1 or args.num_slots < 1:
         return "--n and --num-slots must be >= 1"
+    if args.replicas < 0:
+        return "--replicas must be >= 0 (0: one per local device)"
     return None
 
 
@@ -87,10 +92,15 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         print(f"rlax generate: {problem}", file=sys.stderr)
         return 2
 
+    from rlax_core.utils.devices import use_cpu_cores_as_devices
+
+    if args.replicas != 1:
+        use_cpu_cores_as_devices()  # before JAX starts: on a CPU host, one device per core
+    import jax
     import jax.numpy as jnp
 
     from rlax_core.config import ConfigError
-    from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams
+    from rlax_core.inference import EngineConfig, ReplicatedEngine, Request, SamplingParams
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
 
@@ -122,8 +132,13 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
             return 2
         requests.append(Request(ids, sampling, prompt_id=prompt_id, seed=args.seed))
 
-    engine = Engine(_engine_config(EngineConfig, requests, args), model.config, model.params,
-                    detokenize=tokenizer.decode)
+    devices = jax.local_devices()
+    replicas = args.replicas or len(devices)
+    if replicas > len(devices):
+        print(f"rlax generate: --replicas {replicas} but this host has {len(devices)} device(s)", file=sys.stderr)
+        return 2
+    engine = ReplicatedEngine(_engine_config(EngineConfig, requests, args), model.config, model.params,
+                              detokenize=tokenizer.decode, devices=devices[:replicas])
     try:
         completions = engine.generate(requests)
     except (ValueError, ConfigError) as error:

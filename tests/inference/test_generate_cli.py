@@ -26,9 +26,18 @@ def test_sampled_jsonl_from_a_prompts_file_is_reproducible(tmp_path):
     for row in first:
         assert len(row["completion_ids"]) == len(row["logprobs"]) == 8 and row["finish_reason"] == "length"
         assert all(lp <= 0 for lp in row["logprobs"]) and row["seed"] == 4 and row["text"]
+    # Two engine replicas (the tests' simulated devices) deal the prompts out and give the same samples.
+    assert rlax([*flags, "--replicas", "2", "--output", str(tmp_path / "c.jsonl")]) == 0
+    replicated = _jsonl(tmp_path / "c.jsonl")
+    assert [row["completion_ids"] for row in replicated] == [row["completion_ids"] for row in first]
+    assert [row["prompt_id"] for row in replicated] == [row["prompt_id"] for row in first]
 
 
 def test_bad_sampling_options_fail_with_the_option_named(capsys):
     assert rlax(["generate", "--model", str(STORIES), "--top-p", "0"]) == 2
     assert "top_p" in capsys.readouterr().err
     assert rlax(["generate", "--model", str(STORIES), "--max-new-tokens", "0"]) == 2
+    assert rlax(["generate", "--model", str(STORIES), "--replicas", "-1"]) == 2
+    assert "--replicas" in capsys.readouterr().err
+    assert rlax(["generate", "--model", str(STORIES), "--replicas", "999"]) == 2
+    assert "999 but this host has" in capsys.readouterr().err
