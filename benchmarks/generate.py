@@ -3,7 +3,10 @@
 For each model and batch size (32-token prompts, 128 forced new tokens, greedy, float32) it
 measures in one run:
 
-  tokens_per_s                the engine (new tokens / wall time of generate(), compiled beforehand)
+  tokens_per_s                the engine (new tokens / wall time of generate(), compiled beforehand):
+                              a ReplicatedEngine with one replica per CPU core (each core a JAX
+                              device, rlax_core.utils.devices), the batch dealt across them, as
+                              transformers gets every core as threads
   transformers_tokens_per_s   transformers' generate on the very same weights (our save_pretrained)
   vs_transformers             the ratio of the two
   mfu                         engine tokens/s x model FLOPs per token / this CPU's float32 matmul peak
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,8 +38,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import forward as forward_benchmark  # noqa: E402  (the same models and matmul peak as the forward benchmark)
-from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
+from rlax_core.inference import EngineConfig, ReplicatedEngine, Request, SamplingParams  # noqa: E402
 from rlax_core.models import Model  # noqa: E402
+from rlax_core.utils.devices import use_cpu_cores_as_devices  # noqa: E402
 
 PROMPT_LEN, NEW_TOKENS = 32, 128
 
@@ -48,13 +53,15 @@ def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     return data.nbytes / seconds
 
 
-def engine_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int, steps_per_call: int) -> float:
-    batch = len(prompts)
+def engine_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int, steps_per_call: int,
+                        replicas: int) -> float:
+    replicas = min(replicas, len(prompts))
+    slots = -(-len(prompts) // replicas)
     page_size = 16
-    config = EngineConfig(num_slots=batch, page_size=page_size, num_pages=batch * (PROMPT_LEN + NEW_TOKENS) // page_size + 1,
+    config = EngineConfig(num_slots=slots, page_size=page_size, num_pages=slots * (PROMPT_LEN + NEW_TOKENS) // page_size + 1,
                           max_prompt_len=PROMPT_LEN, max_new_tokens=NEW_TOKENS, prefill_buckets=(PROMPT_LEN,),
                           decode_steps_per_call=steps_per_call)
-    engine = Engine(config, model.config, model.params)
+    engine = ReplicatedEngine(config, model.config, model.params, devices=jax.local_devices()[:replicas])
     sampling = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
     requests = [Request(p.tolist(), sampling, prompt_id=i) for i, p in enumerate(prompts)]
 
@@ -62,7 +69,7 @@ def engine_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int, steps_p
         completions = engine.generate(requests)
         assert all(len(c.completion_ids) == NEW_TOKENS for c in completions)
 
-    return batch * NEW_TOKENS / forward_benchmark.best_time(run, repeats)
+    return len(prompts) * NEW_TOKENS / forward_benchmark.best_time(run, repeats)
 
 
 def transformers_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int) -> float | None:
@@ -91,7 +98,10 @@ def main() -> None:
     parser.add_argument("--steps-per-call", type=int, default=64, help="decode steps per compiled call")
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers comparison")
+    parser.add_argument("--replicas", type=int, default=0, help="engine replicas, one per CPU device (0: one per core)")
     args = parser.parse_args()
+    devices = use_cpu_cores_as_devices(max(args.replicas, len(os.sched_getaffinity(0))))
+    replicas = args.replicas or devices
 
     peak = forward_benchmark.matmul_peak(args.matmul_size, 3)
     bandwidth = memory_bandwidth()
@@ -106,7 +116,7 @@ def main() -> None:
         entries = {}
         for batch in map(int, args.batches.split(",")):
             prompts = np.random.default_rng(batch).integers(3, config.vocab_size, (batch, PROMPT_LEN), dtype=np.int32)
-            tokens_per_s = engine_tokens_per_s(model, prompts, args.repeats, args.steps_per_call)
+            tokens_per_s = engine_tokens_per_s(model, prompts, args.repeats, args.steps_per_call, replicas)
             entry = {"tokens_per_s": round(tokens_per_s, 1), "mfu": round(tokens_per_s * flops_per_token / peak, 4)}
             if batch == 1:
                 kv_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4 * (PROMPT_LEN + NEW_TOKENS // 2)
@@ -124,7 +134,7 @@ def main() -> None:
                          "flops_per_token": flops_per_token, **entries}
 
     print(json.dumps({
-        "benchmark": "generate", "backend": jax.default_backend(), "dtype": "float32",
+        "benchmark": "generate", "backend": jax.default_backend(), "dtype": "float32", "engine_replicas": replicas,
         "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS, "greedy": True,
         "peak_matmul_flops": round(peak), "memory_bandwidth_bytes_per_s": round(bandwidth),
         "models": results,

@@ -17,7 +17,10 @@ Measured in one run, printed as one JSON object:
                    rest (rewarding, batching, handing the weights to the engine); each part's median.
 
 Both updates run the layers unrolled (``trainer.scan_layers=false``) in micro-batches small enough
-for their activations to stay in cache (stories260K: 16 of 4 rows); see docs/training.md.
+for their activations to stay in cache (stories260K: 4 rows per device); see docs/training.md.
+Each CPU core is a JAX device (rlax_core.utils.devices): the trainer's mesh puts them all on its
+``data`` axis and the rollout engine runs one replica per device (ReplicatedEngine), as TRL's
+torch gets every core as threads.
 
     python benchmarks/train_step.py
     python benchmarks/train_step.py --skip-trl --grpo-steps 3
@@ -46,7 +49,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import forward as forward_benchmark  # noqa: E402  (the 25M config, the matmul peak, best_time)
 from hf_stories import stories_hf_tokenizer  # noqa: E402
 from rlax_core.data.records import ROLLOUT_SCHEMA, to_table  # noqa: E402
-from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
+from rlax_core.inference import EngineConfig, ReplicatedEngine, Request, SamplingParams  # noqa: E402
 from rlax_core.models import from_pretrained, save_pretrained  # noqa: E402
 from rlax_core.models.tokenizer import load_tokenizer  # noqa: E402
 from rlax_core.rl.presets import get_preset  # noqa: E402
@@ -54,12 +57,13 @@ from rlax_core.training.batching import make_batch  # noqa: E402
 from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig  # noqa: E402
 from rlax_core.training.mesh import make_mesh  # noqa: E402
 from rlax_core.training.step import Trainer  # noqa: E402
+from rlax_core.utils.devices import use_cpu_cores_as_devices  # noqa: E402
 
 STORIES = REPO / "pipelines/assets/stories260K"
 PROMPTS = ["Once upon a time", "One day, a little girl", "Tom had a big red ball", "The sun was shining and",
            "There was a small dog", "Lily wanted to play", "A boy found a box", "The cat sat on the"]
 NUM_GENERATIONS, NEW_TOKENS, LEARNING_RATE = 8, 64, 3e-4
-GRPO_MICRO_BATCHES = 16  # 64 sequences of ~77 tokens: 4 rows per micro-batch (measured best of 1..64 rows)
+GRPO_ROWS_PER_MICRO_BATCH = 4  # per device; of 64 sequences of ~77 tokens (measured best of 1..64 rows)
 WORD = "dog"
 
 
@@ -68,10 +72,11 @@ def reward(text: str) -> float:
     return float(text.lower().split().count(WORD) == 1)
 
 
-def single_device_trainer(model_config, algorithm, **fields) -> Trainer:
-    config = TrainerConfig(mesh=MeshConfig(fsdp=1), optimizer=OptimizerConfig(learning_rate=LEARNING_RATE),
-                           scan_layers=False, **fields)
-    return Trainer(model_config, algorithm, config, make_mesh(config.mesh, jax.devices()[:1]))
+def data_parallel_trainer(model_config, algorithm, **fields) -> Trainer:
+    """The batch split over every device, weights replicated (data parallelism)."""
+    config = TrainerConfig(mesh=MeshConfig(data=jax.device_count(), fsdp=1),
+                           optimizer=OptimizerConfig(learning_rate=LEARNING_RATE), scan_layers=False, **fields)
+    return Trainer(model_config, algorithm, config, make_mesh(config.mesh, jax.devices()))
 
 
 # ----------------------------------------------------------------------------- the 25M update
@@ -79,7 +84,7 @@ def single_device_trainer(model_config, algorithm, **fields) -> Trainer:
 
 def update_25m(batch: int, seq_len: int, micro_batches: int, repeats: int, peak: float) -> dict:
     model = forward_benchmark.load("25m")
-    trainer = single_device_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
+    trainer = data_parallel_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
                                     max_seq_len=seq_len, micro_batches=micro_batches)
     state = trainer.init_state(model.params)
     rng = np.random.default_rng(0)
@@ -117,13 +122,15 @@ def rlax_grpo(steps: int, warmup: int) -> dict:
     tokenizer = load_tokenizer(STORIES)
     prompt_ids = [tokenizer.encode(p, add_bos=True) for p in PROMPTS]
     longest = max(map(len, prompt_ids))
-    engine_config = EngineConfig(num_slots=len(PROMPTS) * NUM_GENERATIONS, page_size=16,
-                                 num_pages=len(PROMPTS) * NUM_GENERATIONS * 6 + 1, max_prompt_len=16,
+    devices = jax.device_count()
+    slots = -(-len(PROMPTS) * NUM_GENERATIONS // devices)  # per replica
+    engine_config = EngineConfig(num_slots=slots, page_size=16, num_pages=slots * 6 + 1, max_prompt_len=16,
                                  max_new_tokens=NEW_TOKENS, prefill_buckets=(16,), decode_steps_per_call=NEW_TOKENS)
-    engine = Engine(engine_config, model.config, model.params)
-    trainer = single_device_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
+    engine = ReplicatedEngine(engine_config, model.config, model.params)
+    micro_batches = max(1, len(PROMPTS) * NUM_GENERATIONS // (devices * GRPO_ROWS_PER_MICRO_BATCH))
+    trainer = data_parallel_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
                                     groups_per_step=len(PROMPTS), max_seq_len=longest + NEW_TOKENS,
-                                    micro_batches=GRPO_MICRO_BATCHES)
+                                    micro_batches=micro_batches)
     state = trainer.init_state(model.params)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, n=NUM_GENERATIONS, ignore_eos=True)
     times, generate_times, update_times, rewards = [], [], [], []
@@ -157,14 +164,15 @@ def rlax_grpo(steps: int, warmup: int) -> dict:
     seconds, generating, updating = map(statistics.median, (times, generate_times, update_times))
     return {"seconds_per_step": seconds, "generate_seconds": generating, "update_seconds": updating,
             "other_seconds": seconds - generating - updating, "update_batch": list(batch["tokens"].shape),
-            "update_micro_batches": GRPO_MICRO_BATCHES, "steps_timed": steps, "reward_mean": float(np.mean(rewards)),
+            "update_micro_batches": micro_batches, "devices": devices, "engine_replicas": len(engine.engines),
+            "steps_timed": steps, "reward_mean": float(np.mean(rewards)),
             "completion_tokens": len(PROMPTS) * NUM_GENERATIONS * NEW_TOKENS}
 
 
 # ----------------------------------------------------------------------------- full GRPO step, TRL
 
 
-def trl_grpo(steps: int, warmup: int) -> dict | None:
+def trl_grpo(steps: int, warmup: int, gradient_checkpointing: bool = True) -> dict | None:
     try:
         import torch
         import transformers
@@ -198,12 +206,13 @@ def trl_grpo(steps: int, warmup: int) -> dict | None:
             num_generations=NUM_GENERATIONS, max_completion_length=NEW_TOKENS, learning_rate=LEARNING_RATE,
             beta=0.0, temperature=1.0, max_steps=total, use_cpu=True, report_to=[], save_strategy="no",
             logging_steps=1000, generation_kwargs={"min_new_tokens": NEW_TOKENS}, disable_dropout=True,
-            dataloader_num_workers=0, seed=0)
+            dataloader_num_workers=0, seed=0, gradient_checkpointing=gradient_checkpointing)
         trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=config, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Timer()])
         trainer.train()
     timed = step_times[warmup:]
-    return {"seconds_per_step": statistics.median(timed), "steps_timed": len(timed), "trl_version": __import__("trl").__version__}
+    return {"seconds_per_step": statistics.median(timed), "steps_timed": len(timed),
+            "gradient_checkpointing": gradient_checkpointing, "trl_version": __import__("trl").__version__}
 
 
 def main() -> None:
@@ -217,7 +226,8 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true")
     args = parser.parse_args()
 
-    result: dict = {"device": jax.devices()[0].device_kind, "cpu_count": os.cpu_count()}
+    use_cpu_cores_as_devices()
+    result: dict = {"device": jax.devices()[0].device_kind, "cpu_count": os.cpu_count(), "devices": jax.device_count()}
     peak = forward_benchmark.matmul_peak(2048, 3)
     result["matmul_peak_tflops_per_s"] = peak / 1e12
     if not args.skip_update:
