@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rlax_core.inference.kv_cache import gather_pages, to_window_layout
+from rlax_core.inference.kv_cache import gather_pages, to_window_layout, values_tokens_minor
 
 _MASKED = -1e30  # finite, so a fully masked row gives zeros instead of NaN
 
@@ -19,7 +19,7 @@ def window_decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, le
                             scale: float) -> jax.Array:
     """One query token per sequence against its first ``lengths[b]`` tokens of a decode window.
 
-    q [B, Hq, D]; keys and values [B, Hkv, D, T] (``kv_cache.to_window_layout``).
+    q [B, Hq, D]; keys [B, Hkv, D, T] and values in ``kv_cache.to_window_layout``'s layout.
     Returns [B, Hq, D] in q's dtype. A length of 0 attends to nothing and gives zeros.
     """
     batch, num_heads, head_dim = q.shape
@@ -31,7 +31,8 @@ def window_decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, le
     # Unnormalised weights, zero where masked (so a length of 0 gives zeros), divided after the value
     # product: the division then runs over [.., D] instead of the [.., T] weights.
     weights = jnp.where(visible, jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True)), 0.0)
-    out = jnp.einsum("bhgt,bhdt->bhgd", weights, values.astype(jnp.float32), preferred_element_type=jnp.float32)
+    values_spec = "bhdt" if values_tokens_minor(head_dim) else "bhtd"
+    out = jnp.einsum(f"bhgt,{values_spec}->bhgd", weights, values.astype(jnp.float32), preferred_element_type=jnp.float32)
     out = out / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)
 

@@ -10,7 +10,7 @@ slots), which keeps every write a fixed-shape scatter with no branch. Admission 
 request's worst-case pages before it starts, so a running sequence never runs out of pages.
 
 A ``DecodeWindow`` is the running sequences' pages laid out densely, per layer a keys array
-``[slots, kv_heads, head_dim, tokens]`` and a values array ``[slots, kv_heads, tokens, head_dim]``
+``[slots, kv_heads, head_dim, tokens]`` and a values array whose layout follows the head dim
 (``to_window_layout``). Backends without a paged-attention kernel (CPU)
 gather it once per decode call, decode the call's steps against it and write it back: one gather
 per call instead of one per layer per token. The pool stays the cache of record, so memory
@@ -70,19 +70,29 @@ def gather_pages(pages: jax.Array, page_table: jax.Array, layer: jax.Array | int
     return gathered.reshape(page_table.shape[0], -1, *pages.shape[-2:])
 
 
-def to_window_layout(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Tokens-major k/v [B, T, Hkv, D] to the window layout: keys and values both [B, Hkv, D, T].
+def values_tokens_minor(head_dim: int) -> bool:
+    """Whether the window holds values [B, Hkv, D, T] (tokens minor) rather than [B, Hkv, T, D].
 
-    Decode attention contracts keys over D and values over T. Tokens-minor keys make the score
-    product stream over T (the tokens-major layout made it a short horizontal sum, four times
-    slower). Tokens-minor values make the value product a dot along contiguous T per output, which
-    XLA:CPU runs 1.6x faster than the same product over [.., T, D] values (stories260K, batch 32).
+    The value product contracts over T. Measured on XLA:CPU (batch 32-64, 160 tokens): with
+    head_dim 8 the tokens-minor layout is 2x faster (a dot along contiguous T per output), with 32
+    and 64 it is 3x slower (the library's matrix kernel wants D contiguous); 16 is even.
     """
-    return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 3, 1)
+    return head_dim < 16
+
+
+def to_window_layout(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Tokens-major k/v [B, T, Hkv, D] to the window layout: keys [B, Hkv, D, T], values [B, Hkv, D, T]
+    for a small head_dim and [B, Hkv, T, D] otherwise (:func:`values_tokens_minor`).
+
+    Decode attention contracts keys over D: tokens-minor keys make the score product stream over T
+    (the tokens-major layout made it a short horizontal sum, four times slower).
+    """
+    values = v.transpose(0, 2, 3, 1) if values_tokens_minor(v.shape[-1]) else v.transpose(0, 2, 1, 3)
+    return k.transpose(0, 2, 3, 1), values
 
 
 class DecodeWindow(NamedTuple):
-    """Per layer, the running slots' keys and values, each [B, Hkv, D, T] (``to_window_layout``)."""
+    """Per layer, the running slots' keys [B, Hkv, D, T] and values (layout: ``to_window_layout``)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -91,7 +101,8 @@ class DecodeWindow(NamedTuple):
         """Store one token per slot, k/v [B, Hkv, D], at ``positions`` [B]; out-of-range positions are dropped."""
         rows = jnp.arange(positions.shape[0])
         keys = self.k[layer].at[rows, :, :, positions].set(k.astype(self.k[layer].dtype), mode="drop")
-        values = self.v[layer].at[rows, :, :, positions].set(v.astype(self.v[layer].dtype), mode="drop")
+        at = (rows, slice(None), slice(None), positions) if values_tokens_minor(v.shape[-1]) else (rows, slice(None), positions)
+        values = self.v[layer].at[at].set(v.astype(self.v[layer].dtype), mode="drop")
         return DecodeWindow(_replace(self.k, layer, keys), _replace(self.v, layer, values))
 
 
@@ -117,7 +128,8 @@ def scatter_window(cache: KVCache, window: DecodeWindow, page_table: jax.Array) 
     k_pool, v_pool = cache
     for layer, (keys, values) in enumerate(zip(window.k, window.v)):
         k_pool = put(k_pool, layer, keys.transpose(0, 3, 1, 2))
-        v_pool = put(v_pool, layer, values.transpose(0, 3, 1, 2))
+        v_pool = put(v_pool, layer, values.transpose(0, 3, 1, 2) if values_tokens_minor(page_shape[-1])
+                     else values.transpose(0, 2, 1, 3))
     return KVCache(k_pool, v_pool)
 
 

@@ -51,6 +51,14 @@ def test_pallas_kernel_matches_reference_on_ragged_lengths_and_gqa(num_heads, nu
     assert not np.asarray(reference)[5].any(), "an empty sequence attends to nothing"
 
 
+@pytest.mark.parametrize("head_dim", [8, 64])  # the window's values tokens-minor, then tokens-major
+def test_window_attention_matches_numpy_in_both_value_layouts(head_dim):
+    lengths = [1, 3, 4, 5, 20, 0, 11]
+    problem = _paged_problem(2, len(lengths), 8, 2, head_dim, 4, 5, lengths)
+    reference = paged_decode_attention_reference(*map(jnp.asarray, problem), scale=head_dim ** -0.5)
+    np.testing.assert_allclose(np.asarray(reference), _dense_attention(*problem, head_dim ** -0.5), atol=2e-6, rtol=1e-5)
+
+
 def test_paged_attention_ignores_tokens_past_length():
     q, k, v, page_table, lengths = _paged_problem(1, 3, 4, 2, 8, 4, 3, [2, 6, 9])
     before = paged_decode_attention(*map(jnp.asarray, (q, k, v, page_table, lengths)), scale=0.3, interpret=True)

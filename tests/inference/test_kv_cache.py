@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from rlax_core.inference.kv_cache import (
-    SINK_PAGE, KVCache, PageAllocator, gather_window, pages_needed, scatter_window, write_pages)
+    SINK_PAGE, KVCache, PageAllocator, gather_window, pages_needed, scatter_window, values_tokens_minor, write_pages)
 
 
 def test_allocator_never_hands_out_the_sink_page_and_refuses_when_short():
@@ -44,16 +44,18 @@ def test_write_pages_puts_tokens_at_page_offsets_and_invalid_ones_in_the_sink():
     assert written[2].tolist() == [4, 0]
 
 
-def test_decode_window_holds_each_slot_in_order_and_writes_back_only_real_pages():
-    layers, num_pages, page_size, kv_heads, head_dim = 2, 7, 2, 2, 3
+@pytest.mark.parametrize("head_dim", [3, 16])  # values tokens-minor, then tokens-major (values_tokens_minor)
+def test_decode_window_holds_each_slot_in_order_and_writes_back_only_real_pages(head_dim):
+    layers, num_pages, page_size, kv_heads = 2, 7, 2, 2
     rng = np.random.default_rng(0)
     k = jnp.asarray(rng.normal(size=(layers, num_pages, page_size, kv_heads, head_dim)), jnp.float32)
     cache = KVCache(k, k + 100)
     page_table = jnp.asarray([[5, 2, 0], [0, 0, 0], [1, 3, 6]], jnp.int32)  # slot 1 idle; slot 0 has 2 pages
     window = gather_window(cache, page_table)
-    # Keys and values are [B, Hkv, D, T]: token t of slot 2 is page 3's offset 0 when t == 2.
+    # Keys are [B, Hkv, D, T]: token t of slot 2 is page 3's offset 0 when t == 2.
     np.testing.assert_array_equal(window.k[1][2, :, :, 2], k[1, 3, 0])
-    np.testing.assert_array_equal(window.v[0][0, :, :, 3], k[0, 2, 1] + 100)
+    value = window.v[0][0, :, :, 3] if values_tokens_minor(head_dim) else window.v[0][0, :, 3, :]
+    np.testing.assert_array_equal(value, k[0, 2, 1] + 100)
     new = jnp.full((3, kv_heads, head_dim), -1.0)
     window = window.write(1, jnp.asarray([3, 6, 99]), new, new)  # slot 2 at 99: out of range, dropped
     written = scatter_window(cache, window, page_table)
