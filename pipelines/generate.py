@@ -96,7 +96,6 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     if args.replicas != 1:
         use_cpu_cores_as_devices()  # before JAX starts: on a CPU host, one device per core
-    import jax
     import jax.numpy as jnp
 
     from rlax_core.config import ConfigError
@@ -132,13 +131,12 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
             return 2
         requests.append(Request(ids, sampling, prompt_id=prompt_id, seed=args.seed))
 
-    devices = jax.local_devices()
-    replicas = args.replicas or len(devices)
-    if replicas > len(devices):
-        print(f"rlax generate: --replicas {replicas} but this host has {len(devices)} device(s)", file=sys.stderr)
+    try:
+        engine = ReplicatedEngine(_engine_config(EngineConfig, requests, args), model.config, model.params,
+                                  detokenize=tokenizer.decode)
+    except ValueError as error:  # more replicas than devices
+        print(f"rlax generate: {error}", file=sys.stderr)
         return 2
-    engine = ReplicatedEngine(_engine_config(EngineConfig, requests, args), model.config, model.params,
-                              detokenize=tokenizer.decode, devices=devices[:replicas])
     try:
         completions = engine.generate(requests)
     except (ValueError, ConfigError) as error:
@@ -177,7 +175,7 @@ def _engine_config(EngineConfig, requests, args):
     per_sequence = -(-(buckets[-1] + args.max_new_tokens) // page_size)
     return EngineConfig(num_slots=slots, page_size=page_size, num_pages=slots * per_sequence + 1,
                         max_prompt_len=buckets[-1], max_new_tokens=args.max_new_tokens,
-                        prefill_buckets=tuple(buckets), decode_steps_per_call=32)
+                        prefill_buckets=tuple(buckets), decode_steps_per_call=32, replicas=args.replicas)
 
 
 def _continuation(tokenizer, prompt: list[int], new: list[int]) -> str:

@@ -68,7 +68,11 @@ class LoadedEngine:
         if not spec.model:
             raise ValueError("GenerationSpec.model is empty: name the checkpoint to sample")
 
-        from rlax_core.inference.engine import Engine
+        from rlax_core.utils.devices import use_cpu_cores_as_devices
+
+        if spec.engine.replicas != 1:
+            use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
+        from rlax_core.inference.replicas import ReplicatedEngine
         from rlax_core.models import from_pretrained
         from rlax_core.models.tokenizer import load_tokenizer
 
@@ -77,7 +81,7 @@ class LoadedEngine:
         self.spec = spec
         self.tokenizer = load_tokenizer(tokenizer_path)
         model = from_pretrained(spec.model, dtype=spec.dtype)
-        self.engine = Engine(spec.engine, model.config, model.params, detokenize=self.tokenizer.decode)
+        self.engine = ReplicatedEngine(spec.engine, model.config, model.params, detokenize=self.tokenizer.decode)
         self.lock = threading.Lock()  # the engine is not re-entrant; RunInference threads share it
 
     def prompt_ids(self, prompt: str) -> list[int]:

@@ -135,7 +135,11 @@ class _Worker:
     """What one worker process holds: engine, tokenizer and the version its weights are at."""
 
     def __init__(self, spec: RolloutSpec):
-        from rlax_core.inference.engine import Engine
+        from rlax_core.utils.devices import use_cpu_cores_as_devices
+
+        if spec.engine.replicas != 1:
+            use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
+        from rlax_core.inference.replicas import ReplicatedEngine
         from rlax_core.models import from_pretrained
         from rlax_core.models.tokenizer import load_tokenizer
         from rlax_core.weights.store import WeightStore
@@ -144,7 +148,7 @@ class _Worker:
         self.model_config = model.config
         self.tokenizer = load_tokenizer(spec.model_path)
         self.store = WeightStore(spec.weights)
-        self.engine = Engine(spec.engine, model.config, model.params, version=-1)
+        self.engine = ReplicatedEngine(spec.engine, model.config, model.params, version=-1)
         self.lock = threading.Lock()  # one generate at a time per process: the engine is not reentrant
         self.prompt_ids = [tuple(self.tokenizer.encode(row["prompt"], add_bos=True)) for row in spec.train_set]
 

@@ -32,6 +32,9 @@ class EngineConfig:
       pages into a dense window, decodes against it and writes it back (the fast path on CPU; it
       costs a transient num_slots x max_seq_len cache per call). "reference": plain jnp, gathering
       the pages at every layer of every step. "auto": Pallas on TPU and GPU, the window on CPU.
+    replicas: engines per process, one per local device (``ReplicatedEngine``), each with this
+      config's slots and pages; 0 = one per local device. On a CPU host the entry points make each
+      core a device first (``rlax_core.utils.devices``). An ``Engine`` is one replica.
     """
 
     num_slots: int = 16
@@ -43,8 +46,10 @@ class EngineConfig:
     decode_steps_per_call: int = 16
     attention_impl: AttentionImpl = "auto"
     cache_dtype: Literal["float32", "bfloat16"] = "float32"
+    replicas: int = 1
 
     def __post_init__(self):
+        require(self.replicas >= 0, "replicas", "must be >= 0 (0: one per local device)")
         require(self.num_slots >= 1, "num_slots", "must be at least 1")
         require(self.page_size >= 1, "page_size", "must be at least 1")
         require(self.max_prompt_len >= 1, "max_prompt_len", "must be at least 1")

@@ -142,6 +142,8 @@ class Engine:
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, params: Any, version: int = 0,
                  detokenize: Callable[[Sequence[int]], str] | None = None, device: jax.Device | None = None):
+        if config.replicas != 1:
+            raise ValueError(f"engine.replicas={config.replicas}: an Engine is one replica; build a ReplicatedEngine")
         self.config = config
         self.model_config = model_config
         self.detokenize = detokenize

@@ -1,6 +1,6 @@
 """Data-parallel generation within one host: one ``Engine`` per device, all decoding at once.
 
-    engine = ReplicatedEngine(EngineConfig(num_slots=32), model.config, model.params)  # every local device
+    engine = ReplicatedEngine(EngineConfig(num_slots=32, replicas=0), model.config, model.params)  # every local device
     completions = engine.generate(requests)        # as Engine.generate: request order, then sample index
     engine.update_weights(new_params, version=1)   # every replica; each swaps as Engine does
 
@@ -19,6 +19,7 @@ second core to work.
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
@@ -31,16 +32,20 @@ from rlax_core.models.config import ModelConfig
 
 
 class ReplicatedEngine:
-    """``Engine``'s ``generate`` / ``update_weights`` / ``warm_up`` over one engine per device."""
+    """``Engine``'s ``generate`` / ``update_weights`` / ``warm_up`` over one engine per device.
+
+    ``devices`` default to the first ``config.replicas`` local devices (all of them for 0).
+    """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, params: Any, version: int = 0,
                  detokenize: Callable[[Sequence[int]], str] | None = None,
                  devices: Sequence[jax.Device] | None = None):
-        devices = list(jax.local_devices() if devices is None else devices)
+        devices = list(replica_devices(config.replicas) if devices is None else devices)
         if not devices:
             raise ValueError("ReplicatedEngine needs at least one device")
         self.config = config
-        self.engines = [Engine(config, model_config, params, version, detokenize, device=device) for device in devices]
+        one = dataclasses.replace(config, replicas=1)
+        self.engines = [Engine(one, model_config, params, version, detokenize, device=device) for device in devices]
         self._threads = ThreadPoolExecutor(len(devices), thread_name_prefix="engine-replica")
 
     @property
@@ -75,6 +80,12 @@ class ReplicatedEngine:
     def close(self) -> None:
         self._threads.shutdown(wait=True)
 
+    def __enter__(self) -> "ReplicatedEngine":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def _deal(self, requests: Sequence[Request]) -> list[list[int]]:
         """Request indices per replica: each to the replica with the least sample tokens so far."""
         shares: list[list[int]] = [[] for _ in self.engines]
@@ -91,3 +102,12 @@ class ReplicatedEngine:
             return [work(self.engines[0], arguments[0])]
         futures = [self._threads.submit(work, engine, argument) for engine, argument in zip(self.engines, arguments)]
         return [future.result() for future in futures]
+
+
+def replica_devices(replicas: int) -> list[jax.Device]:
+    """The first ``replicas`` local devices (0: all); a clear error when the process has fewer."""
+    devices = jax.local_devices()
+    if replicas > len(devices):
+        raise ValueError(f"engine.replicas={replicas} but this process has {len(devices)} local device(s); on a CPU "
+                         "host call rlax_core.utils.devices.use_cpu_cores_as_devices() before JAX starts")
+    return devices[:replicas or len(devices)]

@@ -64,13 +64,15 @@ def evaluate_policy(model_config: ModelConfig, params: Any, tokenizer, examples:
                     base_params: Any = None,
                     keep_texts: int = 8) -> dict[str, Any]:
     """Sample ``samples`` completions per example and score them; see the module docstring."""
-    from rlax_core.inference.engine import Engine, Request
+    from rlax_core.inference.engine import Request
+    from rlax_core.inference.replicas import ReplicatedEngine
 
     sampling = SamplingParams(temperature=temperature, max_new_tokens=engine.max_new_tokens, n=samples,
                               stop_token_ids=tuple(stop_token_ids))
     prompt_ids = [tuple(tokenizer.encode(example["prompt"], add_bos=True)) for example in examples]
     requests = [Request(ids, sampling, prompt_id=i, seed=seed) for i, ids in enumerate(prompt_ids)]
-    completions = Engine(engine, model_config, params).generate(requests)
+    with ReplicatedEngine(engine, model_config, params) as replicas:
+        completions = replicas.generate(requests)
     texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in completions]
     with Rewarder(rewards) as rewarder:
         scores = rewarder.score_many([Sample(examples[c.prompt_id], text, c.finish_reason, len(c.completion_ids))

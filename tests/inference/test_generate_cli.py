@@ -40,4 +40,4 @@ def test_bad_sampling_options_fail_with_the_option_named(capsys):
     assert rlax(["generate", "--model", str(STORIES), "--replicas", "-1"]) == 2
     assert "--replicas" in capsys.readouterr().err
     assert rlax(["generate", "--model", str(STORIES), "--replicas", "999"]) == 2
-    assert "999 but this host has" in capsys.readouterr().err
+    assert "engine.replicas=999 but this process has" in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """One engine per device: the same completions as one engine, on the devices asked for, in order."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -74,6 +76,22 @@ def test_weight_swap_reaches_every_replica(stories, small_engine_config):
     reference = Engine(small_engine_config, model.config, newer, version=4).generate(_requests(tokenizer))
     assert [c.completion_ids for c in completions] == [c.completion_ids for c in reference]
     replicated.close()
+
+
+def test_replicas_come_from_the_config_and_an_engine_is_one(stories, small_engine_config):
+    model, _ = stories
+    two = ReplicatedEngine(dataclasses.replace(small_engine_config, replicas=2), model.config, model.params)
+    assert [engine.device for engine in two.engines] == jax.local_devices()[:2]
+    assert all(engine.config.replicas == 1 for engine in two.engines)
+    every = ReplicatedEngine(dataclasses.replace(small_engine_config, replicas=0, num_pages=16, max_new_tokens=8),
+                             model.config, model.params)
+    assert len(every.engines) == jax.local_device_count()
+    with pytest.raises(ValueError, match="replicas=999 but this process has"):
+        ReplicatedEngine(dataclasses.replace(small_engine_config, replicas=999), model.config, model.params)
+    with pytest.raises(ValueError, match="an Engine is one replica"):
+        Engine(dataclasses.replace(small_engine_config, replicas=2), model.config, model.params)
+    with pytest.raises(ValueError, match="replicas"):
+        dataclasses.replace(small_engine_config, replicas=-1)
 
 
 def test_a_bad_request_fails_with_its_reason(replicated):

@@ -1,5 +1,7 @@
 """SampleAndVerify: RunInference with the engine ModelHandler on stories260K, verdicts from the story reward."""
 
+import dataclasses
+
 import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
@@ -23,11 +25,13 @@ def _check(result):
 
 
 @pytest.mark.slow
-def test_samples_are_generated_batched_and_verified(pipeline):
+@pytest.mark.parametrize("replicas", [1, 2])  # 2: an engine per device (the tests' simulated CPU devices)
+def test_samples_are_generated_batched_and_verified(pipeline, replicas):
     examples = story_examples("heldout", 3)
     long_prompt = {**examples[0], "id": "too-long", "prompt": "Once upon a time " * 40}
+    spec = dataclasses.replace(SPEC, engine=dataclasses.replace(SPEC.engine, replicas=replicas))
     with pipeline as p:
-        results = p | beam.Create([*examples, long_prompt]) | SampleAndVerify(SPEC)
+        results = p | beam.Create([*examples, long_prompt]) | SampleAndVerify(spec)
         expected = [(e["id"], 3, 3, True, True, "stories260K", None) for e in examples]
         assert_that(results | "Check" >> beam.Map(lambda r: _check(r) if r["example"]["id"] != "too-long"
                                                    else (r["example"]["id"], len(r["texts"]), r["skipped"] is not None)),
