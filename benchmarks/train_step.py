@@ -29,6 +29,7 @@ torch gets every core as threads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -209,7 +210,8 @@ def trl_grpo(steps: int, warmup: int, gradient_checkpointing: bool = True) -> di
             dataloader_num_workers=0, seed=0, gradient_checkpointing=gradient_checkpointing)
         trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=config, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Timer()])
-        trainer.train()
+        with contextlib.redirect_stdout(sys.stderr):  # TRL prints its log dicts; stdout is our JSON
+            trainer.train()
     timed = step_times[warmup:]
     return {"seconds_per_step": statistics.median(timed), "steps_timed": len(timed),
             "gradient_checkpointing": gradient_checkpointing, "trl_version": __import__("trl").__version__}
