@@ -126,7 +126,8 @@ def rlax_grpo(steps: int, warmup: int) -> dict:
     devices = jax.device_count()
     slots = -(-len(PROMPTS) * NUM_GENERATIONS // devices)  # per replica
     engine_config = EngineConfig(num_slots=slots, page_size=16, num_pages=slots * 6 + 1, max_prompt_len=16,
-                                 max_new_tokens=NEW_TOKENS, prefill_buckets=(16,), decode_steps_per_call=NEW_TOKENS)
+                                 max_new_tokens=NEW_TOKENS, prefill_buckets=(16,), decode_steps_per_call=NEW_TOKENS,
+                                 replicas=0)  # one per device
     engine = ReplicatedEngine(engine_config, model.config, model.params)
     micro_batches = max(1, len(PROMPTS) * NUM_GENERATIONS // (devices * GRPO_ROWS_PER_MICRO_BATCH))
     trainer = data_parallel_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
