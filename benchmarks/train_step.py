@@ -12,9 +12,11 @@ Measured in one run, printed as one JSON object:
                    (rlax_core.training.Trainer), with the new weights handed back to the engine;
                    side by side with TRL's GRPOTrainer on the same weights (our save_pretrained ->
                    Hugging Face Llama), the same prompts, batch, reward, learning rate and KL
-                   (beta = 0, TRL's default). seconds per step: median of the timed steps after warm-up,
-                   split into generating, updating (Trainer.step until its results are ready) and the
-                   rest (rewarding, batching, handing the weights to the engine); each part's median.
+                   (beta = 0, TRL's default). The two alternate in rounds (ours, then TRL's, again),
+                   so that a change in the machine's speed during the run hits both. Seconds per
+                   step: median of all rounds' timed steps after warm-up, ours split into generating,
+                   updating (Trainer.step until its results are ready) and the rest (rewarding,
+                   batching, handing the weights to the engine), each part's median; and per round.
 
 Both updates run the layers unrolled (``trainer.scan_layers=false``) in micro-batches small enough
 for their activations to stay in cache (stories260K: 4 rows per device); see docs/training.md.
@@ -118,57 +120,77 @@ def update_25m(batch: int, seq_len: int, micro_batches: int, repeats: int, peak:
 # ----------------------------------------------------------------------------- full GRPO step, ours
 
 
-def rlax_grpo(steps: int, warmup: int) -> dict:
-    model = from_pretrained(STORIES)
-    tokenizer = load_tokenizer(STORIES)
-    prompt_ids = [tokenizer.encode(p, add_bos=True) for p in PROMPTS]
-    longest = max(map(len, prompt_ids))
-    devices = jax.device_count()
-    slots = -(-len(PROMPTS) * NUM_GENERATIONS // devices)  # per replica
-    engine_config = EngineConfig(num_slots=slots, page_size=16, num_pages=slots * 6 + 1, max_prompt_len=16,
-                                 max_new_tokens=NEW_TOKENS, prefill_buckets=(16,), decode_steps_per_call=NEW_TOKENS,
-                                 replicas=0)  # one per device
-    engine = ReplicatedEngine(engine_config, model.config, model.params)
-    micro_batches = max(1, len(PROMPTS) * NUM_GENERATIONS // (devices * GRPO_ROWS_PER_MICRO_BATCH))
-    trainer = data_parallel_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
-                                    groups_per_step=len(PROMPTS), max_seq_len=longest + NEW_TOKENS,
-                                    micro_batches=micro_batches)
-    state = trainer.init_state(model.params)
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, n=NUM_GENERATIONS, ignore_eos=True)
-    times, generate_times, update_times, rewards = [], [], [], []
-    for step in range(warmup + steps):
-        started = time.perf_counter()
-        requests = [Request(ids, sampling, prompt_id=i, seed=step) for i, ids in enumerate(prompt_ids)]
-        completions = engine.generate(requests)
-        generated = time.perf_counter()
-        tables = []
-        for i, ids in enumerate(prompt_ids):
-            group = sorted((c for c in completions if c.prompt_id == i), key=lambda c: c.sample_index)
-            rows = [dict(example_id=str(i), group_id=f"bench/{step}/{i}", sample_idx=c.sample_index,
-                         policy_version=step, seed=c.seed, prompt_ids=list(c.prompt_ids),
-                         completion_ids=list(c.completion_ids), behavior_logprobs=list(c.logprobs),
-                         finish_reason=c.finish_reason, reward=reward(tokenizer.decode(c.completion_ids)),
-                         reward_info="{}") for c in group]
-            tables.append(to_table(rows, ROLLOUT_SCHEMA))
-        batch = make_batch(tables, max_seq_len=longest + NEW_TOKENS, row_multiple=trainer.row_multiple)
-        update_started = time.perf_counter()
-        state, metrics = trainer.step(state, batch)
-        jax.block_until_ready((state, metrics))
-        updated = time.perf_counter()
-        # The next update donates (reuses) the state's buffers, so the engine gets its own copy.
-        engine.update_weights(jax.tree.map(jnp.copy, state.params), step + 1)
-        jax.block_until_ready(state.params)
-        if step >= warmup:
-            times.append(time.perf_counter() - started)
-            generate_times.append(generated - started)
-            update_times.append(updated - update_started)
-            rewards.append(float(metrics["reward_mean"]))
-    seconds, generating, updating = map(statistics.median, (times, generate_times, update_times))
-    return {"seconds_per_step": seconds, "generate_seconds": generating, "update_seconds": updating,
-            "other_seconds": seconds - generating - updating, "update_batch": list(batch["tokens"].shape),
-            "update_micro_batches": micro_batches, "devices": devices, "engine_replicas": len(engine.engines),
-            "steps_timed": steps, "reward_mean": float(np.mean(rewards)),
-            "completion_tokens": len(PROMPTS) * NUM_GENERATIONS * NEW_TOKENS}
+class RlaxGrpo:
+    """Our GRPO step, set up and warmed up once; ``run(steps)`` times more steps (the benchmark
+    alternates rounds of ours and TRL's, so that a change in the machine's speed hits both)."""
+
+    def __init__(self, warmup: int):
+        model = from_pretrained(STORIES)
+        self.tokenizer = load_tokenizer(STORIES)
+        self.prompt_ids = [self.tokenizer.encode(p, add_bos=True) for p in PROMPTS]
+        self.max_seq_len = max(map(len, self.prompt_ids)) + NEW_TOKENS
+        self.devices = jax.device_count()
+        slots = -(-len(PROMPTS) * NUM_GENERATIONS // self.devices)  # per replica
+        engine_config = EngineConfig(num_slots=slots, page_size=16, num_pages=slots * 6 + 1, max_prompt_len=16,
+                                     max_new_tokens=NEW_TOKENS, prefill_buckets=(16,),
+                                     decode_steps_per_call=NEW_TOKENS, replicas=0)  # one per device
+        self.engine = ReplicatedEngine(engine_config, model.config, model.params)
+        self.micro_batches = max(1, len(PROMPTS) * NUM_GENERATIONS // (self.devices * GRPO_ROWS_PER_MICRO_BATCH))
+        self.trainer = data_parallel_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
+                                             groups_per_step=len(PROMPTS), max_seq_len=self.max_seq_len,
+                                             micro_batches=self.micro_batches)
+        self.state = self.trainer.init_state(model.params)
+        self.sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, n=NUM_GENERATIONS, ignore_eos=True)
+        self.steps_done = 0
+        self.timed: dict[str, list[float]] = {"step": [], "generate": [], "update": [], "reward": []}
+        self._steps(warmup, record=False)
+
+    def run(self, steps: int) -> float:
+        """Time ``steps`` more steps; returns their median seconds."""
+        before = len(self.timed["step"])
+        self._steps(steps, record=True)
+        return statistics.median(self.timed["step"][before:])
+
+    def _steps(self, count: int, record: bool) -> None:
+        for _ in range(count):
+            step = self.steps_done
+            started = time.perf_counter()
+            requests = [Request(ids, self.sampling, prompt_id=i, seed=step) for i, ids in enumerate(self.prompt_ids)]
+            completions = self.engine.generate(requests)
+            generated = time.perf_counter()
+            tables = []
+            for i in range(len(self.prompt_ids)):
+                group = sorted((c for c in completions if c.prompt_id == i), key=lambda c: c.sample_index)
+                rows = [dict(example_id=str(i), group_id=f"bench/{step}/{i}", sample_idx=c.sample_index,
+                             policy_version=step, seed=c.seed, prompt_ids=list(c.prompt_ids),
+                             completion_ids=list(c.completion_ids), behavior_logprobs=list(c.logprobs),
+                             finish_reason=c.finish_reason, reward=reward(self.tokenizer.decode(c.completion_ids)),
+                             reward_info="{}") for c in group]
+                tables.append(to_table(rows, ROLLOUT_SCHEMA))
+            batch = make_batch(tables, max_seq_len=self.max_seq_len, row_multiple=self.trainer.row_multiple)
+            update_started = time.perf_counter()
+            self.state, metrics = self.trainer.step(self.state, batch)
+            jax.block_until_ready((self.state, metrics))
+            updated = time.perf_counter()
+            # The next update donates (reuses) the state's buffers, so the engine gets its own copy.
+            self.engine.update_weights(jax.tree.map(jnp.copy, self.state.params), step + 1)
+            jax.block_until_ready(self.state.params)
+            self.steps_done += 1
+            if record:
+                self.timed["step"].append(time.perf_counter() - started)
+                self.timed["generate"].append(generated - started)
+                self.timed["update"].append(updated - update_started)
+                self.timed["reward"].append(float(metrics["reward_mean"]))
+
+    def result(self) -> dict:
+        seconds, generating, updating = (statistics.median(self.timed[k]) for k in ("step", "generate", "update"))
+        return {"seconds_per_step": seconds, "generate_seconds": generating, "update_seconds": updating,
+                "other_seconds": seconds - generating - updating, "update_batch": [len(PROMPTS) * NUM_GENERATIONS,
+                                                                                   self.max_seq_len],
+                "update_micro_batches": self.micro_batches, "devices": self.devices,
+                "engine_replicas": len(self.engine.engines), "steps_timed": len(self.timed["step"]),
+                "reward_mean": float(np.mean(self.timed["reward"])),
+                "completion_tokens": len(PROMPTS) * NUM_GENERATIONS * NEW_TOKENS}
 
 
 # ----------------------------------------------------------------------------- full GRPO step, TRL
@@ -214,7 +236,7 @@ def trl_grpo(steps: int, warmup: int, gradient_checkpointing: bool = True) -> di
         with contextlib.redirect_stdout(sys.stderr):  # TRL prints its log dicts; stdout is our JSON
             trainer.train()
     timed = step_times[warmup:]
-    return {"seconds_per_step": statistics.median(timed), "steps_timed": len(timed),
+    return {"seconds_per_step": statistics.median(timed), "steps_timed": len(timed), "step_times": timed,
             "gradient_checkpointing": gradient_checkpointing, "trl_version": __import__("trl").__version__}
 
 
@@ -224,7 +246,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--micro-batches", type=int, default=4, help="of the 25M update (bounds the logits memory)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--grpo-steps", type=int, default=5, help="timed GRPO steps (after 2 warm-up steps)")
+    parser.add_argument("--grpo-steps", type=int, default=5, help="timed GRPO steps per round (each side warms up 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of ours then TRL's; medians over all of them")
     parser.add_argument("--skip-update", action="store_true")
     parser.add_argument("--skip-trl", action="store_true")
     args = parser.parse_args()
@@ -235,12 +258,21 @@ def main() -> None:
     result["matmul_peak_tflops_per_s"] = peak / 1e12
     if not args.skip_update:
         result["update_25m"] = update_25m(args.batch, args.seq_len, args.micro_batches, args.repeats, peak)
-    ours = rlax_grpo(args.grpo_steps, warmup=2)
-    result["grpo_stories260K"] = {"rlax": ours}
-    baseline = None if args.skip_trl else trl_grpo(args.grpo_steps, warmup=2)
-    if baseline is not None:
-        result["grpo_stories260K"]["trl"] = baseline
-        result["grpo_stories260K"]["speedup_vs_trl"] = baseline["seconds_per_step"] / ours["seconds_per_step"]
+    ours = RlaxGrpo(warmup=2)
+    trl_times, rounds = [], []
+    for _ in range(args.rounds):  # ours, then TRL's, round after round
+        this_round = {"rlax_seconds_per_step": ours.run(args.grpo_steps)}
+        baseline = None if args.skip_trl else trl_grpo(args.grpo_steps, warmup=2)
+        if baseline is not None:
+            trl_times += baseline.pop("step_times")
+            this_round.update(trl_seconds_per_step=baseline["seconds_per_step"],
+                              speedup_vs_trl=baseline["seconds_per_step"] / this_round["rlax_seconds_per_step"])
+        rounds.append(this_round)
+    result["grpo_stories260K"] = {"rlax": ours.result(), "rounds": rounds}
+    if trl_times:
+        trl = {**baseline, "seconds_per_step": statistics.median(trl_times), "steps_timed": len(trl_times)}
+        result["grpo_stories260K"]["trl"] = trl
+        result["grpo_stories260K"]["speedup_vs_trl"] = trl["seconds_per_step"] / ours.result()["seconds_per_step"]
     print(json.dumps(result, indent=2))
 
 
