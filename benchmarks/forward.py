@@ -58,6 +58,20 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
+def best_times_interleaved(fns, repeats: int) -> list[float]:
+    """``best_time`` of each of ``fns``, their repeats taken in turn (a, b, a, b, ...): a drift in the
+    machine's speed during the measurement then reaches every contender."""
+    for fn in fns:
+        fn()  # compile and warm up
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, measured in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            measured.append(time.perf_counter() - start)
+    return [min(measured) for measured in times]
+
+
 def matmul_peak(n: int, repeats: int) -> float:
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)

@@ -3,7 +3,8 @@
 For each model and batch size (32-token prompts, 128 forced new tokens, greedy, float32) it
 measures in one run:
 
-  tokens_per_s                the engine (new tokens / wall time of generate(), compiled beforehand):
+  tokens_per_s                the engine (new tokens / best wall time of generate(), compiled beforehand;
+                              its repeats alternate with transformers' so that drift reaches both):
                               a ReplicatedEngine with one replica per CPU core (each core a JAX
                               device, rlax_core.utils.devices), the batch dealt across them, as
                               transformers gets every core as threads
@@ -53,8 +54,8 @@ def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
     return data.nbytes / seconds
 
 
-def engine_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int, steps_per_call: int,
-                        replicas: int) -> float:
+def engine_runner(model: Model, prompts: np.ndarray, steps_per_call: int, replicas: int):
+    """generate() of the 128 new tokens for every prompt, by ``replicas`` engines dealt the batch."""
     replicas = min(replicas, len(prompts))
     slots = -(-len(prompts) // replicas)
     page_size = 16
@@ -69,10 +70,11 @@ def engine_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int, steps_p
         completions = engine.generate(requests)
         assert all(len(c.completion_ids) == NEW_TOKENS for c in completions)
 
-    return len(prompts) * NEW_TOKENS / forward_benchmark.best_time(run, repeats)
+    return run
 
 
-def transformers_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int) -> float | None:
+def transformers_runner(model: Model, prompts: np.ndarray):
+    """transformers' generate of the same tokens on the same weights; None without the bench extra."""
     reference = forward_benchmark.transformers_copy(model)
     if reference is None:
         return None
@@ -82,12 +84,12 @@ def transformers_tokens_per_s(model: Model, prompts: np.ndarray, repeats: int) -
     mask = torch.ones_like(ids)
 
     def run():
-        out = reference.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                 min_new_tokens=NEW_TOKENS, pad_token_id=0)
+        with torch.inference_mode():
+            out = reference.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                     min_new_tokens=NEW_TOKENS, pad_token_id=0)
         assert out.shape[1] == PROMPT_LEN + NEW_TOKENS
 
-    with torch.inference_mode():
-        return len(prompts) * NEW_TOKENS / forward_benchmark.best_time(run, repeats)
+    return run
 
 
 def main() -> None:
@@ -116,18 +118,22 @@ def main() -> None:
         entries = {}
         for batch in map(int, args.batches.split(",")):
             prompts = np.random.default_rng(batch).integers(3, config.vocab_size, (batch, PROMPT_LEN), dtype=np.int32)
-            tokens_per_s = engine_tokens_per_s(model, prompts, args.repeats, args.steps_per_call, replicas)
+            runners = [engine_runner(model, prompts, args.steps_per_call, replicas)]
+            reference = None if args.no_torch else transformers_runner(model, prompts)
+            if reference is not None:
+                runners.append(reference)
+            # Engine and transformers take turns, so that a drift in the machine's speed reaches both.
+            seconds = forward_benchmark.best_times_interleaved(runners, args.repeats)
+            tokens_per_s = batch * NEW_TOKENS / seconds[0]
             entry = {"tokens_per_s": round(tokens_per_s, 1), "mfu": round(tokens_per_s * flops_per_token / peak, 4)}
             if batch == 1:
                 kv_bytes = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4 * (PROMPT_LEN + NEW_TOKENS // 2)
                 bound = bandwidth / (param_bytes + kv_bytes)
                 entry["bandwidth_bound_tokens_per_s"] = round(bound, 1)
                 entry["of_bandwidth_bound"] = round(tokens_per_s / bound, 3)
-            if not args.no_torch:
-                reference = transformers_tokens_per_s(model, prompts, args.repeats)
-                if reference is not None:
-                    entry["transformers_tokens_per_s"] = round(reference, 1)
-                    entry["vs_transformers"] = round(tokens_per_s / reference, 2)
+            if reference is not None:
+                entry["transformers_tokens_per_s"] = round(batch * NEW_TOKENS / seconds[1], 1)
+                entry["vs_transformers"] = round(seconds[1] / seconds[0], 2)
             entries[f"batch_{batch}"] = entry
             print(f"{name} batch {batch}: {entry}", file=sys.stderr, flush=True)
         results[name] = {"params": config.num_params, "param_bytes": param_bytes,
