@@ -31,8 +31,8 @@ def window_decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, le
     # Unnormalised weights, zero where masked (so a length of 0 gives zeros), divided after the value
     # product: the division then runs over [.., D] instead of the [.., T] weights.
     weights = jnp.where(visible, jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True)), 0.0)
-    values_spec = "bhdt" if values_tokens_minor(head_dim) else "bhtd"
-    out = jnp.einsum(f"bhgt,{values_spec}->bhgd", weights, values.astype(jnp.float32), preferred_element_type=jnp.float32)
+    spec = "bhgt,bhdt->bhgd" if values_tokens_minor(head_dim) else "bhgt,bhtd->bhgd"
+    out = jnp.einsum(spec, weights, values.astype(jnp.float32), preferred_element_type=jnp.float32)
     out = out / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)
 

@@ -101,8 +101,9 @@ class DecodeWindow(NamedTuple):
         """Store one token per slot, k/v [B, Hkv, D], at ``positions`` [B]; out-of-range positions are dropped."""
         rows = jnp.arange(positions.shape[0])
         keys = self.k[layer].at[rows, :, :, positions].set(k.astype(self.k[layer].dtype), mode="drop")
-        at = (rows, slice(None), slice(None), positions) if values_tokens_minor(v.shape[-1]) else (rows, slice(None), positions)
-        values = self.v[layer].at[at].set(v.astype(self.v[layer].dtype), mode="drop")
+        values = self.v[layer].at[rows, :, :, positions] if values_tokens_minor(v.shape[-1]) else \
+            self.v[layer].at[rows, :, positions]
+        values = values.set(v.astype(self.v[layer].dtype), mode="drop")
         return DecodeWindow(_replace(self.k, layer, keys), _replace(self.v, layer, values))
 
 
