@@ -251,6 +251,8 @@ def main() -> None:
     parser.add_argument("--skip-update", action="store_true")
     parser.add_argument("--skip-trl", action="store_true")
     args = parser.parse_args()
+    if args.rounds < 1 or args.grpo_steps < 1:
+        parser.error("--rounds and --grpo-steps must be at least 1")
 
     use_cpu_cores_as_devices()
     result: dict = {"device": jax.devices()[0].device_kind, "cpu_count": os.cpu_count(), "devices": jax.device_count()}
