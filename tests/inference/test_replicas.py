@@ -13,12 +13,13 @@ from rlax_core.inference.replicas import ReplicatedEngine
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, n=3, ignore_eos=True)
 TEXTS = ["Once upon a time", "The dog ran to the big", "Lily", "A boy found a box and", "Tom"]
 
+# tests/conftest.py gives every test process 8 simulated CPU devices unless XLA_FLAGS says otherwise.
+pytestmark = pytest.mark.skipif(jax.local_device_count() < 2, reason="replicas need two devices")
+
 
 @pytest.fixture(scope="module")
 def replicated(stories, small_engine_config):
     model, tokenizer = stories
-    if jax.local_device_count() < 2:
-        pytest.skip("needs two devices (tests run with 8 simulated CPU devices)")
     return ReplicatedEngine(small_engine_config, model.config, model.params, detokenize=tokenizer.decode,
                             devices=jax.local_devices()[:2])
 
