@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -102,8 +101,7 @@ def main() -> None:
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers comparison")
     parser.add_argument("--replicas", type=int, default=0, help="engine replicas, one per CPU device (0: one per core)")
     args = parser.parse_args()
-    devices = use_cpu_cores_as_devices(max(args.replicas, len(os.sched_getaffinity(0))))
-    replicas = args.replicas or devices
+    replicas = use_cpu_cores_as_devices(args.replicas or None)  # default: one device, and replica, per core
 
     peak = forward_benchmark.matmul_peak(args.matmul_size, 3)
     bandwidth = memory_bandwidth()
