@@ -16,11 +16,14 @@ _MASKED = -1e30  # finite, so a fully masked row gives zeros instead of NaN
 
 
 def window_decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
-                            scale: float) -> jax.Array:
+                            scale: float, current: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """One query token per sequence against its first ``lengths[b]`` tokens of a decode window.
 
     q [B, Hq, D]; keys [B, Hkv, D, T] and values in ``kv_cache.to_window_layout``'s layout.
-    Returns [B, Hq, D] in q's dtype. A length of 0 attends to nothing and gives zeros.
+    ``current``, the query token's own key and value [B, Hkv, D] when they are not in the window
+    yet, is attended to as well: the decode loop attends before it writes the window, so that the
+    window's only reader is done when the write updates it in place.
+    Returns [B, Hq, D] in q's dtype. Nothing to attend to (a length of 0, no ``current``) gives zeros.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, tokens = keys.shape[1], keys.shape[-1]
@@ -28,12 +31,24 @@ def window_decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, le
     scores = jnp.einsum("bhgd,bhdt->bhgt", qg, keys, preferred_element_type=jnp.float32) * scale
     visible = (jnp.arange(tokens)[None, :] < lengths[:, None])[:, None, None, :]
     scores = jnp.where(visible, scores, _MASKED)
-    # Unnormalised weights, zero where masked (so a length of 0 gives zeros), divided after the value
-    # product: the division then runs over [.., D] instead of the [.., T] weights.
-    weights = jnp.where(visible, jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True)), 0.0)
+    # The shift is at least _MASKED / 2, so masked scores give exact zeros even in a row with nothing
+    # visible, whose weights then sum to 0 and whose output is 0. One mask, not two: each is a pass
+    # over the [.., T] scores. The weights are unnormalised and divided after the value product,
+    # which runs the division over [.., D] instead of [.., T].
+    shift = jnp.max(scores, axis=-1, keepdims=True)
+    if current is not None:
+        own_key, own_value = (x.astype(jnp.float32)[:, :, None] for x in current)  # [B, Hkv, 1, D]
+        own_score = jnp.sum(qg.astype(jnp.float32) * own_key, axis=-1, keepdims=True) * scale  # [B, Hkv, G, 1]
+        shift = jnp.maximum(shift, own_score)
+    shift = jnp.maximum(shift, _MASKED / 2)
+    weights = jnp.exp(scores - shift)
     spec = "bhgt,bhdt->bhgd" if values_tokens_minor(head_dim) else "bhgt,bhtd->bhgd"
     out = jnp.einsum(spec, weights, values.astype(jnp.float32), preferred_element_type=jnp.float32)
-    out = out / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    if current is not None:
+        own_weight = jnp.exp(own_score - shift)
+        out, total = out + own_weight * own_value, total + own_weight
+    out = out / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)
 
 

@@ -149,7 +149,7 @@ class Engine:
         self.detokenize = detokenize
         self.device = device
         self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-        self._params, self._version = programs.unstacked(self._place(params)), int(version)
+        self._params, self._version = programs.decoding_layout(self._place(params)), int(version)
         self._pending_weights: tuple[Any, int] | None = None
         self._lock = threading.Lock()
         self.attention = self._resolve_attention(config.attention_impl)
@@ -255,7 +255,7 @@ class Engine:
         if shapes != self._param_shapes:
             raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
                              "engine's; build a new Engine for a different model")
-        params = programs.unstacked(self._place(params))
+        params = programs.decoding_layout(self._place(params))
         with self._lock:
             self._pending_weights = (params, int(version))
         self._maybe_swap_weights()

@@ -98,12 +98,25 @@ class DecodeWindow(NamedTuple):
     v: tuple[jax.Array, ...]
 
     def write(self, layer: int, positions: jax.Array, k: jax.Array, v: jax.Array) -> "DecodeWindow":
-        """Store one token per slot, k/v [B, Hkv, D], at ``positions`` [B]; out-of-range positions are dropped."""
-        rows = jnp.arange(positions.shape[0])
-        keys = self.k[layer].at[rows, :, :, positions].set(k.astype(self.k[layer].dtype), mode="drop")
-        values = self.v[layer].at[rows, :, :, positions] if values_tokens_minor(v.shape[-1]) else \
-            self.v[layer].at[rows, :, positions]
-        values = values.set(v.astype(self.v[layer].dtype), mode="drop")
+        """Store one token per slot, k/v [B, Hkv, D], at ``positions`` [B], each inside the window.
+
+        Every row writes, unguarded, so that the buffers are updated in place: XLA:CPU copied them
+        for a guarded write (a masked or dropped one, or a one-row scatter, which it rewrites into a
+        bounds-checked read-modify-write), four copies per layer per step at batch 1.
+        """
+        minor = values_tokens_minor(v.shape[-1])
+        k = k.astype(self.k[layer].dtype)[..., None]  # [B, Hkv, D, 1]
+        v = v.astype(self.v[layer].dtype)[..., None] if minor else v.astype(self.v[layer].dtype)[:, :, None]
+        if positions.shape[0] == 1:
+            zero, at = jnp.int32(0), positions[0].astype(jnp.int32)
+            keys = jax.lax.dynamic_update_slice(self.k[layer], k, (zero, zero, zero, at))
+            values = jax.lax.dynamic_update_slice(self.v[layer], v, (zero, zero, zero, at) if minor else
+                                                  (zero, zero, at, zero))
+        else:
+            rows, put = jnp.arange(positions.shape[0]), {"mode": "promise_in_bounds", "unique_indices": True}
+            keys = self.k[layer].at[rows, :, :, positions].set(k[..., 0], **put)
+            values = (self.v[layer].at[rows, :, :, positions] if minor else self.v[layer].at[rows, :, positions])
+            values = values.set(v[..., 0] if minor else v[:, :, 0], **put)
         return DecodeWindow(_replace(self.k, layer, keys), _replace(self.v, layer, values))
 
 

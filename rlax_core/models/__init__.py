@@ -12,6 +12,7 @@ from rlax_core.models.transformer import (
     default_positions,
     forward,
     forward_with_cache,
+    fuse_projections,
     init_cache,
     init_params,
     masked_attention,
@@ -21,6 +22,6 @@ from rlax_core.models.transformer import (
 
 __all__ = [
     "CheckpointError", "Model", "ModelConfig", "RopeScaling", "contiguous_attend", "default_positions", "forward",
-    "forward_with_cache", "from_pretrained", "init_cache", "init_params", "masked_attention",
+    "forward_with_cache", "fuse_projections", "from_pretrained", "init_cache", "init_params", "masked_attention",
     "param_logical_axes", "save_pretrained", "toy_config", "Tokenizer", "load_tokenizer", "unstack_layers",
 ]

@@ -128,6 +128,7 @@ class Attention(nn.Module):
     config: ModelConfig
     attend: Attend
     param_dtype: Any = jnp.float32
+    fused_projections: bool = False  # one qkv_proj instead of q_proj, k_proj, v_proj (fuse_projections)
 
     @nn.compact
     def __call__(self, x, positions, layer, cache):
@@ -139,10 +140,14 @@ class Attention(nn.Module):
                 kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), "embed", heads_axis, "head_dim"),
                 bias_init=_logical(nn.initializers.zeros, heads_axis, "head_dim"))(x)
 
-        q = project("q_proj", c.num_heads, "heads")
-        # Separate name: fewer KV heads may not divide the mesh axis that q heads shard over.
-        k = project("k_proj", c.num_kv_heads, "kv_heads")
-        v = project("v_proj", c.num_kv_heads, "kv_heads")
+        if self.fused_projections:
+            qkv = project("qkv_proj", c.num_heads + 2 * c.num_kv_heads, "heads")
+            q, k, v = jnp.split(qkv, [c.num_heads, c.num_heads + c.num_kv_heads], axis=-2)
+        else:
+            q = project("q_proj", c.num_heads, "heads")
+            # Separate name: fewer KV heads may not divide the mesh axis that q heads shard over.
+            k = project("k_proj", c.num_kv_heads, "kv_heads")
+            v = project("v_proj", c.num_kv_heads, "kv_heads")
         if c.qk_norm:
             q = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="q_norm")(q)
             k = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="k_norm")(k)
@@ -159,6 +164,7 @@ class SwiGLU(nn.Module):
 
     config: ModelConfig
     param_dtype: Any = jnp.float32
+    fused_projections: bool = False  # one gate_up_proj instead of gate_proj and up_proj (fuse_projections)
 
     @nn.compact
     def __call__(self, x):
@@ -167,8 +173,11 @@ class SwiGLU(nn.Module):
                             kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), *axes))
 
         hidden = self.config.intermediate_size
-        gate = dense("gate_proj", hidden, ("embed", "mlp"))(x)
-        up = dense("up_proj", hidden, ("embed", "mlp"))(x)
+        if self.fused_projections:
+            gate, up = jnp.split(dense("gate_up_proj", 2 * hidden, ("embed", "mlp"))(x), 2, axis=-1)
+        else:
+            gate = dense("gate_proj", hidden, ("embed", "mlp"))(x)
+            up = dense("up_proj", hidden, ("embed", "mlp"))(x)
         return dense("down_proj", self.config.hidden_size, ("mlp", "embed"))(nn.silu(gate) * up)
 
 
@@ -178,17 +187,18 @@ class Block(nn.Module):
     config: ModelConfig
     attend: Attend
     param_dtype: Any = jnp.float32
+    fused_projections: bool = False
 
     @nn.compact
     def __call__(self, carry, layer, positions):
         x, cache = carry
         c = self.config
         attention_in = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="input_norm")(x)
-        attention_out, cache = Attention(c, self.attend, self.param_dtype, name="attn")(
+        attention_out, cache = Attention(c, self.attend, self.param_dtype, self.fused_projections, name="attn")(
             attention_in, positions, layer, cache)
         x = x + attention_out
         mlp_in = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="post_attention_norm")(x)
-        x = x + SwiGLU(c, self.param_dtype, name="mlp")(mlp_in)
+        x = x + SwiGLU(c, self.param_dtype, self.fused_projections, name="mlp")(mlp_in)
         return (x, cache), None
 
 
@@ -198,6 +208,7 @@ class Transformer(nn.Module):
     param_dtype: Any = jnp.float32
     remat: bool = False  # recompute each layer's activations in the backward pass (saves memory)
     scan_layers: bool = True  # False: layers_0 .. layers_{n-1} with their own weights (see unstack_layers)
+    fused_projections: bool = False  # qkv_proj and gate_up_proj (see fuse_projections)
 
     @nn.compact
     def __call__(self, input_ids, positions, cache, last_token_only: bool = False, hidden_only: bool = False):
@@ -211,11 +222,11 @@ class Transformer(nn.Module):
             layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                              in_axes=(0, nn.broadcast), length=c.num_layers,
                              metadata_params={nn.PARTITION_NAME: "layers"})
-            (x, cache), _ = layers(c, self.attend, self.param_dtype, name="layers")(
+            (x, cache), _ = layers(c, self.attend, self.param_dtype, self.fused_projections, name="layers")(
                 (x, cache), jnp.arange(c.num_layers, dtype=jnp.int32), positions)
         else:
             for layer in range(c.num_layers):  # a Python int: attends may index per-layer state statically
-                (x, cache), _ = block(c, self.attend, self.param_dtype, name=f"layers_{layer}")(
+                (x, cache), _ = block(c, self.attend, self.param_dtype, self.fused_projections, name=f"layers_{layer}")(
                     (x, cache), layer, positions)
 
         x = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="norm")(x)
@@ -297,7 +308,7 @@ def _full_sequence(params, config, input_ids, positions, attention_mask, remat, 
     causal = jnp.tril(jnp.ones((steps, steps), bool))
     mask = causal[None] & attention_mask.astype(bool)[:, None, :]
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, _full_sequence_attend(mask), dtype, remat=remat, scan_layers="layers" in params)
+    model = Transformer(config, _full_sequence_attend(mask), dtype, remat=remat, **_layout(params))
     out, _ = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only)
     return out
 
@@ -310,7 +321,7 @@ def forward_with_cache(params: Params, config: ModelConfig, input_ids: jax.Array
     ``last_token_only`` the logits are [B, 1, V] for the last column (a prefill needs no more).
     """
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, attend or contiguous_attend(positions), dtype, scan_layers="layers" in params)
+    model = Transformer(config, attend or contiguous_attend(positions), dtype, **_layout(params))
     return model.apply({"params": params}, input_ids, positions, cache, last_token_only)
 
 
@@ -327,6 +338,33 @@ def unstack_layers(params: Params) -> Params:
     count = jax.tree.leaves(stacked)[0].shape[0]
     rest = {name: value for name, value in params.items() if name != "layers"}
     return {**rest, **{f"layers_{i}": jax.tree.map(lambda leaf, i=i: leaf[i], stacked) for i in range(count)}}
+
+
+def fuse_projections(params: Params) -> Params:
+    """Each layer's q/k/v weights concatenated into ``attn/qkv_proj`` (along the heads axis) and its
+    gate/up kernels into ``mlp/gate_up_proj``: the decoding layout, with stacked or unstacked layers.
+
+    Both forwards accept it. It computes the same numbers with three fewer matrix products per
+    layer, which matters when a decode step multiplies one token per sequence: there a product's
+    fixed cost outweighs its arithmetic. The trainer keeps the separate weights, because q and
+    k/v heads may shard differently.
+    """
+    def fuse(layer):
+        attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
+        parts = [attn.pop(name) for name in ("q_proj", "k_proj", "v_proj")]
+        attn["qkv_proj"] = {leaf: jnp.concatenate([part[leaf] for part in parts], axis=-2) for leaf in parts[0]}
+        gate, up = mlp.pop("gate_proj"), mlp.pop("up_proj")
+        mlp["gate_up_proj"] = {"kernel": jnp.concatenate([gate["kernel"], up["kernel"]], axis=-1)}
+        return {**layer, "attn": attn, "mlp": mlp}
+
+    return {name: fuse(value) if name == "layers" or name.startswith("layers_") else value
+            for name, value in params.items()}
+
+
+def _layout(params: Params) -> dict[str, bool]:
+    """The Transformer flags that read ``params`` as given: stacked or not, projections fused or not."""
+    layer = params["layers"] if "layers" in params else params["layers_0"]
+    return {"scan_layers": "layers" in params, "fused_projections": "qkv_proj" in layer["attn"]}
 
 
 def stack_layers(params: Params) -> Params:

@@ -4,8 +4,8 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention
-from rlax_core.inference.kv_cache import write_pages
+from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention, window_decode_attention
+from rlax_core.inference.kv_cache import gather_pages, to_window_layout, write_pages
 from rlax_core.inference.pallas_attention import paged_decode_attention
 
 
@@ -57,6 +57,25 @@ def test_window_attention_matches_numpy_in_both_value_layouts(head_dim):
     problem = _paged_problem(2, len(lengths), 8, 2, head_dim, 4, 5, lengths)
     reference = paged_decode_attention_reference(*map(jnp.asarray, problem), scale=head_dim ** -0.5)
     np.testing.assert_allclose(np.asarray(reference), _dense_attention(*problem, head_dim ** -0.5), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_window_attention_to_a_token_not_yet_written_equals_attention_after_writing_it(head_dim):
+    # The decode loop attends to the window plus the new token, then writes the token (programs).
+    lengths = np.asarray([0, 3, 4, 19, 11], np.int32)  # 0: the new token is all there is to see
+    q, k, v, page_table, _ = _paged_problem(3, len(lengths), 8, 2, head_dim, 4, 5, lengths)
+    own_k, own_v = (np.random.default_rng(4).normal(size=(len(lengths), 2, head_dim)).astype(np.float32)
+                    for _ in range(2))
+    pages, offsets = page_table[np.arange(len(lengths)), lengths // 4], lengths % 4
+    k_written, v_written = k.copy(), v.copy()
+    k_written[pages, offsets], v_written[pages, offsets] = own_k, own_v
+    scale = head_dim ** -0.5
+    expected = _dense_attention(q, k_written, v_written, page_table, lengths + 1, scale)
+    keys, values = to_window_layout(gather_pages(jnp.asarray(k), jnp.asarray(page_table)),
+                                    gather_pages(jnp.asarray(v), jnp.asarray(page_table)))
+    out = window_decode_attention(jnp.asarray(q), keys, values, jnp.asarray(lengths), scale,
+                                  current=(jnp.asarray(own_k), jnp.asarray(own_v)))
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-6, rtol=1e-5)
 
 
 def test_paged_attention_ignores_tokens_past_length():

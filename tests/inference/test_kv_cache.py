@@ -57,12 +57,32 @@ def test_decode_window_holds_each_slot_in_order_and_writes_back_only_real_pages(
     value = window.v[0][0, :, :, 3] if values_tokens_minor(head_dim) else window.v[0][0, :, 3, :]
     np.testing.assert_array_equal(value, k[0, 2, 1] + 100)
     new = jnp.full((3, kv_heads, head_dim), -1.0)
-    window = window.write(1, jnp.asarray([3, 6, 99]), new, new)  # slot 2 at 99: out of range, dropped
+    window = window.write(1, jnp.asarray([3, 4, 5]), new, new)  # every row writes, the idle slot 1 too
     written = scatter_window(cache, window, page_table)
     expected = np.asarray(k).copy()
     expected[1, 2, 1] = -1.0  # slot 0, token 3 = page 2 offset 1; slot 1's write lands in the sink
+    expected[1, 6, 1] = -1.0  # slot 2, token 5 = its third page (6), offset 1
     real = [1, 2, 3, 5, 6]
     np.testing.assert_array_equal(np.asarray(written.k)[:, real], expected[:, real])
     np.testing.assert_array_equal(np.asarray(written.v)[:, real][0], expected[0, real] + 100)
     assert np.asarray(written.v)[1, 2, 1].tolist() == [[-1.0] * head_dim] * kv_heads
     np.testing.assert_array_equal(np.asarray(written.k)[:, 4], k[:, 4])  # in no page table: untouched
+
+
+@pytest.mark.parametrize("head_dim", [3, 16])
+def test_a_one_slot_window_write_changes_only_its_token(head_dim):
+    # One slot takes DecodeWindow.write's dynamic-update-slice path; more slots take the scatter.
+    rng = np.random.default_rng(1)
+    k = jnp.asarray(rng.normal(size=(2, 4, 2, 2, head_dim)), jnp.float32)
+    window = gather_window(KVCache(k, k + 100), jnp.asarray([[3, 1]], jnp.int32))
+    new_k, new_v = jnp.full((1, 2, head_dim), -1.0), jnp.full((1, 2, head_dim), -2.0)
+    written = window.write(1, jnp.asarray([2]), new_k, new_v)
+    keys, values = np.asarray(written.k[1]), np.asarray(written.v[1])
+    values = values if values_tokens_minor(head_dim) else values.transpose(0, 1, 3, 2)  # now [B, Hkv, D, T]
+    np.testing.assert_array_equal(keys[0, :, :, 2], new_k[0])
+    np.testing.assert_array_equal(values[0, :, :, 2], new_v[0])
+    untouched = [0, 1, 3]
+    np.testing.assert_array_equal(keys[..., untouched], np.asarray(window.k[1])[..., untouched])
+    old_values = np.asarray(window.v[1]) if values_tokens_minor(head_dim) else np.asarray(window.v[1]).transpose(0, 1, 3, 2)
+    np.testing.assert_array_equal(values[..., untouched], old_values[..., untouched])
+    np.testing.assert_array_equal(written.k[0], window.k[0])  # other layers untouched

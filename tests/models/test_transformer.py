@@ -8,8 +8,8 @@ import pytest
 
 from rlax_core.config import ConfigError
 from rlax_core.models import (
-    ModelConfig, RopeScaling, forward, forward_with_cache, init_cache, init_params, param_logical_axes, toy_config,
-    unstack_layers)
+    ModelConfig, RopeScaling, forward, forward_with_cache, fuse_projections, init_cache, init_params,
+    param_logical_axes, toy_config, unstack_layers)
 from rlax_core.models.config import rope_inverse_frequencies
 
 # Compiled once per shape: eager Flax re-traces the layer scan on every call.
@@ -128,6 +128,26 @@ def test_unstacked_layers_give_the_stacked_forward(toy):
     stacked, _ = forward_with_cache(params, config, ids, positions, init_cache(config, batch=2, max_len=16))
     unrolled, _ = forward_with_cache(unstacked, config, ids, positions, init_cache(config, batch=2, max_len=16))
     np.testing.assert_allclose(unrolled, stacked, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", [{}, {"architecture": "qwen3", "qkv_bias": False, "qk_norm": True}])
+def test_fused_projections_give_the_same_forward_stacked_and_unstacked(variant):
+    config = toy_config(**variant)  # qwen2 (q/k/v biases), then qwen3 (q/k norms)
+    params = init_params(config, jax.random.key(1))
+    fused = fuse_projections(params)
+    attn, mlp = fused["layers"]["attn"], fused["layers"]["mlp"]
+    assert "q_proj" not in attn and "gate_proj" not in mlp
+    heads = config.num_heads + 2 * config.num_kv_heads
+    assert attn["qkv_proj"]["kernel"].shape == (config.num_layers, config.hidden_size, heads, config.head_dim)
+    assert ("bias" in attn["qkv_proj"]) == config.qkv_bias
+    assert mlp["gate_up_proj"]["kernel"].shape == (config.num_layers, config.hidden_size, 2 * config.intermediate_size)
+    ids = jax.random.randint(jax.random.key(5), (2, 6), 0, config.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+    reference = forward(params, config, ids)
+    np.testing.assert_allclose(forward(fused, config, ids), reference, atol=1e-5)
+    for layout in (fused, fuse_projections(unstack_layers(params))):
+        logits, _ = forward_with_cache(layout, config, ids, positions, init_cache(config, batch=2, max_len=16))
+        np.testing.assert_allclose(logits, reference, atol=1e-5)
 
 
 @pytest.mark.slow  # two gradient compiles
