@@ -102,7 +102,7 @@ class DecodeWindow(NamedTuple):
 
         Every row writes, unguarded, so that the buffers are updated in place: XLA:CPU copied them
         for a guarded write (a masked or dropped one, or a one-row scatter, which it rewrites into a
-        bounds-checked read-modify-write), four copies per layer per step at batch 1.
+        bounds-checked read-modify-write): four copies of each buffer per step at batch 1.
         """
         minor = values_tokens_minor(v.shape[-1])
         k = k.astype(self.k[layer].dtype)[..., None]  # [B, Hkv, D, 1]

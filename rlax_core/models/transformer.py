@@ -16,6 +16,7 @@ Functional API (parameters are a plain nested dict; ``config`` is hashable, pass
     logits = forward(params, config, input_ids, attention_mask=mask)           # float32 [B, S, V]
     hidden = hidden_states(params, config, input_ids, attention_mask=mask)     # [B, S, hidden]: for value heads
     logits, cache = forward_with_cache(params, config, input_ids, positions, cache, attend)
+    decoding = fuse_projections(unstack_layers(params))  # the rollout engine's layout; both forwards take it
 
 Pluggable attention (how the rollout engine brings its own paged KV cache and kernels)::
 

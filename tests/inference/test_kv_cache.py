@@ -83,6 +83,7 @@ def test_a_one_slot_window_write_changes_only_its_token(head_dim):
     np.testing.assert_array_equal(values[0, :, :, 2], new_v[0])
     untouched = [0, 1, 3]
     np.testing.assert_array_equal(keys[..., untouched], np.asarray(window.k[1])[..., untouched])
-    old_values = np.asarray(window.v[1]) if values_tokens_minor(head_dim) else np.asarray(window.v[1]).transpose(0, 1, 3, 2)
+    old_values = np.asarray(window.v[1])
+    old_values = old_values if values_tokens_minor(head_dim) else old_values.transpose(0, 1, 3, 2)
     np.testing.assert_array_equal(values[..., untouched], old_values[..., untouched])
     np.testing.assert_array_equal(written.k[0], window.k[0])  # other layers untouched
