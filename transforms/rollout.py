@@ -116,16 +116,7 @@ def complete_steps(store: RolloutStore, spec: RolloutSpec, candidates: Iterable[
     for key in store.list_groups():
         counts[key.step] = counts.get(key.step, 0) + 1
     return {step for step in candidates
-            if counts.get(step, 0) >= spec.prompts_per_step or store_marker_exists(store, step)}
-
-
-def _marker_path(store: RolloutStore, step: int) -> str:
-    return f"{store.root}/{store.run}/step_{step:08d}/_GENERATED"
-
-
-def store_marker_exists(store: RolloutStore, step: int) -> bool:
-    fs, path = fsspec.core.url_to_fs(_marker_path(store, step))
-    return fs.exists(path)
+            if counts.get(step, 0) >= spec.prompts_per_step or store.is_step_generated(step)}
 
 
 # ----------------------------------------------------------------------------- generation
@@ -327,8 +318,7 @@ class MarkStepGenerated(beam.DoFn):
         fs, folder = fsspec.core.url_to_fs(f"{self._spec.rollout_root}/{self._spec.run}-metrics")
         fs.makedirs(folder, exist_ok=True)
         fs.pipe_file(f"{folder}/step_{step:08d}.json", json.dumps(metrics, sort_keys=True).encode())
-        fs, path = fsspec.core.url_to_fs(_marker_path(self._store, step))
-        fs.pipe_file(path, b"")
+        self._store.mark_step_generated(step)
         release_claim(self._spec.run, step)
         yield metrics
 

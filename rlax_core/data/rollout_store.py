@@ -114,7 +114,20 @@ class RolloutStore:
             self._fs.pipe_file(path, data)
         return path
 
+    def mark_step_generated(self, step: int) -> None:
+        """Record that schedule step ``step`` is fully generated (idempotent): every prompt slot has
+        its group or was dropped on purpose (dynamic sampling), so the step may hold fewer groups."""
+        path = self._marker(step)
+        if self._is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._fs.pipe_file(path, b"")
+
     # ------------------------------------------------------------------ reader
+
+    def is_step_generated(self, step: int) -> bool:
+        """Whether ``mark_step_generated(step)`` happened (a step can be complete without it: a
+        pipeline killed between its last group and the marker leaves every group but no marker)."""
+        return self._fs.exists(self._marker(step))
 
     def list_groups(self) -> list[GroupKey]:
         """Every complete group of the run, sorted by (step, prompt_index)."""
@@ -152,6 +165,10 @@ class RolloutStore:
                 raise TimeoutError(f"{self}: rollout groups not ready after {timeout_s:.0f} s "
                                    f"({len(keys)} groups present, last {keys[-1] if keys else None})")
             time.sleep(poll_s)
+
+
+    def _marker(self, step: int) -> str:
+        return f"{self._base}/step_{step:08d}/_GENERATED"
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:

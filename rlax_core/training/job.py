@@ -2,9 +2,10 @@
 
 One step::
 
-    wait for ``groups_per_step`` rollout groups not yet in the ledger (schedule order); a group
-    whose weight version fails ``rlax_core.weights.is_fresh_enough(version, step, max_staleness)``
-    is dropped (recorded in the ledger, counted in the metrics) and the next one is taken
+    wait for ``groups_per_step`` rollout groups not yet in the ledger, in schedule order and from
+    no step past the first one still being generated; a group whose weight version fails
+    ``rlax_core.weights.is_fresh_enough(version, step, max_staleness)`` is dropped (recorded in
+    the ledger, counted in the metrics) and the next one is taken
     -> make_batch -> Trainer.step -> ledger.consumed += groups -> metrics (JSONL + TensorBoard)
     -> publish weight version ``step`` (every ``publish_every`` steps, asynchronously)
     -> checkpoint (every ``checkpoint_every`` steps, asynchronously; state + ledger together)
@@ -55,6 +56,25 @@ class BatchReader:
     def __init__(self, store: RolloutStore, config: TrainerConfig):
         self.store = store
         self.config = config
+        self._generated_below = 0  # every schedule step below this one is fully generated
+
+    def generation_frontier(self, keys: list[GroupKey]) -> int:
+        """The first schedule step not fully generated yet; no group past it is taken.
+
+        The schedule lets step s be generated with weights no older than s - max_staleness, so in
+        order train step t takes schedule step t's groups (or later ones, where dynamic sampling
+        dropped some), fresh by construction. Taking a later step's groups while step t's are still
+        being generated would leave step t's groups for a later train step, too stale to use: they
+        would be dropped and never generated again, and the run could not finish.
+        """
+        counts: dict[int, int] = {}
+        for key in keys:
+            counts[key.step] = counts.get(key.step, 0) + 1
+        step = self._generated_below
+        while counts.get(step, 0) >= self.config.groups_per_step or self.store.is_step_generated(step):
+            step += 1
+        self._generated_below = step
+        return step
 
     def next_groups(self, ledger: DataLedger, train_step: int, stop: threading.Event):
         """``groups_per_step`` (key, table) pairs; None if ``stop`` was set first. Drops go into ``ledger``."""
@@ -63,7 +83,11 @@ class BatchReader:
         deadline = time.monotonic() + config.wait_timeout_s
         while True:
             taken = {key for key, _ in chosen}
-            for key in ledger.pending(self.store.list_groups()):
+            keys = self.store.list_groups()
+            frontier = self.generation_frontier(keys)
+            for key in ledger.pending(keys):
+                if key.step > frontier:
+                    break
                 if key in taken:
                     continue
                 table = self.store.read_group(key)
