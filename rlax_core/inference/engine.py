@@ -171,7 +171,9 @@ class Engine:
                       "weight_swaps": 0}
         # Module-level programs keyed by static shapes: engines with equal configs share compilations.
         self._prefill = functools.partial(programs.prefill, model_config=model_config)
-        self._decode = functools.partial(programs.decode, model_config=model_config, chunk=config.decode_steps_per_call,
+        platform = device.platform if device is not None else jax.default_backend()
+        decode = programs.decode_on_cpu if platform == "cpu" else programs.decode
+        self._decode = functools.partial(decode, model_config=model_config, chunk=config.decode_steps_per_call,
                                          attention=self.attention)
 
     # ------------------------------------------------------------------ public API

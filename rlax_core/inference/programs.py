@@ -55,12 +55,7 @@ def copy_pages(cache: KVCache, source, target) -> KVCache:
     return KVCache(*(pool.at[:, target].set(pool[:, source], mode="promise_in_bounds") for pool in cache))
 
 
-# Without region analysis XLA:CPU's copy insertion copied every window buffer twice per decode step
-# (the loop carry, then the in-place write): a third of a batch-1 step for stories260K.
-@functools.partial(jax.jit, static_argnames=("model_config", "chunk", "attention", "mode"),
-                   donate_argnames=("cache",),
-                   compiler_options={"xla_cpu_copy_insertion_use_region_analysis": True})
-def decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, attention: str,
+def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, attention: str,
             mode: SamplingMode):
     """Decode up to ``chunk`` tokens for every active slot; stop early when all are done.
 
@@ -102,6 +97,14 @@ def decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: i
     steps, kv, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
     cache = scatter_window(cache, kv, page_table) if windowed else kv
     return out_tokens, out_logprobs, steps, state, cache
+
+
+_DECODE_JIT = {"static_argnames": ("model_config", "chunk", "attention", "mode"), "donate_argnames": ("cache",)}
+decode = jax.jit(_decode, **_DECODE_JIT)
+# The same program for XLA:CPU, whose copy insertion without region analysis copied every window
+# buffer twice per decode step (the loop carry, then the in-place write): a third of a batch-1 step
+# for stories260K. A separate jit because other backends may not know the option.
+decode_on_cpu = jax.jit(_decode, **_DECODE_JIT, compiler_options={"xla_cpu_copy_insertion_use_region_analysis": True})
 
 
 def _paged_attend(page_table, lengths, active, scale, use_pallas: bool):
