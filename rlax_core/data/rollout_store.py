@@ -166,7 +166,6 @@ class RolloutStore:
                                    f"({len(keys)} groups present, last {keys[-1] if keys else None})")
             time.sleep(poll_s)
 
-
     def _marker(self, step: int) -> str:
         return f"{self._base}/step_{step:08d}/_GENERATED"
 
