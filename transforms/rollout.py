@@ -112,11 +112,8 @@ class ScheduleSteps(beam.DoFn):
 def complete_steps(store: RolloutStore, spec: RolloutSpec, candidates: Iterable[int]) -> set[int]:
     """Which of ``candidates`` are fully generated (a restarted pipeline skips them): every group is in
     the store, or (dynamic sampling may drop groups, even all of them) the step's marker is."""
-    counts: dict[int, int] = {}
-    for key in store.list_groups():
-        counts[key.step] = counts.get(key.step, 0) + 1
-    return {step for step in candidates
-            if counts.get(step, 0) >= spec.prompts_per_step or store.is_step_generated(step)}
+    keys = store.list_groups()
+    return {step for step in candidates if store.is_step_complete(step, spec.prompts_per_step, keys)}
 
 
 # ----------------------------------------------------------------------------- generation

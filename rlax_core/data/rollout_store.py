@@ -129,6 +129,12 @@ class RolloutStore:
         pipeline killed between its last group and the marker leaves every group but no marker)."""
         return self._fs.exists(self._marker(step))
 
+    def is_step_complete(self, step: int, groups_per_step: int, keys: Sequence[GroupKey]) -> bool:
+        """Whether schedule step ``step`` is fully generated: all its groups are in ``keys`` (a
+        ``list_groups`` listing), or it is marked generated (dynamic sampling may drop groups)."""
+        present = sum(key.step == step for key in keys)
+        return present >= groups_per_step or self.is_step_generated(step)
+
     def list_groups(self) -> list[GroupKey]:
         """Every complete group of the run, sorted by (step, prompt_index)."""
         self._fs.invalidate_cache(self._base)

@@ -67,11 +67,8 @@ class BatchReader:
         being generated would leave step t's groups for a later train step, too stale to use: they
         would be dropped and never generated again, and the run could not finish.
         """
-        counts: dict[int, int] = {}
-        for key in keys:
-            counts[key.step] = counts.get(key.step, 0) + 1
         step = self._generated_below
-        while counts.get(step, 0) >= self.config.groups_per_step or self.store.is_step_generated(step):
+        while self.store.is_step_complete(step, self.config.groups_per_step, keys):
             step += 1
         self._generated_below = step
         return step
