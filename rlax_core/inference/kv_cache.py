@@ -105,18 +105,17 @@ class DecodeWindow(NamedTuple):
         bounds-checked read-modify-write): four copies of each buffer per step at batch 1.
         """
         minor = values_tokens_minor(v.shape[-1])
-        k = k.astype(self.k[layer].dtype)[..., None]  # [B, Hkv, D, 1]
-        v = v.astype(self.v[layer].dtype)[..., None] if minor else v.astype(self.v[layer].dtype)[:, :, None]
+        k, v = k.astype(self.k[layer].dtype), v.astype(self.v[layer].dtype)
         if positions.shape[0] == 1:
             zero, at = jnp.int32(0), positions[0].astype(jnp.int32)
-            keys = jax.lax.dynamic_update_slice(self.k[layer], k, (zero, zero, zero, at))
-            values = jax.lax.dynamic_update_slice(self.v[layer], v, (zero, zero, zero, at) if minor else
-                                                  (zero, zero, at, zero))
+            keys = jax.lax.dynamic_update_slice(self.k[layer], k[..., None], (zero, zero, zero, at))
+            values = (jax.lax.dynamic_update_slice(self.v[layer], v[..., None], (zero, zero, zero, at)) if minor
+                      else jax.lax.dynamic_update_slice(self.v[layer], v[:, :, None], (zero, zero, at, zero)))
         else:
             rows, put = jnp.arange(positions.shape[0]), {"mode": "promise_in_bounds", "unique_indices": True}
-            keys = self.k[layer].at[rows, :, :, positions].set(k[..., 0], **put)
+            keys = self.k[layer].at[rows, :, :, positions].set(k, **put)
             values = (self.v[layer].at[rows, :, :, positions] if minor else self.v[layer].at[rows, :, positions])
-            values = values.set(v[..., 0] if minor else v[:, :, 0], **put)
+            values = values.set(v, **put)
         return DecodeWindow(_replace(self.k, layer, keys), _replace(self.v, layer, values))
 
 

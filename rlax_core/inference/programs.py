@@ -130,11 +130,11 @@ def _window_attend(lengths, scale):
 
     Attending first leaves the write as the window's last use, so it updates the buffer in place;
     written first, the updated window fed both the attention and the loop carry, and XLA:CPU gave
-    each a copy of the buffer. Every slot writes, active or not, which
-    keeps the write unguarded (``DecodeWindow.write``). That is harmless: a slot owns its window
-    row, an idle slot's row goes back to the sink page, and a finished slot writes past its last
-    token, where nothing reads. The clamp keeps an idle slot's stale length, which the window width
-    does not account for, inside the window.
+    each a copy of the buffer. Every slot writes, active or not, which keeps the write unguarded
+    (``DecodeWindow.write``). That is harmless: a slot owns its window row, an idle slot's row goes
+    back to the sink page, and a finished slot writes past its last token, where nothing reads. The
+    clamp keeps an idle slot's stale length, which the window width does not account for, inside
+    the window.
     """
 
     def attend(layer, q, k, v, window: DecodeWindow):
