@@ -73,6 +73,9 @@ PATHOLOGICAL = {
 @pytest.fixture(scope="module")
 def quick_verifier():
     with MathVerifier(MathVerifierConfig(workers=1, timeout_seconds=3.0)) as verifier:
+        # The pool's first use starts the fork server and imports sympy (3 s quiet, more under load);
+        # the timeout bounds a comparison, not that start-up, so the timed calls below find it warm.
+        assert verifier.compare("\\frac{1}{2}", "0.5").equal
         yield verifier
 
 
