@@ -58,13 +58,18 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
-def best_times_interleaved(fns, repeats: int) -> list[float]:
+def best_times_interleaved(fns, repeats: int, min_seconds: float = 0.0, max_repeats: int = 30) -> list[float]:
     """``best_time`` of each of ``fns``, their repeats taken in turn (a, b, a, b, ...): a drift in the
-    machine's speed during the measurement then reaches every contender."""
+    machine's speed during the measurement then reaches every contender.
+
+    At least ``repeats`` rounds, and more (up to ``max_repeats``) until every contender has run for
+    ``min_seconds`` in all: a run of a fraction of a second gets as many chances at its best as
+    one of several seconds gets from two, which matters on a machine whose speed moves by a third.
+    """
     for fn in fns:
         fn()  # compile and warm up
     times = [[] for _ in fns]
-    for _ in range(repeats):
+    while len(times[0]) < max_repeats and (len(times[0]) < repeats or min(map(sum, times)) < min_seconds):
         for fn, measured in zip(fns, times):
             start = time.perf_counter()
             fn()

@@ -4,7 +4,8 @@ For each model and batch size (32-token prompts, 128 forced new tokens, greedy, 
 measures in one run:
 
   tokens_per_s                the engine (new tokens / best wall time of generate(), compiled beforehand;
-                              its repeats alternate with transformers' so that drift reaches both):
+                              its repeats alternate with transformers' so that drift reaches both,
+                              and continue until each side has run --min-seconds in all):
                               a ReplicatedEngine with one replica per CPU core (each core a JAX
                               device, rlax_core.utils.devices), the batch dealt across them, as
                               transformers gets every core as threads
@@ -45,7 +46,7 @@ from rlax_core.utils.devices import use_cpu_cores_as_devices  # noqa: E402
 PROMPT_LEN, NEW_TOKENS = 32, 128
 
 
-def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+def memory_bandwidth(megabytes: int = 512, repeats: int = 10) -> float:
     """Bytes per second read by a jitted sum over an array much larger than the caches."""
     data = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
     total = jax.jit(jnp.sum)
@@ -95,7 +96,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="stories260K,25m")
     parser.add_argument("--batches", default="1,16,64")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds, at least")
+    parser.add_argument("--min-seconds", type=float, default=6.0,
+                        help="more rounds (up to 30) until each contender has run this long in all")
     parser.add_argument("--steps-per-call", type=int, default=64, help="decode steps per compiled call")
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers comparison")
@@ -103,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     replicas = use_cpu_cores_as_devices(args.replicas or None)  # default: one device, and replica, per core
 
-    peak = forward_benchmark.matmul_peak(args.matmul_size, 3)
+    peak = forward_benchmark.matmul_peak(args.matmul_size, 10)  # best of 10: a conservative (high) peak
     bandwidth = memory_bandwidth()
     print(f"peak {peak / 1e9:.1f} GFLOP/s, bandwidth {bandwidth / 1e9:.2f} GB/s", file=sys.stderr, flush=True)
     results = {}
@@ -121,7 +124,7 @@ def main() -> None:
             if reference is not None:
                 runners.append(reference)
             # Engine and transformers take turns, so that a drift in the machine's speed reaches both.
-            seconds = forward_benchmark.best_times_interleaved(runners, args.repeats)
+            seconds = forward_benchmark.best_times_interleaved(runners, args.repeats, args.min_seconds)
             tokens_per_s = batch * NEW_TOKENS / seconds[0]
             entry = {"tokens_per_s": round(tokens_per_s, 1), "mfu": round(tokens_per_s * flops_per_token / peak, 4)}
             if batch == 1:
@@ -140,6 +143,7 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "generate", "backend": jax.default_backend(), "dtype": "float32", "engine_replicas": replicas,
         "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS, "greedy": True,
+        "min_repeats": args.repeats, "min_seconds_per_contender": args.min_seconds,
         "peak_matmul_flops": round(peak), "memory_bandwidth_bytes_per_s": round(bandwidth),
         "models": results,
     }, indent=2))
