@@ -186,7 +186,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from pipelines.config import load_run_config
     from pipelines.launch import launch, loop_metrics
-    from pipelines.rl_stream import read_examples
+    from rlax_core.data.training_set import read_examples
     from rlax_core.models import Model, from_pretrained, save_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.weights.store import WeightStore
@@ -257,7 +257,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def read_examples_or_none(path: Path):
-    from pipelines.rl_stream import read_examples
+    from rlax_core.data.training_set import read_examples
 
     try:
         return read_examples(str(path))

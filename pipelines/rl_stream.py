@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import sys
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before configs name them)
 from rlax_core.config import from_dict, require
@@ -66,31 +65,11 @@ def load_configs(config_path: str | None, overrides: Sequence[str]):
     return run_config, run_config.loop
 
 
-def read_examples(path: str) -> list[dict[str, Any]]:
-    """Example rows from a parquet file, a folder of parquet shards or a JSON-lines file."""
-    import fsspec
-    import pyarrow.parquet as pq
-
-    if path.endswith(".jsonl"):
-        with fsspec.open(path, "r", encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
-    fs, root = fsspec.core.url_to_fs(path)
-    files = sorted(fs.glob(f"{root.rstrip('/')}/*.parquet")) if fs.isdir(root) else [root]
-    rows: list[dict[str, Any]] = []
-    for file in files:
-        with fs.open(file, "rb") as handle:
-            rows.extend(pq.read_table(handle).to_pylist())
-    if not rows:
-        raise FileNotFoundError(f"no examples under {path}")
-    # The schedule indexes rows, so their order must not depend on how shards were written.
-    return sorted(rows, key=lambda r: r["id"])
-
-
-def build_spec(run_config, loop: LoopConfig, examples: list[dict[str, Any]]):
+def build_spec(run_config, loop: LoopConfig, train_set_size: int):
+    """The rollout workers' spec: settings and the training set's path (its rows stay in storage)."""
     from rlax_core.inference.config import SamplingParams
     from transforms.rollout import RolloutSpec
 
-    keep = ("id", "prompt", "answer", "task", "meta")
     engine = run_config.engine
     sampling = SamplingParams(temperature=loop.temperature, top_p=loop.top_p, max_new_tokens=engine.max_new_tokens,
                               n=loop.samples_per_prompt, stop_token_ids=tuple(loop.stop_token_ids))
@@ -98,7 +77,8 @@ def build_spec(run_config, loop: LoopConfig, examples: list[dict[str, Any]]):
         run=run_config.run.name,
         run_seed=run_config.run.seed,
         model_path=run_config.model.resolved_path(),
-        train_set=tuple({k: row.get(k) for k in keep} for row in examples),
+        train_set=loop.train_set,
+        train_set_size=train_set_size,
         rollout_root=run_config.rollout_root(),
         weights=run_config.weight_store(),
         engine=engine,
@@ -158,8 +138,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if not loop.train_set:
         print("rlax rollout: say which prompts to train on: --train-set PATH (or loop.train_set=PATH)", file=sys.stderr)
         return 2
+    from rlax_core.data.training_set import read_examples
+
     examples = read_examples(loop.train_set)
-    spec = build_spec(run_config, loop, examples)
+    spec = build_spec(run_config, loop, len(examples))
     # A streaming pipeline needs a live runner: unless told otherwise, pipeline_options picks Prism.
     runner_args = list(beam_args) or ([] if run_config.beam.runner == "DirectRunner" else run_config.beam.args())
     if not any(a.startswith(("--job_server_timeout", "--job-server-timeout")) for a in runner_args):

@@ -31,6 +31,7 @@ import fsspec
 from apache_beam.utils.shared import Shared
 
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
+from rlax_core.data.training_set import cached_examples
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.rewards.config import RewardConfig
 from rlax_core.weights.config import WeightStoreConfig
@@ -46,7 +47,10 @@ class RolloutSpec:
     run: str
     run_seed: int
     model_path: str  # base checkpoint: architecture and tokenizer (weights come from the store)
-    train_set: tuple[dict, ...]  # Example rows (id, prompt, answer, task, meta)
+    # Where the Example rows are (parquet file or folder, or .jsonl; local or gs://): workers read
+    # them once per process (``cached_examples``), so the job graph does not grow with the data.
+    train_set: str
+    train_set_size: int  # rows the launcher saw there; a worker that reads another count stops
     rollout_root: str
     weights: WeightStoreConfig
     engine: EngineConfig
@@ -59,6 +63,14 @@ class RolloutSpec:
 
     def store(self) -> RolloutStore:
         return RolloutStore(self.rollout_root, self.run)
+
+    def examples(self) -> tuple[dict, ...]:
+        """The training set's rows, read once per worker process."""
+        rows = cached_examples(self.train_set)
+        if len(rows) != self.train_set_size:
+            raise RuntimeError(f"training set {self.train_set} holds {len(rows)} rows, the job was launched with "
+                               f"{self.train_set_size}: the prompt schedule would change; relaunch the job")
+        return rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +150,13 @@ class _Worker:
         self.store = WeightStore(spec.weights)
         self.engine = ReplicatedEngine(spec.engine, model.config, model.params, version=-1)
         self.lock = threading.Lock()  # one generate at a time per process: the engine is not reentrant
-        self.prompt_ids = [tuple(self.tokenizer.encode(row["prompt"], add_bos=True)) for row in spec.train_set]
+        self._prompt_ids: dict[str, tuple[int, ...]] = {}  # by example id, tokenized on first use
+
+    def prompt_ids(self, example: dict) -> tuple[int, ...]:
+        ids = self._prompt_ids.get(example["id"])
+        if ids is None:
+            ids = self._prompt_ids[example["id"]] = tuple(self.tokenizer.encode(example["prompt"], add_bos=True))
+        return ids
 
     def ensure_version(self, version: int) -> None:
         if self.engine.version == version:
@@ -159,17 +177,18 @@ class GenerateRollouts(beam.DoFn):
     def setup(self):
         spec = self._spec
         self._worker = self._shared.acquire(lambda: _Worker(spec), tag=f"rollout-worker-{spec.run}")
+        self._examples = spec.examples()
 
     def process(self, scheduled: ScheduledStep, latest_version: Optional[int]):
         spec, worker = self._spec, self._worker
         version = scheduled.version if latest_version is None else max(scheduled.version, latest_version)
-        rows = prompt_indices(spec.run_seed, scheduled.step, len(spec.train_set), spec.prompts_per_step)
+        rows = prompt_indices(spec.run_seed, scheduled.step, len(self._examples), spec.prompts_per_step)
         store = spec.store()
         with worker.lock:
             worker.ensure_version(version)
             from rlax_core.inference.engine import Request
 
-            requests = [Request(worker.prompt_ids[row], spec.sampling,
+            requests = [Request(worker.prompt_ids(self._examples[row]), spec.sampling,
                                 prompt_id=rollout_prompt_id(spec.run, scheduled.step, slot),
                                 seed=sample_seed(spec.run_seed, scheduled.step))
                         for slot, row in enumerate(rows)]
@@ -181,7 +200,7 @@ class GenerateRollouts(beam.DoFn):
             by_prompt.setdefault(completion.prompt_id, []).append(completion)
         for slot, (row, request) in enumerate(zip(rows, requests)):
             key = GroupKey(scheduled.step, slot)
-            example = spec.train_set[row]
+            example = self._examples[row]
             samples = sorted(by_prompt[request.prompt_id], key=lambda c: c.sample_index)
             group_rows = [{
                 "example_id": example["id"],

@@ -13,7 +13,7 @@ from apache_beam.utils.shared import Shared
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.models import from_pretrained
-from rlax_core.tasks.story import story_examples
+from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.weights.config import WeightStoreConfig
 from rlax_core.weights.store import WeightStore
 from transforms.rollout import (AssembleGroups, GenerateRollouts, RolloutSpec, ScheduledStep, ScheduleSteps,
@@ -32,8 +32,10 @@ def spec(tmp_path_factory):
     with WeightStore(weights) as store:
         store.publish(0, model.params)
         store.publish(3, model.params)  # same values, another version: the stamp must follow the version
+    train_set = root / "train.jsonl"
+    write_jsonl(story_examples("train", 8), train_set)
     return RolloutSpec(
-        run="t", run_seed=0, model_path=MODEL, train_set=tuple(story_examples("train", 8)),
+        run="t", run_seed=0, model_path=MODEL, train_set=str(train_set), train_set_size=8,
         rollout_root=str(root / "rollouts"), weights=weights,
         engine=EngineConfig(num_slots=8, num_pages=64, max_prompt_len=64, max_new_tokens=12, prefill_buckets=(32, 64),
                             attention_impl="reference"),
@@ -114,7 +116,8 @@ def test_schedule_emits_only_steps_the_version_allows(spec):
 def test_dynamic_sampling_sends_uniform_groups_to_dropped():
     import dataclasses
 
-    base = RolloutSpec(run="t", run_seed=0, model_path=MODEL, train_set=(), rollout_root="/unused",
+    base = RolloutSpec(run="t", run_seed=0, model_path=MODEL, train_set="/unused", train_set_size=1,
+                       rollout_root="/unused",
                        weights=WeightStoreConfig(root="/unused", run_id="t"), engine=EngineConfig(),
                        sampling=SamplingParams(), prompts_per_step=1, total_steps=1, drop_uniform_groups=True)
     uniform = {"key": (0, 0), "rows": [{"reward": 0.0, "group_id": "g", "sample_idx": i} for i in range(2)]}

@@ -1,0 +1,48 @@
+"""Training sets read from storage, once per process.
+
+The rollout job's graph carries the training set's path, never its rows: a Dataflow job graph must
+not grow with the data (Dataflow refuses graphs above about 10 MB). Each worker process reads the
+set on first use and keeps it for every DoFn instance and bundle of that process
+(:func:`cached_examples`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+_cache: dict[str, tuple[dict[str, Any], ...]] = {}
+_cache_lock = threading.Lock()
+
+
+def read_examples(path: str) -> list[dict[str, Any]]:
+    """Example rows from a parquet file, a folder of parquet shards or a JSON-lines file (local or gs://).
+
+    Rows come back sorted by ``id``: the prompt schedule indexes rows, so their order must not depend
+    on how shards were written.
+    """
+    import fsspec
+    import pyarrow.parquet as pq
+
+    if path.endswith(".jsonl"):
+        with fsspec.open(path, "r", encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle if line.strip()]
+    else:
+        fs, root = fsspec.core.url_to_fs(path)
+        files = sorted(fs.glob(f"{root.rstrip('/')}/*.parquet")) if fs.isdir(root) else [root]
+        rows = []
+        for file in files:
+            with fs.open(file, "rb") as handle:
+                rows.extend(pq.read_table(handle).to_pylist())
+    if not rows:
+        raise FileNotFoundError(f"no examples under {path}")
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def cached_examples(path: str) -> tuple[dict[str, Any], ...]:
+    """:func:`read_examples`, read once per process and path and shared by every caller of it."""
+    with _cache_lock:  # held while reading: concurrent first callers wait instead of reading twice
+        if path not in _cache:
+            _cache[path] = tuple(read_examples(path))
+        return _cache[path]

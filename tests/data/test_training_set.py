@@ -1,0 +1,47 @@
+"""Training sets read from storage once per process: the rollout job's graph carries only the path."""
+
+import pickle
+
+import pytest
+
+from rlax_core.data.training_set import cached_examples, read_examples
+from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.tasks.story import story_examples, write_jsonl
+from rlax_core.weights.config import WeightStoreConfig
+from transforms.rollout import RolloutSpec
+
+
+def _spec(path, size):
+    return RolloutSpec(run="t", run_seed=0, model_path="/unused", train_set=str(path), train_set_size=size,
+                       rollout_root="/unused", weights=WeightStoreConfig(root="/unused", run_id="t"),
+                       engine=EngineConfig(), sampling=SamplingParams(), prompts_per_step=1, total_steps=1)
+
+
+def test_rows_come_back_sorted_by_id_whatever_the_file_order(tmp_path):
+    rows = story_examples("train", 12)
+    write_jsonl(reversed(rows), tmp_path / "train.jsonl")
+    assert [r["id"] for r in read_examples(str(tmp_path / "train.jsonl"))] == sorted(r["id"] for r in rows)
+
+
+def test_a_process_reads_a_training_set_once(tmp_path):
+    path = tmp_path / "train.jsonl"
+    write_jsonl(story_examples("train", 5), path)
+    first = cached_examples(str(path))
+    path.unlink()  # a second read would fail: the rows must come from the process's cache
+    assert cached_examples(str(path)) is first and len(first) == 5
+
+
+def test_the_spec_pickles_to_the_same_size_whatever_the_training_set_holds(tmp_path):
+    small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
+    write_jsonl(story_examples("train", 10), small)
+    write_jsonl(story_examples("train", 2000), large)
+    sizes = {len(pickle.dumps(_spec(p, n))) for p, n in ((small, 10), (large, 2000))}
+    assert max(sizes) - min(sizes) <= 4  # the path's length and the count's digits, nothing of the rows
+
+
+def test_a_worker_that_reads_another_row_count_than_the_launcher_stops(tmp_path):
+    path = tmp_path / "train.jsonl"
+    write_jsonl(story_examples("train", 3), path)
+    assert len(_spec(path, 3).examples()) == 3
+    with pytest.raises(RuntimeError, match="holds 3 rows, the job was launched with 4"):
+        _spec(path, 4).examples()
