@@ -16,27 +16,25 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _shared_dir() -> Path:
-    return Path(os.environ.get("RLAX_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """The read-only ``../shared`` folder beside the checkout (real data, golden outputs)."""
-    path = _shared_dir()
-    if not (path / "data").is_dir():
-        pytest.fail(f"shared data not found at {path}; set RLAX_SHARED_DIR to the folder holding data/ and golden/")
-    return path
+def data_dir() -> Path:
+    """Small copies of real datasets and tokenizers (tests/fixtures/README.md lists them and their licences)."""
+    return FIXTURES / "data"
 
 
 @pytest.fixture(scope="session")
-def shared_data(shared_dir) -> Path:
-    return shared_dir / "data"
+def golden_dir() -> Path:
+    """Outputs of Hugging Face transformers for the model and tokenizer tests."""
+    return FIXTURES / "golden"
 
 
 @pytest.fixture(scope="session")
-def golden_dir(shared_dir) -> Path:
-    return shared_dir / "golden"
+def stories260k_dir() -> Path:
+    """The quickstart's pretrained model as the package ships it (llama2.c checkpoint + SentencePiece)."""
+    return REPO_ROOT / "pipelines" / "assets" / "stories260K"
 
 # The GCS emulator fixture (``gcs_emulator``) for gs:// tests; the repository root must be importable
 # for pytest to load it by module name under importlib import mode.

@@ -6,12 +6,12 @@ from rlax_core.inference.config import EngineConfig
 
 
 @pytest.fixture(scope="session")
-def stories(shared_data):
+def stories(stories260k_dir):
     """The real stories260K model (llama2.c checkpoint) and its tokenizer."""
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
 
-    folder = shared_data / "model" / "stories260K"
+    folder = stories260k_dir
     return from_pretrained(folder), load_tokenizer(folder)
 
 

@@ -33,9 +33,9 @@ def _teacher_forced(model, prompt, completion, padded_to=288):
     return np.asarray(model(padded, mask)[0, : len(ids)])
 
 
-def test_greedy_reproduces_the_stories260K_readme_text(engine, stories, shared_data):
+def test_greedy_reproduces_the_stories260K_readme_text(engine, stories, stories260k_dir):
     model, tokenizer = stories
-    readme = (shared_data / "model" / "stories260K" / "README_stories260K.md").read_text()
+    readme = (stories260k_dir / "README_stories260K.md").read_text()
     expected = readme.split("```")[3].split("\n", 2)[2].strip()  # the `./run ... -t 0.0` output block
     [completion] = engine.generate([Request([model.config.bos_token_id], SamplingParams(
         temperature=0.0, max_new_tokens=256, ignore_eos=True))])

@@ -141,8 +141,8 @@ def test_unknown_architecture_or_unsupported_option_is_named(tiny_checkpoint, go
     assert error.value.path == key
 
 
-def test_a_truncated_llama2c_file_fails_with_its_sizes(tmp_path, shared_data):
-    data = (shared_data / "model/stories260K/stories260K.bin").read_bytes()
+def test_a_truncated_llama2c_file_fails_with_its_sizes(tmp_path, stories260k_dir):
+    data = (stories260k_dir / "stories260K.bin").read_bytes()
     (tmp_path / "broken.bin").write_bytes(data[:-100])
     with pytest.raises(CheckpointError, match=r"1056440 bytes, but its header .* implies 1056540"):
         from_pretrained(tmp_path / "broken.bin")

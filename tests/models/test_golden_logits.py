@@ -1,4 +1,4 @@
-"""The forward pass against Hugging Face transformers' own logits (../shared/golden, float32, eager)."""
+"""The forward pass against Hugging Face transformers' own logits (tests/fixtures/golden, float32, eager)."""
 import numpy as np
 import pytest
 
@@ -17,10 +17,10 @@ def test_logits_match_transformers_on_a_padded_batch(golden_dir, name):
 
 
 @pytest.mark.parametrize("keep_interleaved_rope", [False, True])
-def test_llama2c_bin_matches_the_converted_golden(shared_data, golden_dir, keep_interleaved_rope):
+def test_llama2c_bin_matches_the_converted_golden(stories260k_dir, golden_dir, keep_interleaved_rope):
     """Both ways of reading llama2.c's interleaved RoPE give Hugging Face's logits."""
     golden = np.load(golden_dir / "stories260K" / "golden.npz")
-    model = from_pretrained(shared_data / "model/stories260K/stories260K.bin", keep_interleaved_rope=keep_interleaved_rope)
+    model = from_pretrained(stories260k_dir / "stories260K.bin", keep_interleaved_rope=keep_interleaved_rope)
     assert model.config.rope_interleaved == keep_interleaved_rope
     logits = np.asarray(model(golden["input_ids"], golden["attention_mask"]))
     real = golden["attention_mask"].astype(bool)

@@ -1,4 +1,4 @@
-"""Tokenizers against transformers' AutoTokenizer output (../shared/golden/qwen2_tokenizer.json)."""
+"""Tokenizers against transformers' AutoTokenizer output (tests/fixtures/golden/qwen2_tokenizer.json)."""
 import json
 
 import pytest
@@ -12,8 +12,8 @@ def golden(golden_dir):
 
 
 @pytest.fixture(scope="module")
-def qwen2(shared_data):
-    return load_tokenizer(shared_data / "tokenizers/qwen2")
+def qwen2(data_dir):
+    return load_tokenizer(data_dir / "tokenizers/qwen2")
 
 
 def test_qwen2_ids_and_decoded_text_of_every_case(qwen2, golden):

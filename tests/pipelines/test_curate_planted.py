@@ -26,9 +26,9 @@ def _line(question, answer="#### 7"):
 
 
 @pytest.fixture
-def planted(tmp_path, shared_data):
-    gsm8k_test = json.loads((shared_data / "gsm8k/test.jsonl").read_text().splitlines()[5])["question"]
-    math500 = json.loads((shared_data / "math/math500_test.jsonl").read_text().splitlines()[7])["problem"]
+def planted(tmp_path, data_dir):
+    gsm8k_test = json.loads((data_dir / "gsm8k/test.jsonl").read_text().splitlines()[5])["question"]
+    math500 = json.loads((data_dir / "math/math500_test.jsonl").read_text().splitlines()[7])["problem"]
     lines = [_line(q) for q in CLEAN] + [_line(LONG)]
     lines += [
         _line(CLEAN[0]),  # exact duplicate
@@ -43,7 +43,7 @@ def planted(tmp_path, shared_data):
     ]
     path = tmp_path / "train.jsonl"
     path.write_bytes("\n".join(lines).encode() + b"\n" + b'{"question": "\xff\xfe bad bytes", "answer": "#### 1"}\n')
-    return path, [str(shared_data / "gsm8k/test.jsonl"), str(shared_data / "math/math500_test.jsonl")]
+    return path, [str(data_dir / "gsm8k/test.jsonl"), str(data_dir / "math/math500_test.jsonl")]
 
 
 @pytest.mark.slow

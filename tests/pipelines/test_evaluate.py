@@ -34,11 +34,11 @@ def test_evaluate_two_checkpoints_side_by_side_on_stories(tmp_path):
 
 
 @pytest.mark.slow
-def test_evaluate_toy_qwen2_on_gsm8k_and_math500(tmp_path, shared_data):
-    model = toy_qwen2_checkpoint(tmp_path / "toy_qwen2", shared_data)
+def test_evaluate_toy_qwen2_on_gsm8k_and_math500(tmp_path, data_dir):
+    model = toy_qwen2_checkpoint(tmp_path / "toy_qwen2", data_dir)
     out = tmp_path / "eval"
-    assert main(["evaluate", "--model", str(model), "--eval-set", str(shared_data / "gsm8k/test.jsonl"),
-                 "--eval-set", str(shared_data / "math/math500_test.jsonl"), "--samples", "2", "--limit", "3",
+    assert main(["evaluate", "--model", str(model), "--eval-set", str(data_dir / "gsm8k/test.jsonl"),
+                 "--eval-set", str(data_dir / "math/math500_test.jsonl"), "--samples", "2", "--limit", "3",
                  "--output", str(out), "--runner", "FnApiRunner", "ks=[1, 2]", "generation.prompt_style=chat",
                  "generation.max_new_tokens=8",
                  "generation.engine={num_slots: 8, max_prompt_len: 512, max_new_tokens: 16, prefill_buckets: [128, 256, 512], num_pages: 300}"]) == 0

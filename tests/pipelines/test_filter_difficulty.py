@@ -36,10 +36,10 @@ def test_filter_stories260k_on_the_story_task(tmp_path):
 
 
 @pytest.mark.slow
-def test_filter_toy_qwen2_with_real_tokenizer_on_gsm8k_test(tmp_path, shared_data):
-    model = toy_qwen2_checkpoint(tmp_path / "toy_qwen2", shared_data)
+def test_filter_toy_qwen2_with_real_tokenizer_on_gsm8k_test(tmp_path, data_dir):
+    model = toy_qwen2_checkpoint(tmp_path / "toy_qwen2", data_dir)
     out = tmp_path / "filtered"
-    assert main(["filter", "--input", str(shared_data / "gsm8k/test.jsonl"), "--model", str(model), "--samples", "2",
+    assert main(["filter", "--input", str(data_dir / "gsm8k/test.jsonl"), "--model", str(model), "--samples", "2",
                  "--limit", "4", "--low", "0.0", "--high", "1.0", "--output", str(out), "--runner", "FnApiRunner",
                  "generation.prompt_style=chat", "generation.max_new_tokens=8",
                  "generation.engine={num_slots: 8, max_prompt_len: 256, max_new_tokens: 16, prefill_buckets: [128, 256], num_pages: 160}"]) == 0

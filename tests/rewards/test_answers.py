@@ -40,16 +40,16 @@ def test_unbalanced_box_is_not_an_answer():
     assert last_boxed("cut off \\boxed{\\frac{1}{2") is None
 
 
-def test_gsm8k_golds_extract_to_their_numbers(shared_data):
-    rows = [json.loads(line) for line in (shared_data / "gsm8k" / "test.jsonl").read_text().splitlines()[:200]]
+def test_gsm8k_golds_extract_to_their_numbers(data_dir):
+    rows = [json.loads(line) for line in (data_dir / "gsm8k" / "test.jsonl").read_text().splitlines()[:200]]
     for row in rows:
         found = extract_answer(row["answer"])
         assert found.method == "hashes"
         assert found.text.replace(",", "").lstrip("-").replace(".", "").isdigit(), found
 
 
-def test_math500_golds_are_the_last_box_of_solutions(shared_data):
-    rows = [json.loads(line) for line in (shared_data / "math" / "math500_test.jsonl").read_text().splitlines()]
+def test_math500_golds_are_the_last_box_of_solutions(data_dir):
+    rows = [json.loads(line) for line in (data_dir / "math" / "math500_test.jsonl").read_text().splitlines()]
     agree = sum(last_boxed(row["solution"]) == row["answer"] for row in rows)
     assert agree >= 0.95 * len(rows)  # the rest differ in spacing only; equivalence handles them
 

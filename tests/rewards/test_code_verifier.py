@@ -23,13 +23,13 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def humaneval(shared_data):
-    return _jsonl(shared_data / "humaneval" / "HumanEval.jsonl")
+def humaneval(data_dir):
+    return _jsonl(data_dir / "humaneval" / "HumanEval.jsonl")
 
 
 @pytest.fixture(scope="module")
-def mbpp(shared_data):
-    return _jsonl(shared_data / "mbpp" / "mbpp.jsonl")
+def mbpp(data_dir):
+    return _jsonl(data_dir / "mbpp" / "mbpp.jsonl")
 
 
 def _processes_of(uid: int) -> list[int]:

@@ -113,10 +113,10 @@ def test_math_equal_public_function():
     assert not math_equal("2", "3")
 
 
-def test_gsm8k_golds_equal_their_plain_forms(shared_data, verifier):
+def test_gsm8k_golds_equal_their_plain_forms(data_dir, verifier):
     from rlax_core.rewards.answers import extract_answer
 
-    rows = [json.loads(line) for line in (shared_data / "gsm8k" / "test.jsonl").read_text().splitlines()[:300]]
+    rows = [json.loads(line) for line in (data_dir / "gsm8k" / "test.jsonl").read_text().splitlines()[:300]]
     golds = [extract_answer(row["answer"]).text for row in rows]
     plain = [gold.replace(",", "") + ".0" for gold in golds]
     assert all(r.equal for r in verifier.compare_many(list(zip(golds, plain))))
@@ -131,10 +131,10 @@ def test_config_is_validated():
         MathVerifierConfig(workers=0)
 
 
-def test_competition_golds_match_a_model_style_answer(shared_data, verifier):
+def test_competition_golds_match_a_model_style_answer(data_dir, verifier):
     # AIME answers are strings, some zero-padded ("025"); AMC 2023 answers are floats (27.0).
     golds = [row["answer"] for name in ("aime24", "aime25", "amc23")
-             for row in map(json.loads, (shared_data / name / "test.jsonl").read_text().splitlines())]
+             for row in map(json.loads, (data_dir / name / "test.jsonl").read_text().splitlines())]
     predictions = [str(int(float(gold))) for gold in golds]
     assert all(r.equal for r in verifier.compare_many([(str(g), p) for g, p in zip(golds, predictions)]))
     assert not any(r.equal for r in verifier.compare_many([(str(g), str(int(float(g)) + 1)) for g in golds]))

@@ -82,8 +82,8 @@ def test_math_and_code_by_task_with_format_and_weights():
     json.dumps([r.info for r in results])  # reward_info must serialise
 
 
-def test_code_partial_credit_and_humaneval_record(shared_data):
-    row = json.loads((shared_data / "humaneval" / "HumanEval.jsonl").read_text().splitlines()[0])
+def test_code_partial_credit_and_humaneval_record(data_dir):
+    row = json.loads((data_dir / "humaneval" / "HumanEval.jsonl").read_text().splitlines()[0])
     example = _code({k: row[k] for k in ("prompt", "test", "entry_point")})
     config = from_dict(RewardConfig, {"terms": {"code": 1.0}, "code": {"partial_credit": True, "workers": 1}})
     with Rewarder(config) as rewarder:

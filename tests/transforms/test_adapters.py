@@ -20,13 +20,13 @@ def test_reference_answers():
         last_boxed(r"\boxed{}")
 
 
-def test_every_shared_dataset_row_adapts(shared_data):
+def test_every_fixture_dataset_row_adapts(data_dir):
     counts = {}
     for path in ("gsm8k/test.jsonl", "math/math500_test.jsonl", "aime24/test.jsonl", "aime25/test.jsonl",
                  "amc23/test.jsonl", "humaneval/HumanEval.jsonl", "mbpp/mbpp.jsonl"):
-        rows = [to_example("auto", json.loads(line)) for line in (shared_data / path).read_text().splitlines()]
+        rows = [to_example("auto", json.loads(line)) for line in (data_dir / path).read_text().splitlines()]
         counts[path.split("/")[0]] = (len(rows), rows[0]["task"])
-    assert counts == {"gsm8k": (1319, "math"), "math": (500, "math"), "aime24": (30, "math"), "aime25": (30, "math"),
+    assert counts == {"gsm8k": (300, "math"), "math": (200, "math"), "aime24": (30, "math"), "aime25": (30, "math"),
                       "amc23": (40, "math"), "humaneval": (164, "code"), "mbpp": (974, "code")}
 
 
