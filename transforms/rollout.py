@@ -142,12 +142,14 @@ class _Worker:
         from rlax_core.inference.replicas import ReplicatedEngine
         from rlax_core.models import from_pretrained
         from rlax_core.models.tokenizer import load_tokenizer
+        from rlax_core.weights.follower import WeightFollower
         from rlax_core.weights.store import WeightStore
 
         model = from_pretrained(spec.model_path)
         self.model_config = model.config
         self.tokenizer = load_tokenizer(spec.model_path)
         self.store = WeightStore(spec.weights)
+        self.follower = WeightFollower(self.store)
         self.engine = ReplicatedEngine(spec.engine, model.config, model.params, version=-1)
         self.lock = threading.Lock()  # one generate at a time per process: the engine is not reentrant
         self._prompt_ids: dict[str, tuple[int, ...]] = {}  # by example id, tokenized on first use
@@ -158,13 +160,17 @@ class _Worker:
             ids = self._prompt_ids[example["id"]] = tuple(self.tokenizer.encode(example["prompt"], add_bos=True))
         return ids
 
-    def ensure_version(self, version: int) -> None:
-        if self.engine.version == version:
-            return
+    def follow(self, version: int) -> tuple[int | None, int]:
+        """Bring the engine to the newest version <= ``version`` that verifies (a refused one is skipped:
+        the engine keeps, or falls back to, the newest good one); returns (engine's version or None,
+        versions newly refused)."""
+        refused_before = len(self.follower.refused)
         started = time.monotonic()
-        params = self.store.load(version)
-        self.engine.update_weights(params, version)
-        logger.info("rollout worker: loaded weights version %d in %.2f s", version, time.monotonic() - started)
+        if self.follower.refresh(up_to=version):
+            loaded, params = self.follower.take()
+            self.engine.update_weights(params, loaded)
+            logger.info("rollout worker: loaded weights version %d in %.2f s", loaded, time.monotonic() - started)
+        return self.follower.version, len(self.follower.refused) - refused_before
 
 
 class GenerateRollouts(beam.DoFn):
@@ -178,6 +184,8 @@ class GenerateRollouts(beam.DoFn):
         spec = self._spec
         self._worker = self._shared.acquire(lambda: _Worker(spec), tag=f"rollout-worker-{spec.run}")
         self._examples = spec.examples()
+        self._versions_refused = beam.metrics.Metrics.counter("rollout", "weight_versions_refused")
+        self._steps_deferred = beam.metrics.Metrics.counter("rollout", "steps_deferred_no_fresh_weights")
 
     def process(self, scheduled: ScheduledStep, latest_version: Optional[int]):
         spec, worker = self._spec, self._worker
@@ -185,7 +193,19 @@ class GenerateRollouts(beam.DoFn):
         rows = prompt_indices(spec.run_seed, scheduled.step, len(self._examples), spec.prompts_per_step)
         store = spec.store()
         with worker.lock:
-            worker.ensure_version(version)
+            loaded, refused = worker.follow(version)
+            if refused:
+                self._versions_refused.inc(refused)
+                logger.error("rollout worker: %d weight version(s) refused (%s); generating with version %s",
+                             refused, ", ".join(f"{v}: {why}" for v, why in sorted(worker.follower.refused.items())),
+                             loaded)
+            if loaded is None or loaded < scheduled.step - spec.max_staleness:
+                # Too stale for the trainer to use: wait for the version to be repaired or superseded.
+                self._steps_deferred.inc()
+                logger.warning("rollout worker: step %d needs weights >= %d, the newest usable is %s; deferring it",
+                               scheduled.step, scheduled.step - spec.max_staleness, loaded)
+                release_claim(spec.run, scheduled.step)
+                return
             from rlax_core.inference.engine import Request
 
             requests = [Request(worker.prompt_ids(self._examples[row]), spec.sampling,

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -39,6 +39,7 @@ from rlax_core.training.step import Trainer
 from rlax_core.utils.logging import progress
 from rlax_core.utils.metrics import MetricsWriter
 from rlax_core.weights import AsyncPublisher, WeightStore, is_fresh_enough
+from rlax_core.weights.repair import heal_if_refused
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,10 @@ class BatchReader:
         self._generated_below = step
         return step
 
-    def next_groups(self, ledger: DataLedger, train_step: int, stop: threading.Event):
-        """``groups_per_step`` (key, table) pairs; None if ``stop`` was set first. Drops go into ``ledger``."""
+    def next_groups(self, ledger: DataLedger, train_step: int, stop: threading.Event,
+                    while_waiting: Callable[[], None] | None = None):
+        """``groups_per_step`` (key, table) pairs; None if ``stop`` was set first. Drops go into ``ledger``.
+        ``while_waiting`` runs once per poll while the groups are not all there."""
         config = self.config
         chosen: list[tuple[GroupKey, Any]] = []
         deadline = time.monotonic() + config.wait_timeout_s
@@ -103,6 +106,8 @@ class BatchReader:
                 raise TimeoutError(f"train step {train_step}: {len(chosen)} of {config.groups_per_step} rollout groups "
                                    f"after waiting {config.wait_timeout_s:.0f} s in {self.store}; is the rollout "
                                    "pipeline running?")
+            if while_waiting is not None:
+                while_waiting()
             time.sleep(config.poll_s)
 
 
@@ -139,7 +144,9 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         for _ in progress(range(step, config.total_steps), desc="train", total=config.total_steps - step, unit="step"):
             waited = time.monotonic()
             dropped_before = len(ledger.dropped)
-            groups = reader.next_groups(ledger, step, stop)
+            # A version readers refused (damaged after its commit) is repaired from the params in hand:
+            # with k = 0 no rollout of this step can be made before it loads.
+            groups = reader.next_groups(ledger, step, stop, while_waiting=lambda: publisher.heal(step, state.params))
             if groups is None:
                 break
             started = time.monotonic()
@@ -200,6 +207,11 @@ class _Publisher:
             self.store.publish(version, params)
         if jax.process_index() == 0:
             self.store.gc()
+
+    def heal(self, version: int, params: Any) -> None:
+        """Repair ``version`` if readers reported it refused (single host: the whole params are in hand)."""
+        if self.store is not None and not self.multi_host:
+            heal_if_refused(self.store, version, params)
 
     def close(self) -> None:
         if self.async_publisher is not None:

@@ -1,7 +1,10 @@
 """``WeightFollower``: the rollout side's view of the newest usable weights.
 
-It loads each newer committed version once; a version that is refused (corrupt, foreign, vanished)
-is counted, logged and remembered, and the follower keeps serving the version it had.
+It loads each newer committed version once. A version it cannot verify (corrupt, foreign, vanished)
+is counted, logged, remembered and reported to the store (``rlax_core.weights.repair``), and the
+follower keeps serving the version it had; a follower that has nothing yet walks back to the newest
+version that verifies. A refused version is tried again only once the trainer has repaired it (the
+report is gone), never on every poll.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import time
 from typing import Any
 
 from rlax_core.weights.errors import VersionNotCommittedError, WeightStoreError
+from rlax_core.weights.repair import refusal_reported, report_refusal
 from rlax_core.weights.store import ShardingSpec, WeightStore
 
 log = logging.getLogger(__name__)
@@ -22,25 +26,51 @@ class WeightFollower:
         self._load_options = dict(dtype=dtype, sharding=sharding, as_numpy=as_numpy)
         self.version: int | None = None
         self.params: Any = None
-        self.refused: dict[int, str] = {}
+        self.refused: dict[int, str] = {}  # version -> why, for versions not repaired since
 
-    def refresh(self) -> bool:
-        """Load the newest committed version if it is newer than ours; True when the params changed."""
+    def refresh(self, up_to: int | None = None) -> bool:
+        """Load the newest committed version that verifies, if it is newer than ours (and at most
+        ``up_to`` when given); True when the params changed."""
+        self._forget_repaired()
         for _ in range(3):
-            newest = self.store.latest()
-            if newest is None or (self.version is not None and newest <= self.version) or newest in self.refused:
+            committed = self.store.versions()
+            candidates = [v for v in reversed(committed) if v not in self.refused
+                          and (self.version is None or v > self.version) and (up_to is None or v <= up_to)]
+            vanished = False
+            for version in candidates:  # newest first: a refused one falls back to the one before
+                try:
+                    params = self.store.load(version, **self._load_options)
+                except VersionNotCommittedError:
+                    vanished = True  # collected between listing and loading
+                    continue
+                except WeightStoreError as error:
+                    self._refuse(version, error)
+                    continue
+                self.version, self.params = version, params
+                return True
+            if not vanished:
                 return False
-            try:
-                params = self.store.load(newest, **self._load_options)
-            except VersionNotCommittedError:
-                continue  # collected between listing and loading: a newer one exists, look again
-            except WeightStoreError as error:
-                self.refused[newest] = str(error)
-                log.error("keeping weight version %s: version %d refused (%s)", self.version, newest, error)
-                return False
-            self.version, self.params = newest, params
-            return True
         return False
+
+    def take(self) -> tuple[int | None, Any]:
+        """(version, params) of the last load, letting go of the params (a consumer that copies them
+        into its own buffers, like the engine, need not keep a second copy alive)."""
+        params, self.params = self.params, None
+        return self.version, params
+
+    def _refuse(self, version: int, error: WeightStoreError) -> None:
+        self.refused[version] = str(error)
+        log.error("keeping weight version %s: version %d refused (%s)", self.version, version, error)
+        try:
+            report_refusal(self.store, version, f"{error.reason}: {error}")
+        except OSError as report_error:  # the report helps the writer heal; its loss stops nothing
+            log.warning("could not report the refusal of version %d: %s", version, report_error)
+
+    def _forget_repaired(self) -> None:
+        for version in [v for v in self.refused if self.version is None or v > self.version]:
+            if not refusal_reported(self.store, version):
+                log.info("weight version %d was repaired; trying it again", version)
+                del self.refused[version]
 
     def wait_for(self, min_version: int, *, timeout_s: float | None = None) -> int:
         """Block until a version >= ``min_version`` is loaded (the staleness bound's pacing); returns it."""

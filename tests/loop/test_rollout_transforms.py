@@ -40,7 +40,7 @@ def spec(tmp_path_factory):
         engine=EngineConfig(num_slots=8, num_pages=64, max_prompt_len=64, max_new_tokens=12, prefill_buckets=(32, 64),
                             attention_impl="reference"),
         sampling=SamplingParams(temperature=1.0, max_new_tokens=12, n=3, stop_token_ids=(13, 1, 2)),
-        prompts_per_step=2, total_steps=4, max_staleness=1)
+        prompts_per_step=2, total_steps=4, max_staleness=3)  # lets version 0 make steps 0..3
 
 
 class _AppendJson(beam.DoFn):
@@ -130,3 +130,35 @@ def test_dynamic_sampling_sends_uniform_groups_to_dropped():
         assert_that(out.dropped | "D" >> beam.Map(lambda g: g["key"]), lambda k: _check(list(k) == [(0, 0)], k),
                     label="dropped")
     assert not dataclasses.replace(base, drop_uniform_groups=False).drop_uniform_groups
+
+
+@pytest.mark.slow  # compiles the engine (tens of seconds on 2 shared cores)
+def test_a_corrupted_newest_version_is_skipped_and_generation_goes_on_with_the_last_good_one(spec, tmp_path):
+    import dataclasses
+
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from rlax_core.weights import manifest as mf
+
+    weights = WeightStoreConfig(root=str(tmp_path / "weights"), run_id="t")
+    healing = dataclasses.replace(spec, weights=weights, rollout_root=str(tmp_path / "rollouts"))
+    params = from_pretrained(MODEL).params
+    with WeightStore(weights) as store:
+        store.publish(1, params)
+        store.publish(2, params)
+        tensor = store.manifest(2).tensors[0]
+        path = f"{mf.version_dir(2)}/{tensor.shards[0].file}"
+        store.storage.write(path, store.storage.read(path)[:-4])  # the newest version, damaged after its commit
+    collected = tmp_path / "collected.jsonl"
+    p = TestPipeline(runner=RUNNER)
+    version_side = p | "Version" >> beam.Create([2])
+    (p | beam.Create([ScheduledStep(2, 2)])
+       | beam.ParDo(GenerateRollouts(healing, Shared()), beam.pvalue.AsSingleton(version_side))
+       | beam.Map(lambda g: {"key": g["key"], "versions": [r["policy_version"] for r in g["rows"]]})
+       | beam.ParDo(_AppendJson(collected)))
+    result = p.run()
+    result.wait_until_finish()
+    groups = sorted((json.loads(line) for line in collected.read_text().splitlines()), key=lambda g: g["key"])
+    assert [(tuple(g["key"]), set(g["versions"])) for g in groups] == [((2, 0), {1}), ((2, 1), {1})]
+    refused = result.metrics().query(MetricsFilter().with_name("weight_versions_refused"))["counters"]
+    assert sum(c.committed for c in refused) == 1

@@ -49,3 +49,17 @@ def test_a_step_marked_generated_with_fewer_groups_lets_the_next_step_fill_the_b
     store.mark_step_generated(0)
     assert store.is_step_generated(0) and not store.is_step_generated(1)
     assert _take(reader, ledger, 1) == [GroupKey(0, 0), GroupKey(1, 0)]
+
+
+def test_while_waiting_runs_on_every_poll_until_the_groups_are_there(tmp_path):
+    # The trainer repairs a weight version readers refused from here (rlax_core.weights.repair).
+    store, reader = _reader(tmp_path)
+    polls = []
+
+    def while_waiting():
+        polls.append(len(polls))
+        if len(polls) == 3:
+            write_random_groups(store, [0], groups_per_step=2)
+
+    groups = reader.next_groups(DataLedger(), 0, threading.Event(), while_waiting=while_waiting)
+    assert [key for key, _ in groups] == [GroupKey(0, 0), GroupKey(0, 1)] and polls == [0, 1, 2]
