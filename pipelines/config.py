@@ -72,22 +72,54 @@ class ModelSpec:
         return resolve_asset(self.path)
 
 
+OptionValue = Union[str, int, float, bool, tuple[str, ...]]
+BEAM_COMMANDS = ("curate", "filter", "evaluate", "rollout")
+
+
 @dataclasses.dataclass(frozen=True)
 class BeamSpec:
-    """Beam options of the run's pipelines; flags on the command line win over these."""
+    """Beam options of the run's pipelines.
 
-    runner: str = "DirectRunner"
-    options: dict[str, Union[str, int, float, bool]] = field(default_factory=dict)
+    ``options`` hold what every pipeline of the run shares (project, region, temp_location, container
+    image); ``curate``, ``filter``, ``evaluate`` and ``rollout`` hold what only that command's job
+    takes (CPU machines for curation, accelerator workers for the model's jobs, Streaming Engine for
+    rollouts) and win over ``options`` key by key. Flags typed on the command line win over both
+    (``pipelines.runners.merge_beam_args``); ``false`` drops a flag. A list value repeats its flag
+    (``dataflow_service_options: [a, b]`` -> ``--dataflow_service_options=a --dataflow_service_options=b``).
+    ``runner: ""`` is the local default: the DirectRunner for batch jobs, Prism for the streaming one.
+    """
 
-    def args(self) -> list[str]:
-        flags = [f"--runner={self.runner}"]
-        for key, value in self.options.items():
-            if isinstance(value, bool):
-                if value:
-                    flags.append(f"--{key}")
-            else:
-                flags.append(f"--{key}={value}")
-        return flags
+    runner: str = ""
+    options: dict[str, OptionValue] = field(default_factory=dict)
+    curate: dict[str, OptionValue] = field(default_factory=dict)
+    filter: dict[str, OptionValue] = field(default_factory=dict)
+    evaluate: dict[str, OptionValue] = field(default_factory=dict)
+    rollout: dict[str, OptionValue] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for section in ("options", *BEAM_COMMANDS):
+            for key in getattr(self, section):
+                require(key != "runner", f"{section}.runner", "set the runner as beam.runner")
+                # Beam has no such flag ("Unparseable argument"): Dataflow takes it as a service option.
+                require(key != "worker_accelerator", f"{section}.worker_accelerator",
+                        "not a Beam option; write dataflow_service_options: \"worker_accelerator=type:...\"")
+
+    def args(self, command: str) -> list[str]:
+        """The flags of ``command``'s job: the runner, ``options``, then the command's own section."""
+        require(command in BEAM_COMMANDS, "command", f"one of {', '.join(BEAM_COMMANDS)}")
+        flags = [f"--runner={self.runner}"] if self.runner else []
+        return flags + _flags({**self.options, **getattr(self, command)})
+
+
+def _flags(options: dict[str, OptionValue]) -> list[str]:
+    flags = []
+    for key, value in options.items():
+        for item in value if isinstance(value, tuple) else (value,):
+            if item is True:
+                flags.append(f"--{key}")
+            elif item is not False:
+                flags.append(f"--{key}={item}")
+    return flags
 
 
 @dataclasses.dataclass(frozen=True)

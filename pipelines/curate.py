@@ -49,7 +49,7 @@ def load_curate_config(path: str | None, overrides: list[str]) -> tuple[CurateCo
     from pipelines.config import load_section
 
     run_config = load_section(path, overrides, "curate")
-    return run_config.curate, run_config.beam.args()
+    return run_config.curate, run_config.beam.args("curate")
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[CurateConfig, list[str]]:
@@ -129,8 +129,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config, config_beam_args = resolve_config(args)
     logger.info("curate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    # the run config's beam options first: flags given on the command line come later and win
-    with beam.Pipeline(options=pipeline_options([*config_beam_args, *beam_args])) as pipeline:
+    with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:
         build(pipeline, config)
     stats = read_json(output_path(config.output, "stats.json"))
     print(format_stats(stats))

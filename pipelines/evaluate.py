@@ -82,7 +82,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]
             f"one name per model ({len(config.models)}), or none")
     require(len(set(config.labels)) == len(config.labels), "model_names", "distinct labels for the models")
     require_given(config, {"models": "--model", "eval_sets": "--eval-set", "output": "--output"})
-    return config, run_config.beam.args()
+    return config, run_config.beam.args("evaluate")
 
 
 def build(pipeline: beam.Pipeline, config: EvaluateConfig) -> None:
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config, config_beam_args = resolve_config(args)
     logger.info("evaluate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=pipeline_options([*config_beam_args, *beam_args])) as pipeline:
+    with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:
         build(pipeline, config)
     out = config.output.rstrip("/")
     from apache_beam.io.filesystems import FileSystems

@@ -75,7 +75,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[FilterConfig, list[str]]:
         top["generation"] = dataclasses.replace(config.generation, **generation)
     config = dataclasses.replace(config, **top)
     require_given(config, {"input": "--input", "output": "--output", "generation.model": "--model"})
-    return config, run_config.beam.args()
+    return config, run_config.beam.args("filter")
 
 
 def build(pipeline: beam.Pipeline, config: FilterConfig) -> None:
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config, config_beam_args = resolve_config(args)
     logger.info("filter config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=pipeline_options([*config_beam_args, *beam_args])) as pipeline:
+    with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:
         build(pipeline, config)
     stats = read_json(f"{config.output.rstrip('/')}/stats.json")
     print(json.dumps(stats, indent=2))

@@ -127,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     import apache_beam as beam
 
-    from pipelines.runners import pipeline_options
+    from pipelines.runners import merge_beam_args, pipeline_options
 
     overrides = list(args.overrides)
     if args.train_set:
@@ -142,8 +142,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     examples = read_examples(loop.train_set)
     spec = build_spec(run_config, loop, len(examples))
-    # A streaming pipeline needs a live runner: unless told otherwise, pipeline_options picks Prism.
-    runner_args = list(beam_args) or ([] if run_config.beam.runner == "DirectRunner" else run_config.beam.args())
+    # Unless the config or the command line names a runner, pipeline_options picks Prism (a live one).
+    runner_args = merge_beam_args(run_config.beam.args("rollout"), beam_args)
     if not any(a.startswith(("--job_server_timeout", "--job-server-timeout")) for a in runner_args):
         # The portable runner's job state and message streams die at this gRPC deadline (300 s by
         # default), which tears down a long-running local streaming pipeline; outlive the run instead.

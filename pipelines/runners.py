@@ -39,17 +39,48 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def pipeline_options(beam_args: Sequence[str], *, streaming: bool = False, **defaults) -> PipelineOptions:
-    """Beam options from the command line, with RLAX's defaults for what the user did not say.
+def _flag_groups(args: Sequence[str]) -> list[tuple[str | None, list[str]]]:
+    """``[(key, tokens)]``: ``--key=value``, ``--key value`` and ``--flag`` each one group; a stray word alone."""
+    groups: list[tuple[str | None, list[str]]] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--") or token == "--":
+            groups.append((None, [token]))
+            i += 1
+            continue
+        name = token[2:].split("=", 1)[0].replace("-", "_")
+        takes_next = "=" not in token and i + 1 < len(args) and not args[i + 1].startswith("--")
+        groups.append((name, list(args[i:i + 1 + takes_next])))
+        i += 1 + takes_next
+    return groups
+
+
+def merge_beam_args(config_args: Sequence[str], command_line_args: Sequence[str]) -> list[str]:
+    """The config's Beam flags and the command line's, merged key by key; the command line wins.
+
+    A key given on the command line replaces every value the config gave it (a repeated flag such
+    as ``--dataflow_service_options`` too); the config's other keys stay. ``--key value`` and
+    ``--key=value`` are the same key, and so are ``--job-server-timeout`` and ``--job_server_timeout``.
+    """
+    command_line = _flag_groups(command_line_args)
+    given = {key for key, _ in command_line if key}
+    merged = [token for key, tokens in _flag_groups(config_args) if key not in given for token in tokens]
+    return merged + [token for _, tokens in command_line for token in tokens]
+
+
+def pipeline_options(config_args: Sequence[str], command_line_args: Sequence[str] = (), *, streaming: bool = False,
+                     **defaults) -> PipelineOptions:
+    """Beam options of one command's job: the config's flags and the command line's (which win, key by
+    key, see :func:`merge_beam_args`), with RLAX's defaults for what neither said.
 
     Locally (no ``--runner`` given) streaming pipelines run on Prism, using the cached binary when
     there is one so that no download is attempted; batch pipelines use Beam's DirectRunner, which
     itself prefers Prism where the pipeline allows it. ``defaults`` are options set only when absent.
     """
-    args = list(beam_args)
+    args = merge_beam_args(config_args, command_line_args)
     if not _has_flag(args, "--runner"):
         args.append("--runner=PrismRunner" if streaming else "--runner=DirectRunner")
-    # The last --runner wins, as in argparse: flags typed on the command line follow the config's.
     runner = [a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args)
               if a == "--runner" or a.startswith("--runner=")][-1]
     binary = cached_prism_binary()

@@ -37,8 +37,6 @@ class GenerationSpec:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 64
-    prompt_style: Literal["raw", "chat"] = "raw"  # raw: BOS + text; chat: one user turn in the chat template
-    instruction: str = ""  # appended to every prompt, e.g. "Put your final answer within \\boxed{}."
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
     batch_size: int = 8  # prompts per engine call
@@ -84,12 +82,10 @@ class LoadedEngine:
         self.engine = ReplicatedEngine(spec.engine, model.config, model.params, detokenize=self.tokenizer.decode)
         self.lock = threading.Lock()  # the engine is not re-entrant; RunInference threads share it
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        text = prompt + self.spec.instruction
-        if self.spec.prompt_style == "chat":
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                           add_generation_prompt=True, tokenize=True))
-        return self.tokenizer.encode(text, add_bos=True)
+    def prompt_ids(self, example: Mapping[str, Any]) -> list[int]:
+        from rlax_core.tasks.prompts import prompt_ids
+
+        return prompt_ids(example, self.tokenizer)  # the task's format, as rollouts use it
 
     def complete(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Every example with its samples: texts, token lengths and finish reasons (or why it was skipped)."""
@@ -98,7 +94,7 @@ class LoadedEngine:
         sampling = self.spec.sampling()
         results, requests = [], []
         for example in examples:
-            ids = self.prompt_ids(example["prompt"])
+            ids = self.prompt_ids(example)
             result = {"example": dict(example), "model": self.spec.label, "texts": [], "lengths": [],
                       "finish_reasons": [], "skipped": None}
             if len(ids) > self.spec.engine.max_prompt_len:

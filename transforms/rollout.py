@@ -34,6 +34,7 @@ from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.data.training_set import cached_examples
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.rewards.config import RewardConfig
+from rlax_core.tasks.prompts import prompt_ids
 from rlax_core.weights.config import WeightStoreConfig
 from transforms.rollout_schedule import prompt_indices, rollout_prompt_id, sample_seed, steps_to_generate
 
@@ -157,7 +158,7 @@ class _Worker:
     def prompt_ids(self, example: dict) -> tuple[int, ...]:
         ids = self._prompt_ids.get(example["id"])
         if ids is None:
-            ids = self._prompt_ids[example["id"]] = tuple(self.tokenizer.encode(example["prompt"], add_bos=True))
+            ids = self._prompt_ids[example["id"]] = tuple(prompt_ids(example, self.tokenizer))
         return ids
 
     def follow(self, version: int) -> tuple[int | None, int]:

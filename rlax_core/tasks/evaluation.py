@@ -26,6 +26,7 @@ from rlax_core.models.transformer import forward
 from rlax_core.rewards.config import RewardConfig
 from rlax_core.rewards.registry import Sample
 from rlax_core.rewards.scorer import Rewarder
+from rlax_core.tasks.prompts import prompt_ids
 from rlax_core.tasks.story import distinct_n
 
 
@@ -69,8 +70,8 @@ def evaluate_policy(model_config: ModelConfig, params: Any, tokenizer, examples:
 
     sampling = SamplingParams(temperature=temperature, max_new_tokens=engine.max_new_tokens, n=samples,
                               stop_token_ids=tuple(stop_token_ids))
-    prompt_ids = [tuple(tokenizer.encode(example["prompt"], add_bos=True)) for example in examples]
-    requests = [Request(ids, sampling, prompt_id=i, seed=seed) for i, ids in enumerate(prompt_ids)]
+    requests = [Request(tuple(prompt_ids(example, tokenizer)), sampling, prompt_id=i, seed=seed)
+                for i, example in enumerate(examples)]
     with ReplicatedEngine(engine, model_config, params) as replicas:
         completions = replicas.generate(requests)
     texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in completions]

@@ -39,7 +39,7 @@ def test_evaluate_toy_qwen2_on_gsm8k_and_math500(tmp_path, data_dir):
     out = tmp_path / "eval"
     assert main(["evaluate", "--model", str(model), "--eval-set", str(data_dir / "gsm8k/test.jsonl"),
                  "--eval-set", str(data_dir / "math/math500_test.jsonl"), "--samples", "2", "--limit", "3",
-                 "--output", str(out), "--runner", "FnApiRunner", "ks=[1, 2]", "generation.prompt_style=chat",
+                 "--output", str(out), "--runner", "FnApiRunner", "ks=[1, 2]",
                  "generation.max_new_tokens=8",
                  "generation.engine={num_slots: 8, max_prompt_len: 512, max_new_tokens: 16, prefill_buckets: [128, 256, 512], num_pages: 300}"]) == 0
     report = json.loads((out / "report.json").read_text())

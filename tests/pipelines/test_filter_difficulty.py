@@ -41,7 +41,7 @@ def test_filter_toy_qwen2_with_real_tokenizer_on_gsm8k_test(tmp_path, data_dir):
     out = tmp_path / "filtered"
     assert main(["filter", "--input", str(data_dir / "gsm8k/test.jsonl"), "--model", str(model), "--samples", "2",
                  "--limit", "4", "--low", "0.0", "--high", "1.0", "--output", str(out), "--runner", "FnApiRunner",
-                 "generation.prompt_style=chat", "generation.max_new_tokens=8",
+                 "generation.max_new_tokens=8",
                  "generation.engine={num_slots: 8, max_prompt_len: 256, max_new_tokens: 16, prefill_buckets: [128, 256], num_pages: 160}"]) == 0
     stats, kept, rejected = _read(out)
     assert stats["prompts"] == 4 and stats["unreadable"] == 0 and stats["skipped"] == 0
