@@ -2,6 +2,13 @@
 
     rlax evaluate --model runs/base --model runs/step_100 --eval-set gsm8k/test.jsonl \\
         --eval-set math500_test.jsonl --samples 8 --limit 200 --output eval/
+    rlax evaluate --model runs/x/hf/step_00000100 --model weights:runs/x/weights@90 \\
+        --model checkpoint:runs/x/checkpoints@80 --eval-set gsm8k/test.jsonl --output eval/
+
+A model is a Hugging Face folder (or llama2.c ``.bin``), a weight-store version
+(``weights:STORE[@VERSION]``) or an orbax checkpoint of ``rlax train`` (``checkpoint:DIR[@STEP]``);
+a folder holding ``committed/`` or numbered orbax checkpoints is recognised without the prefix
+(``rlax_core.training.policy_source``).
 
 Each prompt of each evaluation set is sampled ``samples`` times per model (RunInference with the
 RLAX engine), every sample verified; the report holds pass@k (unbiased estimator), maj@k, mean@n
@@ -53,7 +60,10 @@ class EvaluateConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", action="append", default=[], help="checkpoint to evaluate (repeat to compare)")
+    parser.add_argument("--model", action="append", default=[],
+                        help="model to evaluate (repeat to compare): a Hugging Face folder or llama2.c .bin, "
+                             "weights:STORE[@VERSION] (a weight-store version; default the newest) or "
+                             "checkpoint:DIR[@STEP] (an orbax checkpoint of rlax train; default the newest)")
     parser.add_argument("--eval-set", action="append", default=[], help="evaluation set (repeatable; layout detected)")
     parser.add_argument("--samples", type=int, help="samples per prompt (n)")
     parser.add_argument("--limit", type=int, help="prompts per evaluation set (first N by id)")

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face folder, llama2.c .bin or a folder holding one (local or gs://)")
+    parser.add_argument("--model", required=True, help="Hugging Face folder, llama2.c .bin or a folder holding one "
+                        "(local or gs://), weights:STORE[@VERSION] or checkpoint:DIR[@STEP]")
     parser.add_argument("--tokenizer", help="tokenizer file or folder (default: --model's folder)")
     parser.add_argument("--prompt", action="append", default=None,
                         help="prompt text; repeat for a batch (default: one empty prompt, i.e. BOS only)")
@@ -100,8 +101,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from rlax_core.config import ConfigError
     from rlax_core.inference import EngineConfig, ReplicatedEngine, Request, SamplingParams
-    from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
+    from rlax_core.training.policy_source import load_policy, tokenizer_path
 
     try:
         prompts = _read_prompts(args)
@@ -113,9 +114,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         return 2
 
     model_dir = args.model
-    tokenizer_path = args.tokenizer or (model_dir.rsplit("/", 1)[0] if model_dir.endswith(".bin") else model_dir)
-    tokenizer = load_tokenizer(tokenizer_path)
-    model = from_pretrained(model_dir, dtype=jnp.dtype(args.dtype))
+    tokenizer = load_tokenizer(args.tokenizer or tokenizer_path(model_dir))
+    model = load_policy(model_dir, dtype=jnp.dtype(args.dtype))
     log.info("loaded %s: %s, %.2fM parameters", model_dir, model.config.architecture, model.config.num_params / 1e6)
 
     requests = []

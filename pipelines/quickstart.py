@@ -12,7 +12,8 @@ about 5% of the time; repetition cannot win it. The steps, each the real entry p
 3. evaluate before   held-out prompts (names and scenes training never sees): pass@1 with its
                      standard error, pass@8, mean reward, fluency (NLL under the base model, distinct-n);
 4. ``rlax launch``   the trainer job and the streaming rollout pipeline together (GRPO with a KL term);
-5. evaluate after    the final weights, exported as a Hugging Face folder;
+5. evaluate after    the final weights, exported as a complete Hugging Face folder (``DIR/final_model``:
+                     weights, config, tokenizer, generation settings; ``rlax generate --model`` reads it);
 6. report            ``DIR/report.json`` (``before`` / ``after``), ``DIR/report.md``, ``DIR/reward_curve.png``.
 """
 
@@ -186,8 +187,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from pipelines.config import load_run_config
     from pipelines.launch import launch, loop_metrics
+    from pipelines.train import hf_export
     from rlax_core.data.training_set import read_examples
-    from rlax_core.models import Model, from_pretrained, save_pretrained
+    from rlax_core.models import from_pretrained
+    from rlax_core.models.export import export_hf
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.weights.store import WeightStore
 
@@ -227,7 +230,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     final_version = store.latest()
     final_params = jax.tree.map(jax.numpy.asarray, store.load(final_version))
     store.close()
-    save_pretrained(Model(base.config, final_params), output / "final_model")
+    # The trainer's own exporter: a complete folder (weights, config, tokenizer, generation settings).
+    recipe = hf_export(load_run_config(config_path, overrides), base.config)
+    export_hf(output / "final_model", base.config, final_params, tokenizer_source=recipe.tokenizer_source,
+              generation=recipe.generation)
     mark = time.monotonic()
     after = evaluate(base.config, final_params, base.params, tokenizer, heldout, run_config, stops)
     seconds["evaluate_after"] = time.monotonic() - mark

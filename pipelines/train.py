@@ -15,6 +15,10 @@ Reads (all from the run config, ``pipelines.config.RunConfig``):
     OUTPUT/rollouts/RUN/step_XXXXXXXX/group_XXXXX.parquet   input  (rlax_core.data.rollout_store)
     OUTPUT/weights/                                         output (rlax_core.weights; ``weights:``)
     OUTPUT/checkpoints/N/                                   orbax: state + data ledger
+    OUTPUT/hf/step_XXXXXXXX/                                Hugging Face folders: the last step, and
+                                                            every ``trainer.export_every`` steps
+    OUTPUT/weights/model/, OUTPUT/checkpoints/model/        model templates (config, tokenizer), with
+                                                            which ``rlax evaluate`` reads versions
     OUTPUT/metrics/metrics.jsonl, OUTPUT/metrics/tensorboard/
 
 Behaviour a launcher can rely on:
@@ -23,6 +27,8 @@ Behaviour a launcher can rely on:
 * resumes from the newest complete checkpoint by itself (after a crash or SIGKILL);
 * SIGTERM or SIGINT (a preemption notice): finishes the step in flight, checkpoints, exits 0;
 * publishes version 0 (the initial weights) before its first step, then version N after step N;
+* exports the last step as a complete Hugging Face folder (weights, config, tokenizer,
+  generation_config.json), readable by ``rlax generate`` / ``rlax evaluate`` and transformers;
 * fails loudly (exit 1) if no rollout groups arrive within ``trainer.wait_timeout_s``.
 
 Multi-host: start one process per host with ``trainer.mesh.coordinator_address``,
@@ -82,6 +88,24 @@ def train(run_config, stop: threading.Event | None = None):
         return run_training(
             model_config=model.config, initial_params=model.params, algorithm=run_config.algorithm,
             config=run_config.trainer, store=RolloutStore(run_config.rollout_root(), run_config.run.name),
-            weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=f"{output}/metrics", stop=stop)
+            weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=f"{output}/metrics", stop=stop,
+            export=hf_export(run_config, model.config))
     finally:
         weights.close()
+
+
+def hf_export(run_config, model_config):
+    """What the job's Hugging Face folders and model templates hold: the run's tokenizer and sampling settings."""
+    from rlax_core.models.export import tokenizer_source_of
+    from rlax_core.training.job import HFExport
+    from rlax_core.training.policy_source import MODEL_TEMPLATE
+
+    output = run_config.run.output_dir.rstrip("/")
+    loop = run_config.loop
+    stops = [*model_config.eos_token_ids, *(t for t in loop.stop_token_ids if t not in model_config.eos_token_ids)]
+    generation = {"temperature": loop.temperature, "top_p": loop.top_p,
+                  "max_new_tokens": run_config.engine.max_new_tokens, "eos_token_id": stops or None}
+    tokenizer = run_config.model.tokenizer or tokenizer_source_of(run_config.model.resolved_path())
+    return HFExport(root=f"{output}/hf", tokenizer_source=tokenizer, generation=generation,
+                    template_dirs=(f"{run_config.weight_store().root.rstrip('/')}/{MODEL_TEMPLATE}",
+                                   f"{output}/checkpoints/{MODEL_TEMPLATE}"))

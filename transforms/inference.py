@@ -29,7 +29,10 @@ logger = logging.getLogger(__name__)
 class GenerationSpec:
     """A model and how to sample it; picklable, so Beam ships it to every worker."""
 
-    model: str = ""  # Hugging Face folder, llama2.c .bin or a folder holding one (local or gs://)
+    # Hugging Face folder, llama2.c .bin or a folder holding one (local or gs://), a weight-store
+    # version (weights:ROOT[@VERSION]) or an orbax checkpoint (checkpoint:DIR[@STEP]); see
+    # rlax_core.training.policy_source
+    model: str = ""
     tokenizer: str | None = None  # default: the model's folder
     name: str | None = None  # label in reports; default: the model folder's name
     samples: int = 8  # completions per prompt
@@ -71,14 +74,12 @@ class LoadedEngine:
         if spec.engine.replicas != 1:
             use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
         from rlax_core.inference.replicas import ReplicatedEngine
-        from rlax_core.models import from_pretrained
         from rlax_core.models.tokenizer import load_tokenizer
+        from rlax_core.training.policy_source import load_policy, tokenizer_path
 
-        model_path = spec.model.rstrip("/")
-        tokenizer_path = spec.tokenizer or (model_path.rsplit("/", 1)[0] if model_path.endswith(".bin") else model_path)
         self.spec = spec
-        self.tokenizer = load_tokenizer(tokenizer_path)
-        model = from_pretrained(spec.model, dtype=spec.dtype)
+        self.tokenizer = load_tokenizer(spec.tokenizer or tokenizer_path(spec.model))
+        model = load_policy(spec.model, dtype=spec.dtype)
         self.engine = ReplicatedEngine(spec.engine, model.config, model.params, detokenize=self.tokenizer.decode)
         self.lock = threading.Lock()  # the engine is not re-entrant; RunInference threads share it
 

@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -422,10 +423,10 @@ def save_pretrained(model: Model, path: str | os.PathLike, max_shard_size: int |
             (out / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
             written.append(SAFETENSORS_INDEX)
         if remote:
-            import fsspec
+            from rlax_core.weights.storage import open_storage
 
-            fs, root = fsspec.core.url_to_fs(str(path))
-            fs.makedirs(root, exist_ok=True)
+            storage = open_storage(str(path))
             for file in written:
-                fs.put(str(out / file), f"{root.rstrip('/')}/{file}")
+                with open(out / file, "rb") as source, storage.writer(file) as target:
+                    shutil.copyfileobj(source, target, 1 << 24)
     return written

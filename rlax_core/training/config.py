@@ -107,6 +107,8 @@ class TrainerConfig:
     keep_checkpoints: int = 3
     async_checkpointing: bool = True
     publish_every: int = 1  # weight versions kept: weights.keep (the parameter server's config)
+    # A Hugging Face folder (OUTPUT/hf/step_XXXXXXXX/) every this many steps; 0: after the last step only.
+    export_every: int = 0
     wait_timeout_s: float = 600.0  # how long to wait for rollout groups before failing loudly
     poll_s: float = 0.5
 
@@ -121,5 +123,6 @@ class TrainerConfig:
         require(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
         require(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
         require(self.publish_every >= 1, "publish_every", "must be >= 1")
+        require(self.export_every >= 0, "export_every", "must be >= 0 (0: export after the last step only)")
         require(self.wait_timeout_s > 0, "wait_timeout_s", "must be > 0")
         require(self.poll_s > 0, "poll_s", "must be > 0")

@@ -9,6 +9,7 @@ One step::
     -> make_batch -> Trainer.step -> ledger.consumed += groups -> metrics (JSONL + TensorBoard)
     -> publish weight version ``step`` (every ``publish_every`` steps, asynchronously)
     -> checkpoint (every ``checkpoint_every`` steps, asynchronously; state + ledger together)
+    -> export a Hugging Face folder (every ``export_every`` steps, and after the last step)
 
 On start the loop resumes from the newest complete checkpoint by itself, or else starts from the
 initial parameters and publishes them as version 0 so that the rollout fleet can begin. When
@@ -21,14 +22,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
 
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.models.config import ModelConfig
+from rlax_core.models.export import MODEL_CONFIG, export_hf
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.batching import make_batch
 from rlax_core.training.checkpoint import Checkpointer
@@ -42,6 +44,19 @@ from rlax_core.weights import AsyncPublisher, WeightStore, is_fresh_enough
 from rlax_core.weights.repair import heal_if_refused
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HFExport:
+    """Where and how the job writes Hugging Face folders (``rlax_core.models.export``)."""
+
+    root: str  # versions go to ROOT/step_XXXXXXXX/
+    tokenizer_source: str  # the initial model's tokenizer folder or file
+    generation: Mapping[str, Any] = field(default_factory=dict)  # sampling settings for generation_config.json
+    template_dirs: tuple[str, ...] = ()  # model templates (no weights) for the weight store and checkpoints
+
+    def folder(self, step: int) -> str:
+        return f"{self.root.rstrip('/')}/step_{step:08d}"
 
 
 @dataclass
@@ -113,7 +128,7 @@ class BatchReader:
 
 def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: AlgorithmConfig,
                  config: TrainerConfig, store: RolloutStore, weights: WeightStore | None, checkpoint_dir: str,
-                 metrics_dir: str, stop: threading.Event | None = None) -> JobResult:
+                 metrics_dir: str, stop: threading.Event | None = None, export: HFExport | None = None) -> JobResult:
     """Train until ``config.total_steps`` (or ``stop``); see the module docstring."""
     stop = stop or threading.Event()
     initialize_distributed(config.mesh)
@@ -137,6 +152,10 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
     publisher = _Publisher(weights)
     publisher.publish(step, state.params)
 
+    if export is not None and is_chief:
+        for folder in export.template_dirs:
+            export_hf(folder, model_config, None, tokenizer_source=export.tokenizer_source,
+                      generation=export.generation)
     metrics = MetricsWriter(metrics_dir) if is_chief else None
     reader = BatchReader(store, config)
     last_saved = resumed_from
@@ -162,6 +181,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             if step % config.checkpoint_every == 0 or step == config.total_steps:
                 checkpointer.save(step, state, ledger)
                 last_saved = step
+            if export is not None and config.export_every and step % config.export_every == 0:
+                _export(export, step, model_config, state.params)
             if metrics is not None:
                 tokens = float(batch["attention_mask"].sum())
                 versions = batch["policy_versions"][batch["sample_mask"] > 0]
@@ -178,6 +199,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         preempted = step < config.total_steps
         if last_saved != step:
             checkpointer.save(step, state, ledger)
+        if export is not None and not preempted and not _exported(export, step):
+            _export(export, step, model_config, state.params)
         if preempted:
             log.info("stop requested: checkpointed step %d and leaving", step)
     finally:
@@ -186,6 +209,30 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         if metrics is not None:
             metrics.close()
     return JobResult(step=step, preempted=preempted, resumed_from=resumed_from)
+
+
+def _export(export: HFExport, step: int, model_config: ModelConfig, params: Any) -> None:
+    """Every host takes part in gathering the params; the chief writes the folder."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        params = multihost_utils.process_allgather(params, tiled=True)
+    else:
+        params = jax.device_get(params)
+    if jax.process_index() != 0:
+        return
+    started = time.monotonic()
+    export_hf(export.folder(step), model_config, params, tokenizer_source=export.tokenizer_source,
+              generation=export.generation)
+    log.info("exported step %d as a Hugging Face folder: %s (%.1f s)", step, export.folder(step),
+             time.monotonic() - started)
+
+
+def _exported(export: HFExport, step: int) -> bool:
+    """True when step's folder is complete (``config.json`` is written last): a re-run does not redo it."""
+    from rlax_core.weights.storage import open_storage
+
+    return open_storage(export.folder(step)).exists(MODEL_CONFIG)
 
 
 class _Publisher:

@@ -1,0 +1,138 @@
+"""Where a policy to sample or evaluate comes from: a model folder, a weight-store version or a checkpoint.
+
+    load_policy("runs/x/hf/step_00000010")               # Hugging Face folder (or llama2.c .bin, gs://)
+    load_policy("weights:runs/x/weights@12")             # weight version 12 of a weight store
+    load_policy("weights:gs://bucket/run/weights")       # its newest committed version
+    load_policy("checkpoint:runs/x/checkpoints@10")      # the params of orbax checkpoint 10
+    load_policy("runs/x/checkpoints")                    # detected: the newest checkpoint
+
+Without a prefix, a folder holding ``committed/`` is a weight store and a folder of numbered orbax
+checkpoints is a checkpoint folder; anything else goes to ``from_pretrained``. Versions and
+checkpoints hold parameters only: the architecture, tokenizer and generation settings come from the
+*model template* ``rlax train`` writes beside them (``WEIGHTS/model/``, ``CHECKPOINTS/model/``: an
+exported Hugging Face folder without weights, ``rlax_core.models.export``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Literal
+
+from rlax_core.models.checkpoint import CheckpointError, Model, from_pretrained, local_copy
+from rlax_core.models.config import ModelConfig
+
+MODEL_TEMPLATE = "model"  # the sub-folder holding the model template, in a weight store and a checkpoint folder
+PREFIXES = ("weights", "checkpoint")
+
+_VERSIONED = re.compile(r"^(?P<path>.+?)(?:@(?P<version>\d+))?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySource:
+    kind: Literal["model", "weights", "checkpoint"]
+    path: str  # the model folder / file, the weight store's root, or the checkpoint folder
+    version: int | None = None  # weights / checkpoint: None is the newest
+
+    @property
+    def template(self) -> str:
+        """The folder holding this policy's config.json and tokenizer."""
+        return self.path if self.kind == "model" else f"{self.path.rstrip('/')}/{MODEL_TEMPLATE}"
+
+
+def parse_policy_source(spec: str) -> PolicySource:
+    """``weights:ROOT[@V]``, ``checkpoint:DIR[@STEP]``, or a path (a weight store or checkpoint folder is detected)."""
+    prefix, _, rest = spec.partition(":")
+    if prefix in PREFIXES and rest and not rest.startswith("//"):
+        match = _VERSIONED.match(rest)
+        version = match.group("version")
+        return PolicySource(prefix, match.group("path"), None if version is None else int(version))
+    path = spec.rstrip("/")
+    if _exists(f"{path}/committed"):
+        return PolicySource("weights", path)
+    if _is_checkpoint_folder(path):
+        return PolicySource("checkpoint", path)
+    return PolicySource("model", spec)
+
+
+def tokenizer_path(spec: str) -> str:
+    """The folder (or file) to load the policy's tokenizer from."""
+    from rlax_core.models.export import tokenizer_source_of
+
+    return tokenizer_source_of(parse_policy_source(spec).template)
+
+
+def load_policy(spec: str, dtype="float32") -> Model:
+    """The model ``spec`` names (see the module docstring), its params cast to ``dtype``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    source = parse_policy_source(spec)
+    if source.kind == "model":
+        return from_pretrained(source.path, dtype=dtype)
+    config = _template_config(source)
+    params = _weight_version(source) if source.kind == "weights" else _checkpoint_params(source)
+    cast = jnp.dtype(dtype)
+    return Model(config, jax.tree.map(lambda x: jnp.asarray(np.asarray(x), cast), params))
+
+
+def _template_config(source: PolicySource) -> ModelConfig:
+    with local_copy(f"{source.template}/config.json") as local:
+        if not local.is_file():
+            raise CheckpointError(f"{source.path}: no model template {source.template}/config.json (rlax train writes "
+                                  "it beside the weight versions and checkpoints it makes)")
+        return ModelConfig.from_hf(json.loads(local.read_text()))
+
+
+def _weight_version(source: PolicySource):
+    from rlax_core.weights import WeightStore, WeightStoreConfig
+    from rlax_core.weights.manifest import CommitMarker, marker_path
+    from rlax_core.weights.storage import open_storage
+
+    storage = open_storage(source.path)
+    committed = sorted(n for n in storage.list("committed") if n.endswith(".json"))
+    if not committed:
+        raise CheckpointError(f"weights:{source.path}: no committed weight version")
+    name = committed[-1] if source.version is None else marker_path(source.version).split("/", 1)[1]
+    try:
+        marker = CommitMarker.from_json(storage.read(f"committed/{name}"), where=f"{source.path}/committed/{name}")
+    except FileNotFoundError:
+        raise CheckpointError(f"weights:{source.path}: version {source.version} is not committed; committed: "
+                              f"{', '.join(str(int(n[5:13])) for n in committed)}") from None
+    with WeightStore(WeightStoreConfig(root=source.path, run_id=marker.run_id)) as store:
+        version = source.version if source.version is not None else store.latest()
+        return store.load(version, as_numpy=True)
+
+
+def _checkpoint_params(source: PolicySource):
+    from rlax_core.training.checkpoint import Checkpointer
+
+    checkpointer = Checkpointer(source.path, async_save=False)
+    try:
+        step = source.version if source.version is not None else checkpointer.latest_step()
+        if step is None:
+            raise CheckpointError(f"checkpoint:{source.path}: no checkpoint")
+        state, _ = checkpointer.restore(step)
+    finally:
+        checkpointer.close()
+    return state["params"] if isinstance(state, dict) else state.params
+
+
+def _exists(path: str) -> bool:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    return fs.exists(root)
+
+
+def _is_checkpoint_folder(path: str) -> bool:
+    """A folder of orbax checkpoints: numbered sub-folders, each with its ``state`` item."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    if not fs.isdir(root):
+        return False
+    steps = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
+    return any(s.isdigit() and fs.exists(f"{root.rstrip('/')}/{s}/state") for s in steps)
