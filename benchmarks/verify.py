@@ -12,8 +12,9 @@ Measured in the same run against named baselines that do the same work without o
 Ratios are ours / baseline (above 1: faster than the baseline). Inputs are real: MATH-500 gold
 answers against a rewritten form of themselves (``gold + 0``, which the fast path cannot shortcut,
 so every pair goes through math-verify; both sides first warm up on 50 other answers), and
-HumanEval canonical solutions with their tests.
-Prints one JSON object.
+HumanEval canonical solutions with their tests (from ../shared/data, else the repository's fixtures).
+Pathological answers (an exponent tower, a megabyte of digits...): seconds until the caller has its
+verdict with a 3 s hard timeout, beside an ordinary comparison. Prints one JSON object.
 
     python benchmarks/verify.py
     python benchmarks/verify.py --math-pairs 100 --code-programs 20
@@ -33,9 +34,22 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rlax_core.rewards.code_verifier import CodeVerifier, build_program, humaneval_tests  # noqa: E402
-from rlax_core.rewards.math_verifier import MathVerifier, MathVerifierConfig, _symbolic_equal  # noqa: E402
+from rlax_core.rewards.math_symbolic import symbolic_equal  # noqa: E402
+from rlax_core.rewards.math_verifier import MathVerifier, MathVerifierConfig  # noqa: E402
 
 SHARED = Path(os.environ.get("RLAX_SHARED_DIR", REPO.parent / "shared")) / "data"
+# Without the full datasets beside the checkout, the repository's fixtures (the first 200 MATH-500 rows).
+DATA = SHARED if SHARED.is_dir() else REPO / "tests" / "fixtures" / "data"
+
+# Answers that would hang math-verify in the caller's process (tests/rewards/test_math_verifier.py
+# checks the verdict on each; here, how long the caller waits for it).
+PATHOLOGICAL = {
+    "exponent tower": "10^{10^{10^{10}}}",
+    "huge power": "9^{9^{9}}",
+    "huge factorial": "(10^{100})!",
+    "deep parentheses": "(" * 1500 + "1" + ")" * 1500,
+    "megabyte of digits": "9" * 1_000_000,
+}
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -44,13 +58,13 @@ def _jsonl(path: Path) -> list[dict]:
 
 def math_pairs(count: int, warmup: int = 50) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """(warm-up pairs, measured pairs): disjoint, so that neither side times answers it has cached."""
-    rows = _jsonl(SHARED / "math" / "math500_test.jsonl")
+    rows = _jsonl(DATA / "math" / "math500_test.jsonl")
     pairs = [(row["answer"], f"{row['answer']} + 0") for row in rows]
     return pairs[count:count + warmup], pairs[:count]
 
 
 def code_jobs(count: int) -> list[tuple[str, object]]:
-    rows = _jsonl(SHARED / "humaneval" / "HumanEval.jsonl")[:count]
+    rows = _jsonl(DATA / "humaneval" / "HumanEval.jsonl")[:count]
     return [(row["canonical_solution"], humaneval_tests(row)) for row in rows]
 
 
@@ -70,9 +84,9 @@ def bench_math(warmup, pairs, workers: int, timeout: float) -> tuple[float, int]
 def bench_math_baseline(warmup, pairs, timeout: float) -> tuple[float, int]:
     soft = max(1, int(timeout // 2))  # math-verify's own alarms, as inside the pool's workers
     for gold, prediction in warmup:  # the same warm-up as the pool's workers get
-        _symbolic_equal(gold, prediction, soft)
+        symbolic_equal(gold, prediction, soft)
     start = time.perf_counter()
-    equal = sum(_symbolic_equal(gold, prediction, soft) for gold, prediction in pairs)
+    equal = sum(symbolic_equal(gold, prediction, soft) for gold, prediction in pairs)
     return rate(len(pairs), time.perf_counter() - start), equal
 
 
@@ -95,11 +109,24 @@ def bench_code(jobs, workers: int) -> tuple[float, int]:
     return rate(len(jobs), elapsed), sum(r.all_passed for r in results)
 
 
+def bench_pathological(timeout: float) -> dict[str, float]:
+    """Seconds until ``compare`` returns on each pathological answer, beside an ordinary comparison's."""
+    seconds = {}
+    with MathVerifier(MathVerifierConfig(workers=1, timeout_seconds=timeout)) as verifier:
+        verifier.compare("\\frac{1}{2}", "0.5")  # the pool's start-up is not part of a comparison
+        for name, answer in {"ordinary (baseline)": "\\frac{2}{4}", **PATHOLOGICAL}.items():
+            start = time.perf_counter()
+            verifier.compare("1", answer)
+            seconds[name] = round(time.perf_counter() - start, 3)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--math-pairs", type=int, default=200)
     parser.add_argument("--code-programs", type=int, default=40)
     parser.add_argument("--math-timeout", type=float, default=10.0)
+    parser.add_argument("--pathological-timeout", type=float, default=3.0)
     args = parser.parse_args()
 
     (warmup, pairs), jobs = math_pairs(args.math_pairs), code_jobs(args.code_programs)
@@ -113,7 +140,11 @@ def main() -> None:
     for workers in (1, 2):
         out[f"code_sandbox_w{workers}"], out[f"code_sandbox_w{workers}_passed"] = bench_code(jobs, workers)
         out[f"code_sandbox_w{workers}_vs_baseline"] = round(out[f"code_sandbox_w{workers}"] / out["code_baseline_subprocess"], 3)
-    out["unit"] = "verifications per second"
+    out["pathological_timeout_s"] = args.pathological_timeout
+    out["pathological_seconds"] = bench_pathological(args.pathological_timeout)
+    out["pathological_max_over_timeout_s"] = round(
+        max(out["pathological_seconds"].values()) - args.pathological_timeout, 3)
+    out["unit"] = "verifications per second (pathological_*: seconds)"
     print(json.dumps(out))
 
 

@@ -10,9 +10,9 @@ that reads it; this module only assembles them::
     trainer:   rlax_core.training.TrainerConfig     (optimizer, mesh, steps, staleness, checkpoints)
     weights:   rlax_core.weights.WeightStoreConfig  (parameter server; defaults under run.output_dir)
     curate:    rlax_core.data.curation.CurateConfig (Beam curation pipeline)
-    filter:    pipelines.filter_difficulty.FilterConfig (difficulty filtering)
-    evaluate:  pipelines.evaluate.EvaluateConfig    (offline evaluation)
-    loop:      pipelines.rl_stream.LoopConfig       (the streaming rollout side of the online loop)
+    filter:    pipelines.sections.FilterConfig      (difficulty filtering)
+    evaluate:  pipelines.sections.EvaluateConfig    (offline evaluation)
+    loop:      pipelines.sections.LoopConfig        (the streaming rollout side of the online loop)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
 
 A file for one pipeline may spell only that pipeline's section (``configs/filter_stories260k.yaml``
@@ -38,9 +38,7 @@ from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import algorithm_from_dict, get_preset
 from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
-from pipelines.evaluate import EvaluateConfig
-from pipelines.filter_difficulty import FilterConfig
-from pipelines.rl_stream import LoopConfig
+from pipelines.sections import EvaluateConfig, FilterConfig, LoopConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR.parent / "configs"

@@ -30,33 +30,14 @@ import apache_beam as beam
 from rlax_core.config import require, to_dict
 from rlax_core.data.curation import InputSpec, eval_set_name
 from pipelines.runners import pipeline_options
+from pipelines.sections import EvaluateConfig
 from transforms.evaluation import BuildReport, per_prompt_result
 from transforms.examples import ToExamples
-from transforms.inference import GenerationSpec, SampleAndVerify
+from transforms.inference import SampleAndVerify
 from transforms.io import ReadRawRecords, TakeSmallestIds, WriteJsonLines, WriteNamedFiles, read_json
 
 HELP = "Beam batch: pass@k, maj@k and lengths of a checkpoint on eval sets"
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class EvaluateConfig:
-    models: tuple[str, ...] = ()  # checkpoints, evaluated side by side
-    model_names: tuple[str, ...] = ()  # labels in the report (default: folder names)
-    eval_sets: tuple[InputSpec, ...] = ()  # named by source, else folder/file (e.g. gsm8k/test)
-    generation: GenerationSpec = GenerationSpec()  # sampling settings shared by every model
-    ks: tuple[int, ...] = (1, 4, 8)
-    limit: int = 0  # prompts per evaluation set, the first N by id (0: all)
-    output: str = ""
-    title: str = "Evaluation"
-
-    def __post_init__(self):
-        require(all(k >= 1 for k in self.ks) and len(self.ks) > 0, "ks", "positive integers")
-        require(self.limit >= 0, "limit", "an integer >= 0")
-
-    @property
-    def labels(self) -> list[str]:
-        return list(self.model_names) or [dataclasses.replace(self.generation, model=m).label for m in self.models]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,34 +22,19 @@ from collections import Counter
 
 import apache_beam as beam
 
-from rlax_core.config import require, to_dict
+from rlax_core.config import to_dict
 from rlax_core.data.curation import InputSpec
 from rlax_core.eval.report import pass_rate_histogram
 from pipelines.runners import pipeline_options
+from pipelines.sections import FilterConfig
 from transforms.difficulty import KeepPassRateBand, pass_rates_of
 from transforms.examples import ToExamples
-from transforms.inference import GenerationSpec, SampleAndVerify
+from transforms.inference import SampleAndVerify
 from transforms.io import (ReadRawRecords, TakeSmallestIds, WriteNamedFiles, WriteExamples, WriteJsonFile,
                            WriteJsonLines, read_json)
 
 HELP = "Beam batch: keep prompts whose pass rate lies in a band"
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class FilterConfig:
-    input: str = ""  # Example rows: curate's parquet shards or a jsonl of Example rows (glob; local or gs://)
-    input_format: str = "auto"  # Example rows are detected; raw layouts (gsm8k, math, ...) are adapted on the fly
-    output: str = ""
-    generation: GenerationSpec = GenerationSpec()
-    low: float = 0.1  # keep prompts with low <= pass rate <= high
-    high: float = 0.9
-    limit: int = 0  # only the first N prompts by id (0: all)
-    model_version: str = ""  # recorded in filter_model_version; default: the model's label
-
-    def __post_init__(self):
-        require(0.0 <= self.low <= self.high <= 1.0, "low", "0 <= low <= high <= 1")
-        require(self.limit >= 0, "limit", "an integer >= 0")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,41 +20,16 @@ Settings of the loop that no other section owns live under ``loop.`` overrides (
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 import time
 from typing import Sequence
 
-import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before configs name them)
-from rlax_core.config import from_dict, require
-from rlax_core.rewards.config import RewardConfig
+from pipelines.sections import LoopConfig
 
 HELP = "Beam streaming: generate and score rollouts with the latest weights"
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopConfig:
-    """The rollout side of the online loop (``loop.KEY=VALUE`` on the command line)."""
-
-    train_set: str = ""  # parquet file or folder of Example rows (the difficulty filter's output)
-    samples_per_prompt: int = 8  # G
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
-    rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
-    drop_uniform_groups: bool = False  # DAPO dynamic sampling
-    poll_interval_s: float = 1.0  # how often the side input re-reads the latest version
-    max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
-
-    def __post_init__(self):
-        require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
-        require(self.temperature > 0, "temperature", "> 0 (RL samples; greedy gives identical groups)")
-        require(0 < self.top_p <= 1, "top_p", "in (0, 1]")
-        require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
-        require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
 
 
 def load_configs(config_path: str | None, overrides: Sequence[str]):

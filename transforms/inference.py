@@ -9,57 +9,17 @@ the same example gets the same samples whatever batch or worker it lands in.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-from pathlib import PurePosixPath
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, RunInference
 
-from rlax_core.config import require
-from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.inference.config import GenerationSpec
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationSpec:
-    """A model and how to sample it; picklable, so Beam ships it to every worker."""
-
-    # Hugging Face folder, llama2.c .bin or a folder holding one (local or gs://), a weight-store
-    # version (weights:ROOT[@VERSION]) or an orbax checkpoint (checkpoint:DIR[@STEP]); see
-    # rlax_core.training.policy_source
-    model: str = ""
-    tokenizer: str | None = None  # default: the model's folder
-    name: str | None = None  # label in reports; default: the model folder's name
-    samples: int = 8  # completions per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 64
-    stop_strings: tuple[str, ...] = ()
-    seed: int = 0
-    batch_size: int = 8  # prompts per engine call
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    engine: EngineConfig = EngineConfig(max_prompt_len=256, max_new_tokens=256)
-
-    def __post_init__(self):
-        require(self.samples >= 1, "samples", "at least 1")
-        require(self.batch_size >= 1, "batch_size", "at least 1")
-        require(self.max_new_tokens <= self.engine.max_new_tokens, "max_new_tokens",
-                f"at most engine.max_new_tokens={self.engine.max_new_tokens}")
-        require(0 <= self.seed < 2**31, "seed", "in [0, 2**31)")
-
-    @property
-    def label(self) -> str:
-        return self.name or PurePosixPath(self.model.rstrip("/")).name
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.max_new_tokens, n=self.samples, stop_strings=self.stop_strings)
 
 
 class LoadedEngine:

@@ -1,4 +1,5 @@
-"""The engine's two configuration types: how the engine is built, and how one request samples.
+"""The engine's configuration types: how the engine is built, how one request samples, and a model with
+its sampling settings (``GenerationSpec``, the batch pipelines' ``generation:`` section).
 
 ``EngineConfig`` fixes every compiled shape (slots, pages, prompt buckets, steps per call), so an
 engine built from it compiles a bounded set of programs and then never again. ``SamplingParams``
@@ -8,6 +9,7 @@ travels with each request and changes nothing that is compiled.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import PurePosixPath
 from typing import Literal
 
 from rlax_core.config import require
@@ -129,3 +131,40 @@ class SamplingParams:
     def filtered(self) -> bool:
         """Whether top-k or top-p reshape the distribution (those need a sort over the vocabulary)."""
         return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSpec:
+    """A model and how to sample it; picklable, so Beam ships it to every worker."""
+
+    # Hugging Face folder, llama2.c .bin or a folder holding one (local or gs://), a weight-store
+    # version (weights:ROOT[@VERSION]) or an orbax checkpoint (checkpoint:DIR[@STEP]); see
+    # rlax_core.training.policy_source
+    model: str = ""
+    tokenizer: str | None = None  # default: the model's folder
+    name: str | None = None  # label in reports; default: the model folder's name
+    samples: int = 8  # completions per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_strings: tuple[str, ...] = ()
+    seed: int = 0
+    batch_size: int = 8  # prompts per engine call
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    engine: EngineConfig = EngineConfig(max_prompt_len=256, max_new_tokens=256)
+
+    def __post_init__(self):
+        require(self.samples >= 1, "samples", "at least 1")
+        require(self.batch_size >= 1, "batch_size", "at least 1")
+        require(self.max_new_tokens <= self.engine.max_new_tokens, "max_new_tokens",
+                f"at most engine.max_new_tokens={self.engine.max_new_tokens}")
+        require(0 <= self.seed < 2**31, "seed", "in [0, 2**31)")
+
+    @property
+    def label(self) -> str:
+        return self.name or PurePosixPath(self.model.rstrip("/")).name
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens, n=self.samples, stop_strings=self.stop_strings)

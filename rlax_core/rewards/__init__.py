@@ -19,6 +19,7 @@ from rlax_core.rewards.config import CodeRewardConfig, FormatConfig, OverlongCon
 from rlax_core.rewards.math_verifier import MathResult, MathVerifier, MathVerifierConfig, math_equal
 from rlax_core.rewards.registry import REWARDS, RewardResult, RewardTerm, Sample, register_reward, reward_names
 from rlax_core.rewards.sandbox import SandboxLimits, SandboxReport, run_sandboxed
+import rlax_core.rewards.terms  # noqa: F401,E402 - registers the built-in terms before any RewardConfig is made
 from rlax_core.rewards.scorer import Rewarder
 
 __all__ = [

@@ -18,6 +18,7 @@ import math
 from rlax_core.config import require
 from rlax_core.rewards.answers import EXTRACTION_METHODS
 from rlax_core.rewards.math_verifier import MathVerifierConfig
+from rlax_core.rewards.registry import reward_names
 from rlax_core.rewards.sandbox import SandboxLimits
 
 
@@ -70,8 +71,6 @@ class RewardConfig:
     overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)
 
     def __post_init__(self):
-        from rlax_core.rewards.registry import reward_names
-
         known = reward_names()
         require(len(self.terms) > 0, "terms", f"at least one reward term; known: {', '.join(known)}")
         for name, weight in self.terms.items():

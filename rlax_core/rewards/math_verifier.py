@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import dataclasses
-import functools
 import math
 import multiprocessing
 import re
@@ -25,6 +24,7 @@ from typing import Iterable
 import pebble
 
 from rlax_core.config import require
+from rlax_core.rewards.math_symbolic import symbolic_equal
 
 MATH_REASONS = ("exact", "numeric", "symbolic", "not_equal", "timeout", "too_long", "error")
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[-+]?\.\d+")
@@ -90,28 +90,17 @@ def _numbers_equal(a: float, b: float, relative_tolerance: float) -> bool:
 # ----------------------------------------------------------------------------- inside a worker process
 
 
+# The module the fork server imports before forking any worker (math-verify loaded, sympy warm). Named,
+# not imported: the caller never loads it.
+WARM_WORKER_MODULE = "rlax_core.rewards.math_worker"
+
+
 def _worker_init(memory_bytes: int) -> None:
+    import importlib
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    import rlax_core.rewards.math_worker  # noqa: F401 - a no-op when the fork server preloaded it
-
-
-@functools.lru_cache(maxsize=4096)  # a group's samples share one gold answer
-def _parse(answer: str, seconds: int | None):
-    from math_verify import parse
-
-    # Wrapping in \boxed{} makes math-verify read bare LaTeX (\frac12, intervals, sets) as the answer.
-    return parse(answer if "\\boxed" in answer else f"\\boxed{{{answer}}}", parsing_timeout=seconds)  # type: ignore[arg-type]
-
-
-def _symbolic_equal(gold: str, prediction: str, seconds: int | None) -> bool:
-    from math_verify import verify
-
-    parsed_gold, parsed_prediction = _parse(gold, seconds), _parse(prediction, seconds)
-    if not parsed_gold or not parsed_prediction:
-        return False
-    return bool(verify(parsed_gold, parsed_prediction, timeout_seconds=seconds))
+    importlib.import_module(WARM_WORKER_MODULE)  # a no-op when the fork server preloaded it
 
 
 # ----------------------------------------------------------------------------- the caller's side
@@ -125,7 +114,7 @@ def _fork_server() -> multiprocessing.context.BaseContext:
     comparison would wait for it.
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["rlax_core.rewards.math_worker"])  # applies when the server starts
+    context.set_forkserver_preload([WARM_WORKER_MODULE])  # applies when the server starts
     return context
 
 
@@ -161,7 +150,7 @@ class MathVerifier:
         return None
 
     def _submit(self, gold: str, prediction: str) -> concurrent.futures.Future:
-        return self._get_pool().schedule(_symbolic_equal, args=(gold, prediction, self._soft_seconds),
+        return self._get_pool().schedule(symbolic_equal, args=(gold, prediction, self._soft_seconds),
                                          timeout=self.config.timeout_seconds)
 
     @staticmethod

@@ -13,10 +13,7 @@ own a process pool) and scores batches, so that pools work on many samples at on
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
-
-if TYPE_CHECKING:
-    from rlax_core.rewards.config import RewardConfig
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
 
 class RewardResult(NamedTuple):
@@ -39,8 +36,8 @@ class Sample:
 class RewardTerm:
     """A named reward. Implement ``score`` (one sample) or ``score_many`` (a batch, e.g. through a pool)."""
 
-    def __init__(self, config: "RewardConfig"):
-        self.config = config
+    def __init__(self, config):
+        self.config = config  # the run's RewardConfig (rlax_core.rewards.config): weights and verifier settings
 
     def score(self, sample: Sample) -> RewardResult:
         raise NotImplementedError(f"{type(self).__name__} implements neither score nor score_many")
@@ -69,6 +66,5 @@ def register_reward(name: str) -> Callable[[T], T]:
 
 
 def reward_names() -> list[str]:
-    import rlax_core.rewards.terms  # noqa: F401 - registers the built-in terms
-
+    """Every registered name: the built-in terms (``import rlax_core.rewards`` registers them) and any other."""
     return sorted(REWARDS)

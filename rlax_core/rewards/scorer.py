@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rlax_core.rewards.config import RewardConfig
-from rlax_core.rewards.registry import REWARDS, RewardResult, Sample, reward_names
+from rlax_core.rewards.registry import REWARDS, RewardResult, Sample
 
 
 class Rewarder:
@@ -16,7 +16,6 @@ class Rewarder:
     """
 
     def __init__(self, config: RewardConfig = RewardConfig()):
-        reward_names()  # registers the built-in terms
         self.config = config
         self.terms = {name: REWARDS[name](config) for name in config.terms}
 

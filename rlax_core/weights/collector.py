@@ -11,15 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 from rlax_core.weights import manifest as mf
 from rlax_core.weights.errors import WeightStoreError
 from rlax_core.weights.manifest import CommitMarker
 from rlax_core.weights.storage import Storage
-
-if TYPE_CHECKING:
-    from rlax_core.weights.store import WeightStore
 
 
 @contextlib.contextmanager
@@ -48,10 +45,12 @@ def leased_versions(storage: Storage, *, drop_expired: bool = False) -> set[int]
     return pinned
 
 
-def collect(store: "WeightStore", keep: int) -> list[int]:
-    """Remove what ``store.gc(keep)`` may remove (see there); returns the versions removed."""
-    storage, config = store.storage, store.config
-    committed = store.versions()
+def collect(storage: Storage, committed: list[int], read_marker: Callable[[int], CommitMarker], keep: int,
+            grace_s: float) -> list[int]:
+    """Remove what ``WeightStore.gc(keep)`` may remove (see there); returns the versions removed.
+
+    ``committed`` lists the committed versions, oldest first; ``read_marker`` reads one's commit marker.
+    """
     if not committed:
         return []
     now, pinned = time.time(), leased_versions(storage, drop_expired=True)
@@ -60,7 +59,7 @@ def collect(store: "WeightStore", keep: int) -> list[int]:
     def marker_of(version: int) -> CommitMarker | None:
         if version not in markers:
             try:
-                markers[version] = store.marker(version)
+                markers[version] = read_marker(version)
             except WeightStoreError:
                 markers[version] = None
         return markers[version]
@@ -68,7 +67,7 @@ def collect(store: "WeightStore", keep: int) -> list[int]:
     kept = set(committed[-keep:])
     for older, newer in zip(committed[:-keep], committed[1:]):
         superseded = marker_of(newer)
-        if older in pinned or superseded is None or now - superseded.committed_at < config.gc_grace_s:
+        if older in pinned or superseded is None or now - superseded.committed_at < grace_s:
             kept.add(older)
     kept |= bases_needed(kept, marker_of)
     removed = []
@@ -86,8 +85,6 @@ def collect(store: "WeightStore", keep: int) -> list[int]:
         version = mf.parse_version_name(name)
         if version is not None and version < newest and version not in committed and version not in pinned:
             storage.delete_tree(name)
-    if removed:
-        store._count("collected", newest, len(removed))
     return removed
 
 

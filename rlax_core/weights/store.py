@@ -496,7 +496,11 @@ class WeightStore:
         keep = self.config.keep if keep is None else keep
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        return collect(self, keep)
+        committed = self.versions()
+        removed = collect(self.storage, committed, self.marker, keep, self.config.gc_grace_s)
+        if removed:
+            self._count("collected", committed[-1], len(removed))
+        return removed
 
 # ---------------------------------------------------------------------- helpers
 

@@ -1,7 +1,6 @@
-"""Final-answer extraction: each strategy, their order, and linear time on huge inputs."""
+"""Final-answer extraction: each strategy, their order, and hostile megabyte inputs."""
 
 import json
-import time
 
 import pytest
 
@@ -54,14 +53,15 @@ def test_math500_golds_are_the_last_box_of_solutions(data_dir):
     assert agree >= 0.95 * len(rows)  # the rest differ in spacing only; equivalence handles them
 
 
-@pytest.mark.parametrize("text", [
-    "1" * 1_000_000,
-    "\\boxed{" * 200_000,
-    "{" * 500_000 + "\\boxed{" + "}" * 500_000,
-    "the answer is " * 70_000,
-    "#### " + "9," * 500_000,
+@pytest.mark.parametrize("text, expected", [
+    ("1" * 1_000_000, ("1" * 1_000_000, "last_number")),
+    ("\\boxed{" * 200_000, None),
+    ("{" * 500_000 + "\\boxed{" + "}" * 500_000, None),
+    ("the answer is " * 70_000, None),
+    ("#### " + "9," * 500_000, ("9," * 500_000, "hashes")),
 ])
-def test_megabyte_inputs_are_linear(text):
-    start = time.process_time()
-    extract_answer(text)
-    assert time.process_time() - start < 2.0  # backtracking would take hours on these
+def test_megabyte_inputs_give_their_answer(text, expected):
+    # A backtracking extractor would take hours here (pytest-timeout ends the test); how the time grows
+    # with the input is measured by benchmarks/answers.py.
+    found = extract_answer(text)
+    assert (None if found is None else (found.text, found.method)) == expected

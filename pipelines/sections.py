@@ -1,0 +1,78 @@
+"""The run config's sections for the Beam pipelines, in a module that imports no Beam.
+
+``pipelines.config.RunConfig`` holds them beside the sections of ``rlax_core``; keeping them here,
+rather than in the Beam modules that read them, lets ``rlax train`` (and anything else that only
+reads a config) load the whole run config without importing Beam::
+
+    filter:    FilterConfig    (``rlax filter``, pipelines/filter_difficulty.py)
+    evaluate:  EvaluateConfig  (``rlax evaluate``, pipelines/evaluate.py)
+    loop:      LoopConfig      (``rlax rollout``, pipelines/rl_stream.py)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before configs name them)
+from rlax_core.config import require
+from rlax_core.data.curation import InputSpec
+from rlax_core.inference.config import GenerationSpec
+from rlax_core.rewards.config import RewardConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterConfig:
+    input: str = ""  # Example rows: curate's parquet shards or a jsonl of Example rows (glob; local or gs://)
+    input_format: str = "auto"  # Example rows are detected; raw layouts (gsm8k, math, ...) are adapted on the fly
+    output: str = ""
+    generation: GenerationSpec = GenerationSpec()
+    low: float = 0.1  # keep prompts with low <= pass rate <= high
+    high: float = 0.9
+    limit: int = 0  # only the first N prompts by id (0: all)
+    model_version: str = ""  # recorded in filter_model_version; default: the model's label
+
+    def __post_init__(self):
+        require(0.0 <= self.low <= self.high <= 1.0, "low", "0 <= low <= high <= 1")
+        require(self.limit >= 0, "limit", "an integer >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    models: tuple[str, ...] = ()  # checkpoints, evaluated side by side
+    model_names: tuple[str, ...] = ()  # labels in the report (default: folder names)
+    eval_sets: tuple[InputSpec, ...] = ()  # named by source, else folder/file (e.g. gsm8k/test)
+    generation: GenerationSpec = GenerationSpec()  # sampling settings shared by every model
+    ks: tuple[int, ...] = (1, 4, 8)
+    limit: int = 0  # prompts per evaluation set, the first N by id (0: all)
+    output: str = ""
+    title: str = "Evaluation"
+
+    def __post_init__(self):
+        require(all(k >= 1 for k in self.ks) and len(self.ks) > 0, "ks", "positive integers")
+        require(self.limit >= 0, "limit", "an integer >= 0")
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.model_names) or [dataclasses.replace(self.generation, model=m).label for m in self.models]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """The rollout side of the online loop (``loop.KEY=VALUE`` on the command line)."""
+
+    train_set: str = ""  # parquet file or folder of Example rows (the difficulty filter's output)
+    samples_per_prompt: int = 8  # G
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
+    rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
+    drop_uniform_groups: bool = False  # DAPO dynamic sampling
+    poll_interval_s: float = 1.0  # how often the side input re-reads the latest version
+    max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
+
+    def __post_init__(self):
+        require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
+        require(self.temperature > 0, "temperature", "> 0 (RL samples; greedy gives identical groups)")
+        require(0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
+        require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
