@@ -87,7 +87,7 @@ def build(pipeline: beam.Pipeline, config: EvaluateConfig) -> None:
     results = []
     for path, label in zip(config.models, config.labels):
         spec = dataclasses.replace(config.generation, model=path, name=label)
-        results.append(examples | f"SampleAndVerify[{label}]" >> SampleAndVerify(spec))
+        results.append(examples | f"SampleAndVerify[{label}]" >> SampleAndVerify(spec, config.rewards, config.task_terms))
     rows = (results | "AllModels" >> beam.Flatten()) | "PerPrompt" >> beam.Map(per_prompt_result)
     out = config.output.rstrip("/")
     rows | "WriteSamples" >> WriteJsonLines(f"{out}/samples")

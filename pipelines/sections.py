@@ -18,6 +18,7 @@ from rlax_core.config import require
 from rlax_core.data.curation import InputSpec
 from rlax_core.inference.config import GenerationSpec
 from rlax_core.rewards.config import RewardConfig
+from rlax_core.rewards.registry import reward_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,11 @@ class EvaluateConfig:
     model_names: tuple[str, ...] = ()  # labels in the report (default: folder names)
     eval_sets: tuple[InputSpec, ...] = ()  # named by source, else folder/file (e.g. gsm8k/test)
     generation: GenerationSpec = GenerationSpec()  # sampling settings shared by every model
+    # A user's own rewards: rewards.modules / rewards.functions are imported on every worker, and
+    # task_terms maps a task to the term whose ``pass`` is a sample's verdict (over the built-in
+    # rlax_core.eval.verify.TASK_TERMS), e.g. {story: my_story_rule}.
+    rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    task_terms: dict[str, str] = dataclasses.field(default_factory=dict)
     ks: tuple[int, ...] = (1, 4, 8)
     limit: int = 0  # prompts per evaluation set, the first N by id (0: all)
     output: str = ""
@@ -50,6 +56,9 @@ class EvaluateConfig:
     def __post_init__(self):
         require(all(k >= 1 for k in self.ks) and len(self.ks) > 0, "ks", "positive integers")
         require(self.limit >= 0, "limit", "an integer >= 0")
+        known = reward_names()  # after self.rewards imported its own modules
+        for task, term in self.task_terms.items():
+            require(term in known, f"task_terms.{task}", f"a registered reward term; known: {', '.join(known)}")
 
     @property
     def labels(self) -> list[str]:

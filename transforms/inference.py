@@ -101,10 +101,14 @@ class EngineModelHandler(ModelHandler[dict, dict, LoadedEngine]):
 class _VerifyFn(beam.DoFn):
     """Samples -> per-prompt verdicts: ``correct`` and canonical ``answers`` per sample."""
 
-    def setup(self):
-        from rlax_core.eval.verify import Verifier
+    def __init__(self, rewards=None, task_terms: Mapping[str, str] | None = None):
+        self._rewards, self._task_terms = rewards, dict(task_terms or {})
 
-        self._verifier = Verifier()
+    def setup(self):
+        from rlax_core.eval.verify import TASK_TERMS, Verifier
+
+        # The Verifier's Rewarders import the config's own reward modules in this worker.
+        self._verifier = Verifier({**TASK_TERMS, **self._task_terms}, rewards=self._rewards)
 
     def process(self, result):
         verdicts = self._verifier.verify(result["example"], result["texts"], result["finish_reasons"], result["lengths"])
@@ -117,13 +121,16 @@ class _VerifyFn(beam.DoFn):
 class SampleAndVerify(beam.PTransform):
     """Example rows -> ``{example, model, texts, lengths, finish_reasons, correct, answers, skipped}``."""
 
-    def __init__(self, spec: GenerationSpec):
+    def __init__(self, spec: GenerationSpec, rewards=None, task_terms: Mapping[str, str] | None = None):
+        """``rewards``: a RewardConfig whose ``modules`` / ``functions`` (a user's own terms) and verifier
+        settings the verdicts use; ``task_terms``: task -> the term whose ``pass`` is the verdict, over
+        ``rlax_core.eval.verify.TASK_TERMS``."""
         super().__init__()
-        self.spec = spec
+        self.spec, self.rewards, self.task_terms = spec, rewards, task_terms
 
     def expand(self, examples):
         return (
             examples
             | "Generate" >> RunInference(EngineModelHandler(self.spec))
-            | "Verify" >> beam.ParDo(_VerifyFn())
+            | "Verify" >> beam.ParDo(_VerifyFn(self.rewards, self.task_terms))
         )

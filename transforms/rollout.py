@@ -251,9 +251,10 @@ class ScoreRollouts(beam.DoFn):
         self._spec = spec
 
     def setup(self):
-        import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms)
         from rlax_core.rewards.scorer import Rewarder
 
+        # Imports the built-in task terms and the config's own reward modules and functions in this
+        # worker before building the terms (rlax_core.rewards.custom).
         self._rewarder = Rewarder(self._spec.rewards)
 
     def teardown(self):

@@ -32,19 +32,22 @@ def canonical_answer(text: str) -> str:
 class Verifier:
     """Verdicts for the samples of one example; one Rewarder (and its worker pools) per reward term."""
 
-    def __init__(self, task_terms: Mapping[str, str] = TASK_TERMS):
+    def __init__(self, task_terms: Mapping[str, str] = TASK_TERMS, rewards: Any | None = None):
+        """``rewards``: a ``RewardConfig`` whose verifier settings and own modules / functions
+        (``rlax_core.rewards.custom``) the terms are built with; its ``terms`` are not used."""
         self.task_terms = dict(task_terms)
+        self.rewards = rewards
         self._rewarders: dict[str, Any] = {}
 
     def _rewarder(self, task: str):
-        from rlax_core import tasks  # noqa: F401  (registers the task reward terms)
         from rlax_core.rewards import Rewarder, RewardConfig
 
         if task not in self.task_terms:
             raise ValueError(f"no verifier for task {task!r}; known tasks: {', '.join(sorted(self.task_terms))}")
         term = self.task_terms[task]
         if term not in self._rewarders:
-            self._rewarders[term] = Rewarder(RewardConfig(terms={term: 1.0}))
+            base = self.rewards if self.rewards is not None else RewardConfig()
+            self._rewarders[term] = Rewarder(dataclasses.replace(base, terms={term: 1.0}))
         return term, self._rewarders[term]
 
     def verify(self, example: Mapping[str, Any], completions: Sequence[str], finish_reasons: Sequence[str],

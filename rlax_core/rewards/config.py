@@ -6,6 +6,8 @@ In YAML (the ``rewards`` section of a run)::
       terms: {math: 1.0, format_boxed: 0.1}
       math: {workers: 2, timeout_seconds: 5}
       code: {workers: 2, per_test_seconds: 5, limits: {memory_bytes: 1073741824}}
+      modules: [my_project.rewards]                     # a user's own terms (docs/rewards.md)
+      functions: {concise: "my_rewards.py:concise"}      # a plain function as a term
 
 The reward of a sample is ``sum(weight * term score)``.
 """
@@ -15,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from rlax_core.config import require
+from rlax_core.config import ConfigError, require
 from rlax_core.rewards.answers import EXTRACTION_METHODS
+from rlax_core.rewards.custom import RewardImportError, function_reward, import_reward_module, register_function_reward
 from rlax_core.rewards.math_verifier import MathVerifierConfig
 from rlax_core.rewards.registry import reward_names
 from rlax_core.rewards.sandbox import SandboxLimits
@@ -64,6 +67,10 @@ class OverlongConfig:
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     terms: dict[str, float] = dataclasses.field(default_factory=lambda: {"task": 1.0})
+    # A user's own rewards (rlax_core.rewards.custom): modules or .py files that register terms, and
+    # functions registered under a name, {NAME: "MODULE_OR_FILE:FUNCTION"}; both may then be named in terms.
+    modules: tuple[str, ...] = ()
+    functions: dict[str, str] = dataclasses.field(default_factory=dict)
     extraction: tuple[str, ...] = EXTRACTION_METHODS  # math answer extraction, tried in this order
     math: MathVerifierConfig = dataclasses.field(default_factory=MathVerifierConfig)
     code: CodeRewardConfig = dataclasses.field(default_factory=CodeRewardConfig)
@@ -71,6 +78,16 @@ class RewardConfig:
     overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)
 
     def __post_init__(self):
+        for index, spec in enumerate(self.modules):
+            try:
+                import_reward_module(spec)
+            except RewardImportError as error:
+                raise ConfigError(f"modules[{index}]", str(error)) from None
+        for name, spec in self.functions.items():
+            try:
+                register_function_reward(name, function_reward(spec))
+            except (RewardImportError, ValueError) as error:  # ValueError: the name is taken
+                raise ConfigError(f"functions.{name}", str(error)) from None
         known = reward_names()
         require(len(self.terms) > 0, "terms", f"at least one reward term; known: {', '.join(known)}")
         for name, weight in self.terms.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rlax_core.rewards.config import RewardConfig
+from rlax_core.rewards.custom import import_reward_modules
 from rlax_core.rewards.registry import REWARDS, RewardResult, Sample
 
 
@@ -16,6 +17,9 @@ class Rewarder:
     """
 
     def __init__(self, config: RewardConfig = RewardConfig()):
+        # The built-in terms and the config's own modules and functions: a config unpickled on a Beam
+        # worker names them but has not imported them there (seqio's modules_to_import).
+        import_reward_modules(config.modules, config.functions)
         self.config = config
         self.terms = {name: REWARDS[name](config) for name in config.terms}
 
