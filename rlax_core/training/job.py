@@ -156,7 +156,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         for folder in export.template_dirs:
             export_hf(folder, model_config, None, tokenizer_source=export.tokenizer_source,
                       generation=export.generation)
-    metrics = MetricsWriter(metrics_dir) if is_chief else None
+    metrics = MetricsWriter(metrics_dir, resumed_from=step) if is_chief else None
     reader = BatchReader(store, config)
     last_saved = resumed_from
     try:

@@ -135,3 +135,36 @@ def test_sigterm_checkpoints_and_exits_zero(tmp_path, model_dir):
     finish(process, tmp_path / "preempted.log", timeout=120)
     assert "received SIGTERM" in (tmp_path / "preempted.log").read_text()
     assert Checkpointer(tmp_path / "preempted" / "checkpoints").latest_step() == 2
+
+
+@pytest.mark.slow  # two trainer lives in-process: ~30 s on an idle 2-core machine
+def test_a_resumed_run_writes_each_step_once_in_metrics(tmp_path):
+    # A job writes a step's metrics when the step is done; if it dies before that step's checkpoint
+    # is durable, the next life trains the step again. Its row must then replace the old one.
+    import shutil
+
+    import jax
+
+    from rlax_core.config import from_dict
+    from rlax_core.rl.presets import get_preset
+    from rlax_core.training.config import TrainerConfig
+    from rlax_core.training.job import run_training
+
+    model_config = toy_config()
+    params = init_params(model_config, jax.random.key(0))
+    config = from_dict(TrainerConfig, {"groups_per_step": 1, "max_seq_len": 16, "total_steps": 3,
+                                       "checkpoint_every": 2, "async_checkpointing": False, "poll_s": 0.05,
+                                       "wait_timeout_s": 60, "mesh": {"fsdp": -1}})
+    store = RolloutStore(tmp_path / "rollouts", "job")
+    write_random_groups(store, range(3), groups_per_step=1)
+
+    def life():
+        return run_training(model_config=model_config, initial_params=params, algorithm=get_preset("grpo"),
+                            config=config, store=store, weights=None, checkpoint_dir=str(tmp_path / "checkpoints"),
+                            metrics_dir=str(tmp_path / "metrics"))
+
+    assert life().step == 3
+    shutil.rmtree(tmp_path / "checkpoints" / "3")  # the last checkpoint never became durable
+    result = life()
+    assert (result.resumed_from, result.step) == (2, 3)
+    assert [row["step"] for row in read_metrics(tmp_path / "metrics")] == [1, 2, 3]
