@@ -19,7 +19,7 @@ import importlib
 import re
 import sys
 
-from rlax_core.config import ConfigError
+from rlax_core.config import ConfigError, InputError
 
 # name -> (module, one-line summary shown when the module has not landed yet)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -88,6 +88,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _bare_words(extra: list[str]) -> list[str]:
+    """Words left over that are neither a flag nor a flag's value: a ``key=value`` without its ``=``."""
+    return [word for i, word in enumerate(extra) if not word.startswith("-")
+            and not (i and extra[i - 1].startswith("--") and "=" not in extra[i - 1])]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # key=value words are config overrides wherever they stand; taking them out first keeps Beam's
@@ -104,14 +110,30 @@ def main(argv: list[str] | None = None) -> int:
     from rlax_core.utils.logging import setup_logging
 
     setup_logging(args.log_level)
+    # The one place where a command's bad configuration or missing / unreadable input becomes one
+    # line and a non-zero exit, not a traceback (--log-level DEBUG shows the traceback too).
     try:
+        bare = _bare_words(beam_args)
+        if bare:
+            raise ConfigError("", f"{bare[0]!r} is neither a flag nor an override; overrides are dotted "
+                                  f"key=value words, e.g. trainer.optimizer.learning_rate=1e-5")
         return int(args._module.run(args, beam_args) or 0)
     except ConfigError as error:
-        print(f"rlax {args.command}: config error: {error}", file=sys.stderr)
-        return 2
+        return _fail(args.command, "config error", error)
+    except (InputError, OSError) as error:  # OSError: a file that is missing, unreadable, or not what it claims
+        return _fail(args.command, "input error", error)
     except KeyboardInterrupt:
         print(f"rlax {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _fail(command: str, kind: str, error: Exception) -> int:
+    import logging
+
+    logging.getLogger(__name__).debug("%s", kind, exc_info=True)
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"rlax {command}: {kind}: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

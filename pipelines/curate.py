@@ -23,7 +23,7 @@ import apache_beam as beam
 from rlax_core.config import ConfigError, to_dict
 from rlax_core.data.adapters import FORMATS
 from rlax_core.data.curation import STAT_NAMES, CurateConfig, InputSpec, eval_set_name
-from pipelines.runners import pipeline_options
+from pipelines.runners import pipeline_options, require_input
 from transforms.decontaminate import DropContaminated, NgramIndex
 from transforms.dedup import DropExactDuplicates, DropNearDuplicates
 from transforms.examples import ToExamples
@@ -127,6 +127,10 @@ def format_stats(stats: dict) -> str:
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config, config_beam_args = resolve_config(args)
+    for spec in config.inputs:
+        require_input(spec.path, "input")
+    for spec in config.decontaminate_against:
+        require_input(spec.path, "eval set")
     logger.info("curate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
     with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:

@@ -27,14 +27,15 @@ import time
 
 import apache_beam as beam
 
-from rlax_core.config import require, to_dict
+from rlax_core.config import InputError, require, to_dict
 from rlax_core.data.curation import InputSpec, eval_set_name
-from pipelines.runners import pipeline_options
+from pipelines.runners import pipeline_options, require_input, require_model
 from pipelines.sections import EvaluateConfig
 from transforms.evaluation import BuildReport, per_prompt_result
 from transforms.examples import ToExamples
 from transforms.inference import SampleAndVerify
-from transforms.io import ReadRawRecords, TakeSmallestIds, WriteJsonLines, WriteNamedFiles, read_json
+from transforms.io import (ReadRawRecords, TakeSmallestIds, WriteJsonFile, WriteJsonLines, WriteNamedFiles,
+                           read_json)
 
 HELP = "Beam batch: pass@k, maj@k and lengths of a checkpoint on eval sets"
 logger = logging.getLogger(__name__)
@@ -77,25 +78,62 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]
 
 
 def build(pipeline: beam.Pipeline, config: EvaluateConfig) -> None:
-    sets = []
+    out = config.output.rstrip("/")
+    sets, rejected, counts = [], [], []
     for i, spec in enumerate(config.eval_sets):
         named = dataclasses.replace(spec, source=eval_set_name(spec))
-        examples, _ = (pipeline | f"Read[{i}]" >> ReadRawRecords(spec.path)
-                       | f"ToExamples[{i}]" >> ToExamples(named, 1 << 20))
+        examples, dead = (pipeline | f"Read[{i}]" >> ReadRawRecords(spec.path)
+                          | f"ToExamples[{i}]" >> ToExamples(named, 1 << 20))
         sets.append(examples | f"Limit[{i}]" >> TakeSmallestIds(config.limit))
+        rejected.append(dead)
+        # What each eval set gave, so that run() can refuse a set that gave nothing to evaluate.
+        counts.append((examples | f"Kept[{i}]" >> beam.Map(lambda _, i=i: (i, "rows")),
+                       dead | f"Why[{i}]" >> beam.Map(lambda row, i=i: (i, row["reason"])))
+                      | f"Outcomes[{i}]" >> beam.Flatten())
+    rejected | "AllRejected" >> beam.Flatten() | "WriteRejected" >> WriteJsonLines(f"{out}/rejected")
+    (counts | "AllOutcomes" >> beam.Flatten() | "CountOutcomes" >> beam.combiners.Count.PerElement()
+     | "OutcomeList" >> beam.combiners.ToList()
+     | "InputStats" >> beam.Map(_input_stats, [spec.path for spec in config.eval_sets])
+     | "WriteInputStats" >> WriteJsonFile(f"{out}/inputs.json"))
     examples = sets | "AllSets" >> beam.Flatten()
     results = []
     for path, label in zip(config.models, config.labels):
         spec = dataclasses.replace(config.generation, model=path, name=label)
         results.append(examples | f"SampleAndVerify[{label}]" >> SampleAndVerify(spec, config.rewards, config.task_terms))
     rows = (results | "AllModels" >> beam.Flatten()) | "PerPrompt" >> beam.Map(per_prompt_result)
-    out = config.output.rstrip("/")
     rows | "WriteSamples" >> WriteJsonLines(f"{out}/samples")
     rows | "Report" >> BuildReport(config.ks, config.title) | "WriteReport" >> WriteNamedFiles(out)
 
 
+def _input_stats(outcomes: list, paths: list[str]) -> dict:
+    """``{path: {"rows": usable rows, "rejected": {reason: count}}}`` for every eval set, empty ones included."""
+    stats = {path: {"rows": 0, "rejected": {}} for path in paths}
+    for (index, outcome), count in outcomes:
+        entry = stats[paths[index]]
+        if outcome == "rows":
+            entry["rows"] = count
+        else:
+            entry["rejected"][outcome] = count
+    return stats
+
+
+def check_inputs(stats: dict, report: dict, out: str) -> None:
+    """Refuse a run that evaluated nothing: an eval set without a usable row, or no result at all."""
+    for path, entry in stats.items():
+        if entry["rows"] == 0:
+            reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(entry["rejected"].items()))
+            raise InputError(f"eval set {path}: no usable rows ({reasons or 'the set is empty'}"
+                             + (f"; rejected rows in {out}/rejected-*.jsonl)" if reasons else ")"))
+    if not report["models"]:
+        raise InputError(f"nothing was evaluated (every prompt was skipped; see {out}/samples-*.jsonl)")
+
+
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config, config_beam_args = resolve_config(args)
+    for model in config.models:
+        require_model(model)
+    for spec in config.eval_sets:
+        require_input(spec.path, "eval set")
     logger.info("evaluate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
     with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:
@@ -106,5 +144,6 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     with FileSystems.open(f"{out}/report.md") as handle:
         print(handle.read().decode("utf-8"))
     report = read_json(f"{out}/report.json")
+    check_inputs(read_json(f"{out}/inputs.json"), report, out)
     print(f"rlax evaluate: {len(report['models'])} model(s), {time.perf_counter() - start:.1f} s; output {config.output}")
     return 0

@@ -25,7 +25,7 @@ import apache_beam as beam
 from rlax_core.config import to_dict
 from rlax_core.data.curation import InputSpec
 from rlax_core.eval.report import pass_rate_histogram
-from pipelines.runners import pipeline_options
+from pipelines.runners import pipeline_options, require_input, require_model
 from pipelines.sections import FilterConfig
 from transforms.difficulty import KeepPassRateBand, pass_rates_of
 from transforms.examples import ToExamples
@@ -101,6 +101,8 @@ def _stats(outcomes: dict, rates: list, config: FilterConfig) -> dict:
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config, config_beam_args = resolve_config(args)
+    require_input(config.input, "input")
+    require_model(config.generation.model)
     logger.info("filter config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
     with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:

@@ -172,14 +172,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str], *, train_set: str | None = None,
            timeout_s: float = 3600.0, stop_grace_s: float = 30.0) -> dict[str, str]:
     """Run both jobs to the end; returns where the run's outputs are."""
+    from rlax_core.config import ConfigError
     from pipelines.rl_stream import load_configs
+    from pipelines.runners import require_input, require_model
 
     overrides = list(overrides)
     if train_set:
         overrides.append(f"loop.train_set={train_set}")
     run_config, loop = load_configs(config, overrides)
     if not loop.train_set:
-        raise ValueError("say which prompts to train on: --train-set PATH (or loop.train_set=PATH)")
+        raise ConfigError("loop.train_set", "say which prompts to train on: --train-set PATH (or loop.train_set=PATH)")
+    # Both jobs would fail on these inputs, each in its own log; say it once, before starting either.
+    require_input(loop.train_set, "train set")
+    require_model(run_config.model.resolved_path())
     run_overrides = [o for o in overrides if not o.startswith("loop.")]
     output = Path(run_config.run.output_dir)
     logs = output / "logs"

@@ -15,6 +15,7 @@ Errors name the path and what is allowed, e.g.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -36,6 +37,10 @@ class ConfigError(ValueError):
     def under(self, parent: str) -> "ConfigError":
         """The same error, its key path prefixed with ``parent``."""
         return ConfigError(_join(parent, self.path), self.message)
+
+
+class InputError(ValueError):
+    """An input a command names (model, data set, eval set) is missing, unreadable, empty or of the wrong schema."""
 
 
 def require(condition: bool, key: str, message: str) -> None:
@@ -120,14 +125,21 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             return value
         raise ConfigError(path, f"expected an integer, got {_show(value)}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(path, f"expected a number, got {_show(value)}")
+        if number is None:
+            raise ConfigError(path, f"expected a number, got {_show(value)}")
+        # No setting here means "unbounded" by inf (None says "no limit" where a field allows it), and
+        # nan passes every range check written as a comparison: both are refused for every float field.
+        if not math.isfinite(number):
+            raise ConfigError(path, f"expected a finite number, got {_show(value)}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -178,21 +190,32 @@ def _deep_copy(data: Any) -> Any:
     return data
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML file as a mapping; ``base: other.yaml`` inherits from a file beside it (MaxText-style)."""
+def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML file as a mapping; ``base: other.yaml`` inherits from a file beside it (MaxText-style).
+
+    An empty file is refused (it is more likely a wrong path or a truncated copy than a wish for
+    every default), and so is a ``base:`` chain that comes back to a file it has read.
+    """
     path = Path(path)
+    if path.resolve() in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain[_chain.index(path.resolve()):], path.resolve()))
+        raise ConfigError("base", f"inheritance cycle: {cycle}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError("", f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError("", f"cannot read config file {path}: {error}") from None
     except yaml.YAMLError as error:
         raise ConfigError("", f"{path} is not valid YAML: {error}") from None
+    if data is None:
+        raise ConfigError("", f"{path} is empty; give a mapping of settings (or no --config for the defaults)")
     if not isinstance(data, dict):
         raise ConfigError("", f"{path} must hold a mapping at top level")
     base = data.pop("base", None)
     if base is None:
         return data
-    return _merge(read_yaml(path.parent / base), data)
+    return _merge(read_yaml(path.parent / base, (*_chain, path.resolve())), data)
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from rlax_core.config import InputError
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import Params, forward
 
@@ -45,8 +46,8 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 _IGNORED_TENSORS = re.compile(r".*\.rotary_emb\.inv_freq$")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint does not match its config: names the tensor or key at fault."""
+class CheckpointError(InputError):
+    """A checkpoint is missing or does not match its config: names the path, tensor or key at fault."""
 
 
 # ----------------------------------------------------------------------------- the name/layout table

@@ -37,3 +37,47 @@ def test_config_errors_are_reported_without_traceback(tmp_path):
     assert result.returncode == 2
     assert "config file not found" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+STORIES = "pipelines/assets/stories260K"
+HELDOUT = "pipelines/assets/story_task/heldout.jsonl"
+MISSING = "/nonexistent/rlax-input"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["curate", "--input", f"{MISSING}.jsonl", "--output", "{tmp}/c"], f"input {MISSING}.jsonl: no such file"),
+    (["curate", "--input", HELDOUT, "--decontaminate-against", f"{MISSING}.jsonl", "--output", "{tmp}/c"],
+     f"eval set {MISSING}.jsonl: no such file"),
+    (["filter", "--input", f"{MISSING}.jsonl", "--model", STORIES, "--output", "{tmp}/f"], "no such file"),
+    (["filter", "--input", HELDOUT, "--model", MISSING, "--output", "{tmp}/f"], f"model {MISSING}: no such file"),
+    (["evaluate", "--model", MISSING, "--eval-set", HELDOUT, "--output", "{tmp}/e"], f"model {MISSING}: no such"),
+    (["evaluate", "--model", STORIES, "--eval-set", f"{MISSING}.jsonl", "--output", "{tmp}/e"],
+     f"eval set {MISSING}.jsonl: no such file"),
+    (["train", f"model.path={MISSING}", "run.output_dir={tmp}/t"], f"{MISSING}: no such file or folder"),
+    (["rollout", "--train-set", f"{MISSING}.parquet", "run.output_dir={tmp}/r"], "No such file or directory"),
+    (["launch", "--train-set", f"{MISSING}.parquet", "run.output_dir={tmp}/l"], f"train set {MISSING}.parquet"),
+    (["launch", "--train-set", HELDOUT, f"model.path={MISSING}", "run.output_dir={tmp}/l"], f"model {MISSING}"),
+    (["generate", "--model", MISSING, "--prompt", "hi"], f"{MISSING}: no such"),
+    (["generate", "--model", STORIES, "--prompts-file", f"{MISSING}.txt"], "No such file or directory"),
+    (["quickstart", "--config", f"{MISSING}.yaml", "--output", "{tmp}/q"], "config file not found"),
+], ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_a_missing_input_is_one_line_and_a_non_zero_exit(argv, says, tmp_path, capsys):
+    import signal
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # rlax train installs its own
+    try:
+        code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code != 0
+    assert lines and lines[-1].startswith(f"rlax {argv[0]}: ") and says in lines[-1], lines[-5:]
+    assert not any("Traceback" in line for line in lines)
+
+
+def test_a_bare_word_is_not_taken_for_a_beam_option(capsys):
+    assert main(["train", "trainer.optimizer.learning_rate"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "'trainer.optimizer.learning_rate' is neither a flag nor an override" in error and "key=value" in error
+    assert "\n" not in error

@@ -94,6 +94,35 @@ def test_base_inheritance(tmp_path):
     assert (config.trainer.total_steps, config.trainer.groups_per_step) == (9, 2)
 
 
+def test_a_base_cycle_is_one_error_naming_the_cycle(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\ntrainer: {total_steps: 9}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    with pytest.raises(ConfigError, match=r"inheritance cycle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml") as caught:
+        load_run_config(tmp_path / "a.yaml")
+    assert caught.value.path == "base" and "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match=r"inheritance cycle: .*self\.yaml -> .*self\.yaml"):
+        load_run_config(tmp_path / "self.yaml")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", ".inf", "nan", ".nan", "1e999"])
+def test_non_finite_numbers_are_refused(value):
+    with pytest.raises(ConfigError, match="expected a finite number") as caught:
+        load_run_config(None, [f"trainer.optimizer.learning_rate={value}"])
+    assert caught.value.path == "trainer.optimizer.learning_rate"
+    with pytest.raises(ConfigError, match="expected a finite number"):
+        load_run_config(None, [f"algorithm.clip_eps_high={value}"])
+
+
+def test_an_empty_config_file_is_refused(tmp_path):
+    for text in ("", "\n", "# only a comment\n"):
+        (tmp_path / "empty.yaml").write_text(text)
+        with pytest.raises(ConfigError, match="empty.yaml is empty"):
+            load_run_config(tmp_path / "empty.yaml")
+        with pytest.raises(ConfigError, match="empty.yaml is empty"):
+            load_section(tmp_path / "empty.yaml", [], "filter")
+
+
 def test_loader_types():
     @dataclasses.dataclass(frozen=True)
     class Inner:

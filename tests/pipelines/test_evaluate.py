@@ -48,3 +48,39 @@ def test_evaluate_toy_qwen2_on_gsm8k_and_math500(tmp_path, data_dir):
     assert per_set["gsm8k/test"]["overall"]["prompts"] == 3
     assert per_set["math/math500_test"]["by_subject"] and per_set["math/math500_test"]["by_level"]
     assert all(n <= 8 for n in per_set["gsm8k/test"]["lengths"])
+
+
+HELDOUT = "pipelines/assets/story_task/heldout.jsonl"
+SMALL_ENGINE = ("generation.engine={num_slots: 4, max_prompt_len: 64, max_new_tokens: 16, prefill_buckets: [64], "
+                "num_pages: 32}")
+
+
+def test_the_bundled_heldout_prompts_are_an_eval_set():
+    from rlax_core.data.adapters import to_example
+
+    rows = [to_example("auto", json.loads(line)) for line in open(HELDOUT, encoding="utf-8")]
+    assert len(rows) == 64 and {(r["task"], r["source"], r["split"]) for r in rows} == {("story", "story_heldout", "heldout")}
+    assert all(r["answer"] and r["prompt"] for r in rows)
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("empty", "", "no usable rows (the set is empty)"),
+    ("wrong", '{"question_text": "2+2?"}\n{"foo": 1}\n', "no usable rows (2 unknown_format; rejected rows in"),
+])
+def test_an_eval_set_without_usable_rows_is_one_line_and_a_non_zero_exit(tmp_path, capsys, name, text, says):
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text(text)
+    code = main(["evaluate", "--model", STORIES, "--eval-set", str(path), "--output", str(tmp_path / "eval"),
+                 "--runner", "FnApiRunner", "--samples", "1", "generation.max_new_tokens=4", SMALL_ENGINE])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code != 0 and error.startswith(f"rlax evaluate: input error: eval set {path}: ") and says in error
+
+
+@pytest.mark.slow
+def test_evaluate_runs_on_the_bundled_heldout_prompts(tmp_path):
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--model", STORIES, "--eval-set", HELDOUT, "--limit", "2", "--output", str(out),
+                 "--runner", "FnApiRunner", "--samples", "2", "generation.max_new_tokens=16", SMALL_ENGINE]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["models"]["stories260K"]["story_heldout"]["overall"]["prompts"] == 2
+    assert json.loads((out / "inputs.json").read_text()) == {HELDOUT: {"rows": 64, "rejected": {}}}
