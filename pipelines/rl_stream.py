@@ -63,6 +63,7 @@ def build_spec(run_config, loop: LoopConfig, train_set_size: int):
         max_staleness=run_config.trainer.max_staleness,
         rewards=loop.rewards,
         drop_uniform_groups=loop.drop_uniform_groups,
+        groups_per_unit=loop.groups_per_unit,
     )
 
 

@@ -76,6 +76,7 @@ class LoopConfig:
     stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
     rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
     drop_uniform_groups: bool = False  # DAPO dynamic sampling
+    groups_per_unit: int = 1  # prompt groups per work unit: every worker of the fleet shares every step
     poll_interval_s: float = 1.0  # how often the side input re-reads the latest version
     max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
 
@@ -83,5 +84,6 @@ class LoopConfig:
         require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
         require(self.temperature > 0, "temperature", "> 0 (RL samples; greedy gives identical groups)")
         require(0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        require(self.groups_per_unit >= 1, "groups_per_unit", "at least 1")
         require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
         require(self.max_runtime_s > 0, "max_runtime_s", "> 0")

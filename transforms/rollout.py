@@ -1,7 +1,11 @@
 """The rollout fleet as Beam transforms: schedule -> generate -> score -> assemble -> write.
 
-    ticks --ScheduleSteps--> ScheduledStep --GenerateRollouts--> RolloutGroup --ScoreRollouts-->
+    ticks --ScheduleSteps--> WorkUnit --Reshuffle--> GenerateRollouts --> RolloutGroup --ScoreRollouts-->
           --AssembleGroups (dynamic sampling)--> WriteGroups --> rollout store
+
+Work is spread in units of ``groups_per_unit`` prompt groups, not whole steps: pacing lets only
+steps ``v .. v + k`` be generated, so with one element per step at most ``k + 1`` workers of a fleet
+would ever be busy; cut into units and reshuffled, every step is shared by every worker.
 
 Each DoFn wraps one piece of ``rlax_core`` or of ``transforms.rollout_schedule``; none holds model
 math. The newest committed weight version reaches ``ScheduleSteps`` and ``GenerateRollouts`` as a
@@ -10,7 +14,9 @@ slowly updating side input (``transforms.live_side_input``), the same value in b
 ``GenerateRollouts`` keeps one engine per worker process (``apache_beam.utils.shared.Shared``): the
 model compiles once and every DoFn instance of the process reuses it; when the side input names a
 newer version, the weights are loaded from the parameter server and swapped in without
-recompiling. Every rollout carries the version that generated it.
+recompiling. Every rollout carries the version that generated it. The harness threads of a process
+share its engine: units that arrive while the engine is busy are generated together in its next
+call (``_Worker.generate``), so an accelerator VM whose one SDK process owns the chips keeps them full.
 
 Exactly-once at the store: groups are written under names from ``(run, step, prompt slot)`` only,
 so a retried bundle or a restarted pipeline rewrites the same file (the same tokens, when the same
@@ -29,14 +35,15 @@ from typing import Iterable, Optional
 import apache_beam as beam
 import fsspec
 from apache_beam.utils.shared import Shared
+from apache_beam.utils.windowed_value import WindowedValue
 
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.data.training_set import cached_examples
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.rewards.config import RewardConfig
-from rlax_core.tasks.prompts import prompt_ids
 from rlax_core.weights.config import WeightStoreConfig
-from transforms.rollout_schedule import prompt_indices, rollout_prompt_id, sample_seed, steps_to_generate
+from transforms.rollout_schedule import prompt_indices, rollout_prompt_id, sample_seed, steps_to_generate, work_units
+from transforms.rollout_worker import _Worker
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +66,15 @@ class RolloutSpec:
     prompts_per_step: int
     total_steps: int
     max_staleness: int = 0
-    rewards: RewardConfig = RewardConfig(terms={"story_word": 1.0})
+    # A factory, not a default instance: a fresh worker process unpickles this module before any task
+    # has registered its reward terms, and RewardConfig checks its terms against that registry.
+    rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
     drop_uniform_groups: bool = False  # DAPO dynamic sampling: write only groups with reward variance
+    groups_per_unit: int = 1  # prompt groups per work unit: the grain at which the fleet shares a step
+
+    def __post_init__(self):
+        if self.groups_per_unit < 1:
+            raise ValueError(f"groups_per_unit must be >= 1, got {self.groups_per_unit}")
 
     def store(self) -> RolloutStore:
         return RolloutStore(self.rollout_root, self.run)
@@ -75,11 +89,12 @@ class RolloutSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class ScheduledStep:
-    """One schedule step to generate, and the newest version known when it was scheduled."""
+class WorkUnit:
+    """Some prompt slots of one schedule step to generate, and the newest version known when scheduled."""
 
     step: int
     version: int
+    slots: tuple[int, ...]
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -97,7 +112,12 @@ def release_claim(run: str, step: int) -> None:
 
 
 class ScheduleSteps(beam.DoFn):
-    """On each tick, the steps the latest committed version allows (``steps_to_generate``)."""
+    """On each tick, the work units of the steps the latest committed version allows (``steps_to_generate``).
+
+    A step is scheduled whole (all its units in the same tick, so its groups meet again in one window
+    at ``MarkStepGenerated``); a step partly in the store is scheduled whole again, its written groups
+    rewritten under the same names.
+    """
 
     def __init__(self, spec: RolloutSpec, claim_timeout_s: float = 300.0):
         self._spec = spec
@@ -106,7 +126,7 @@ class ScheduleSteps(beam.DoFn):
     def setup(self):
         self._store = self._spec.store()
 
-    def process(self, _tick, latest_version: Optional[int]) -> Iterable[ScheduledStep]:
+    def process(self, _tick, latest_version: Optional[int]) -> Iterable[WorkUnit]:
         if latest_version is None:  # the trainer has not published its first weights yet
             return
         allowed = steps_to_generate(latest_version, self._spec.max_staleness, self._spec.total_steps, set())
@@ -119,7 +139,8 @@ class ScheduleSteps(beam.DoFn):
                 if claimed is not None and now - claimed < self._claim_timeout_s:
                     continue
                 _claims[key] = now
-            yield ScheduledStep(step=step, version=latest_version)
+            for slots in work_units(self._spec.prompts_per_step, self._spec.groups_per_unit):
+                yield WorkUnit(step=step, version=latest_version, slots=slots)
 
 
 def complete_steps(store: RolloutStore, spec: RolloutSpec, candidates: Iterable[int]) -> set[int]:
@@ -132,50 +153,15 @@ def complete_steps(store: RolloutStore, spec: RolloutSpec, candidates: Iterable[
 # ----------------------------------------------------------------------------- generation
 
 
-class _Worker:
-    """What one worker process holds: engine, tokenizer and the version its weights are at."""
-
-    def __init__(self, spec: RolloutSpec):
-        from rlax_core.utils.devices import use_cpu_cores_as_devices
-
-        if spec.engine.replicas != 1:
-            use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
-        from rlax_core.inference.replicas import ReplicatedEngine
-        from rlax_core.models import from_pretrained
-        from rlax_core.models.tokenizer import load_tokenizer
-        from rlax_core.weights.follower import WeightFollower
-        from rlax_core.weights.store import WeightStore
-
-        model = from_pretrained(spec.model_path)
-        self.model_config = model.config
-        self.tokenizer = load_tokenizer(spec.model_path)
-        self.store = WeightStore(spec.weights)
-        self.follower = WeightFollower(self.store)
-        self.engine = ReplicatedEngine(spec.engine, model.config, model.params, version=-1)
-        self.lock = threading.Lock()  # one generate at a time per process: the engine is not reentrant
-        self._prompt_ids: dict[str, tuple[int, ...]] = {}  # by example id, tokenized on first use
-
-    def prompt_ids(self, example: dict) -> tuple[int, ...]:
-        ids = self._prompt_ids.get(example["id"])
-        if ids is None:
-            ids = self._prompt_ids[example["id"]] = tuple(prompt_ids(example, self.tokenizer))
-        return ids
-
-    def follow(self, version: int) -> tuple[int | None, int]:
-        """Bring the engine to the newest version <= ``version`` that verifies (a refused one is skipped:
-        the engine keeps, or falls back to, the newest good one); returns (engine's version or None,
-        versions newly refused)."""
-        refused_before = len(self.follower.refused)
-        started = time.monotonic()
-        if self.follower.refresh(up_to=version):
-            loaded, params = self.follower.take()
-            self.engine.update_weights(params, loaded)
-            logger.info("rollout worker: loaded weights version %d in %.2f s", loaded, time.monotonic() - started)
-        return self.follower.version, len(self.follower.refused) - refused_before
-
-
 class GenerateRollouts(beam.DoFn):
-    """A scheduled step -> one RolloutGroup per prompt (G samples each), stamped with its version."""
+    """Work units -> one RolloutGroup per prompt slot (G samples each), stamped with its version.
+
+    The units of a bundle are generated together, an engine call as soon as they would fill the
+    engine's slots (and the rest when the bundle ends): small units spread a step over the fleet
+    without leaving a worker's engine to decode a handful of sequences at a time. A unit whose step
+    the newest usable weights are too old for is deferred: its step's claim is released, so the
+    schedule offers the step again once the version is repaired or superseded.
+    """
 
     def __init__(self, spec: RolloutSpec, shared: Shared):
         self._spec = spec
@@ -185,60 +171,85 @@ class GenerateRollouts(beam.DoFn):
         spec = self._spec
         self._worker = self._shared.acquire(lambda: _Worker(spec), tag=f"rollout-worker-{spec.run}")
         self._examples = spec.examples()
+        self._capacity = spec.engine.num_slots * len(self._worker.engine.engines)  # sequences per engine call
         self._versions_refused = beam.metrics.Metrics.counter("rollout", "weight_versions_refused")
         self._steps_deferred = beam.metrics.Metrics.counter("rollout", "steps_deferred_no_fresh_weights")
+        self._generated = beam.metrics.Metrics.counter("rollout", "groups_generated")
 
-    def process(self, scheduled: ScheduledStep, latest_version: Optional[int]):
+    def start_bundle(self):
+        self._pending: list[tuple[WorkUnit, int, WindowedValue]] = []
+
+    def process(self, unit: WorkUnit, latest_version: Optional[int], window=beam.DoFn.WindowParam,
+                timestamp=beam.DoFn.TimestampParam):
+        version = unit.version if latest_version is None else max(unit.version, latest_version)
+        self._pending.append((unit, version, WindowedValue(None, timestamp, [window])))
+        if sum(len(u.slots) for u, _, _ in self._pending) * self._spec.sampling.n >= self._capacity:
+            yield from self._generate_pending()
+
+    def finish_bundle(self):
+        yield from self._generate_pending()
+
+    def _generate_pending(self) -> Iterable[WindowedValue]:
+        from rlax_core.inference.engine import Request
+
         spec, worker = self._spec, self._worker
-        version = scheduled.version if latest_version is None else max(scheduled.version, latest_version)
-        rows = prompt_indices(spec.run_seed, scheduled.step, len(self._examples), spec.prompts_per_step)
-        store = spec.store()
-        with worker.lock:
-            loaded, refused = worker.follow(version)
-            if refused:
-                self._versions_refused.inc(refused)
-                logger.error("rollout worker: %d weight version(s) refused (%s); generating with version %s",
-                             refused, ", ".join(f"{v}: {why}" for v, why in sorted(worker.follower.refused.items())),
-                             loaded)
-            if loaded is None or loaded < scheduled.step - spec.max_staleness:
-                # Too stale for the trainer to use: wait for the version to be repaired or superseded.
-                self._steps_deferred.inc()
-                logger.warning("rollout worker: step %d needs weights >= %d, the newest usable is %s; deferring it",
-                               scheduled.step, scheduled.step - spec.max_staleness, loaded)
-                release_claim(spec.run, scheduled.step)
-                return
-            from rlax_core.inference.engine import Request
-
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        units = []  # per unit: [(slot, training-set row)], its requests
+        for unit, _, _ in pending:
+            step_rows = prompt_indices(spec.run_seed, unit.step, len(self._examples), spec.prompts_per_step)
+            slots = [(slot, step_rows[slot]) for slot in unit.slots]
             requests = [Request(worker.prompt_ids(self._examples[row]), spec.sampling,
-                                prompt_id=rollout_prompt_id(spec.run, scheduled.step, slot),
-                                seed=sample_seed(spec.run_seed, scheduled.step))
-                        for slot, row in enumerate(rows)]
-            started = time.monotonic()
-            completions = worker.engine.generate(requests)
-            seconds = time.monotonic() - started
-        by_prompt: dict[str, list] = {}
-        for completion in completions:
-            by_prompt.setdefault(completion.prompt_id, []).append(completion)
-        for slot, (row, request) in enumerate(zip(rows, requests)):
-            key = GroupKey(scheduled.step, slot)
-            example = self._examples[row]
-            samples = sorted(by_prompt[request.prompt_id], key=lambda c: c.sample_index)
-            group_rows = [{
-                "example_id": example["id"],
-                "group_id": store.group_id(key),
-                "sample_idx": c.sample_index,
-                "policy_version": c.weight_version,
-                "seed": c.seed,
-                "prompt_ids": list(c.prompt_ids),
-                "completion_ids": list(c.completion_ids),
-                "behavior_logprobs": list(c.logprobs),
-                "finish_reason": c.finish_reason,
-                "reward": None,
-                "reward_info": None,
-            } for c in samples]
-            yield {"key": (key.step, key.prompt_index), "example": example, "rows": group_rows,
-                   "texts": [worker.tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in samples],
-                   "generate_seconds": seconds / len(rows)}
+                                prompt_id=rollout_prompt_id(spec.run, unit.step, slot),
+                                seed=sample_seed(spec.run_seed, unit.step)) for slot, row in slots]
+            units.append((slots, requests))
+        batch = worker.generate([(requests, unit.step - spec.max_staleness)
+                                 for (unit, _, _), (_, requests) in zip(pending, units)],
+                                max(version for _, version, _ in pending))
+        if batch.refused:
+            self._versions_refused.inc(batch.refused)
+            logger.error("rollout worker: %d weight version(s) refused (%s); generating with version %s",
+                         batch.refused, ", ".join(f"{v}: {why}" for v, why in sorted(worker.follower.refused.items())),
+                         batch.loaded)
+        store = spec.store()
+        groups = sum(len(slots) for (slots, _), result in zip(units, batch.results) if result is not None)
+        deferred: set[int] = set()
+        for (unit, _, place), (slots, requests), completions in zip(pending, units, batch.results):
+            if completions is None:
+                # Too stale for the trainer to use: wait for the version to be repaired or superseded.
+                if unit.step not in deferred:
+                    deferred.add(unit.step)
+                    self._steps_deferred.inc()
+                    logger.warning("rollout worker: step %d needs weights >= %d, the newest usable is %s; deferring it",
+                                   unit.step, unit.step - spec.max_staleness, batch.loaded)
+                    release_claim(spec.run, unit.step)
+                continue
+            by_prompt: dict[str, list] = {}
+            for completion in completions:
+                by_prompt.setdefault(completion.prompt_id, []).append(completion)
+            for (slot, row), request in zip(slots, requests):
+                key = GroupKey(unit.step, slot)
+                example = self._examples[row]
+                samples = sorted(by_prompt[request.prompt_id], key=lambda c: c.sample_index)
+                group_rows = [{
+                    "example_id": example["id"],
+                    "group_id": store.group_id(key),
+                    "sample_idx": c.sample_index,
+                    "policy_version": c.weight_version,
+                    "seed": c.seed,
+                    "prompt_ids": list(c.prompt_ids),
+                    "completion_ids": list(c.completion_ids),
+                    "behavior_logprobs": list(c.logprobs),
+                    "finish_reason": c.finish_reason,
+                    "reward": None,
+                    "reward_info": None,
+                } for c in samples]
+                self._generated.inc()
+                yield place.with_value({
+                    "key": (key.step, key.prompt_index), "example": example, "rows": group_rows,
+                    "texts": [worker.tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in samples],
+                    "generate_seconds": batch.seconds / groups, "worker": worker.name})
 
 
 # ----------------------------------------------------------------------------- reward, assembly, write
@@ -315,6 +326,7 @@ def group_summary(group: dict, *, written: bool) -> dict:
         "lengths": [len(row["completion_ids"]) for row in rows],
         "versions": [row["policy_version"] for row in rows],
         "generate_seconds": group["generate_seconds"],
+        "worker": group["worker"],
     }
 
 
@@ -329,6 +341,7 @@ def step_metrics(step: int, summaries: list[dict]) -> dict:
         "policy_version": min(v for s in summaries for v in s["versions"]),
         "groups": len(summaries),
         "groups_dropped_uniform": sum(not s["written"] for s in summaries),
+        "workers": len({s["worker"] for s in summaries}),  # SDK processes that generated the step
         "reward_mean": sum(rewards) / len(rewards),
         "pass_rate": sum(passes) / len(passes),
         "response_length_mean": sum(lengths) / len(lengths),

@@ -9,6 +9,10 @@ all compute the same answer:
 * :func:`sample_seed` / :func:`rollout_prompt_id` — the engine derives each sample's PRNG key from
   ``(seed, prompt id, sample index)``; both are functions of ``(run, step, prompt)`` only, so a
   rollout regenerated with the same weights is token for token the same.
+* :func:`work_units` — the prompt slots of a step cut into units of ``groups_per_unit`` groups:
+  the pieces a fleet shares, so that W workers all work on the few steps pacing allows. Which
+  groups a unit holds depends on nothing but the step's size, so the units of a step cover its
+  slots exactly once however they are spread.
 * :func:`steps_to_generate` — pacing by the latest committed weight version ``v``: the trainer at
   step ``t`` holds weights ``v = t`` and accepts rollouts of versions ``>= t - k``, so generating
   step ``s`` only once ``v >= s - k`` guarantees every rollout of step ``s`` is fresh enough when
@@ -53,6 +57,15 @@ def rollout_prompt_id(run: str, step: int, prompt_slot: int) -> str:
 def sample_seed(run_seed: int, step: int) -> int:
     """The engine seed of every request of ``step`` (samples differ through prompt id and index)."""
     return _mix("rollout", run_seed, step) % (2**31)
+
+
+def work_units(prompts_per_step: int, groups_per_unit: int) -> list[tuple[int, ...]]:
+    """The prompt slots of one step, ``groups_per_unit`` at a time (the last unit may be smaller)."""
+    if prompts_per_step < 1 or groups_per_unit < 1:
+        raise ValueError(f"need prompts_per_step >= 1 and groups_per_unit >= 1; got {prompts_per_step}, "
+                         f"{groups_per_unit}")
+    return [tuple(range(first, min(first + groups_per_unit, prompts_per_step)))
+            for first in range(0, prompts_per_step, groups_per_unit)]
 
 
 def steps_to_generate(latest_version: int, max_staleness: int, total_steps: int, done: set[int] | frozenset[int]) -> list[int]:

@@ -16,7 +16,7 @@ from rlax_core.models import from_pretrained
 from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.weights.config import WeightStoreConfig
 from rlax_core.weights.store import WeightStore
-from transforms.rollout import (AssembleGroups, GenerateRollouts, RolloutSpec, ScheduledStep, ScheduleSteps,
+from transforms.rollout import (AssembleGroups, GenerateRollouts, RolloutSpec, ScheduleSteps, WorkUnit,
                                 ScoreRollouts, WriteGroups)
 
 # In-process, so that the shared engine is built once for the module and results can be collected.
@@ -59,7 +59,7 @@ def _generate(spec, step, version):
     path = Path(spec.rollout_root).parent / f"collected-{uuid.uuid4().hex}.jsonl"
     with TestPipeline(runner=RUNNER) as p:
         version_side = p | "Version" >> beam.Create([version])
-        groups = (p | beam.Create([ScheduledStep(step, version)])
+        groups = (p | beam.Create([WorkUnit(step, version, (0, 1))])
                   | beam.ParDo(GenerateRollouts(spec, Shared()), beam.pvalue.AsSingleton(version_side))
                   | beam.ParDo(ScoreRollouts(spec)))
         assert_that(groups | beam.Map(lambda g: len(g["rows"])), lambda sizes: _check(sizes == [3, 3], sizes))
@@ -110,7 +110,8 @@ def test_schedule_emits_only_steps_the_version_allows(spec):
     with TestPipeline(runner=RUNNER) as p:
         version = p | "Version" >> beam.Create([2])
         steps = p | beam.Create([0.0]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
-        assert_that(steps | beam.Map(lambda s: s.step), lambda got: _check(sorted(got) == [2, 3], got))
+        # one work unit per prompt group (groups_per_unit = 1), two groups per step
+        assert_that(steps | beam.Map(lambda s: s.step), lambda got: _check(sorted(got) == [2, 2, 3, 3], got))
 
 
 def test_dynamic_sampling_sends_uniform_groups_to_dropped():
@@ -152,7 +153,7 @@ def test_a_corrupted_newest_version_is_skipped_and_generation_goes_on_with_the_l
     collected = tmp_path / "collected.jsonl"
     p = TestPipeline(runner=RUNNER)
     version_side = p | "Version" >> beam.Create([2])
-    (p | beam.Create([ScheduledStep(2, 2)])
+    (p | beam.Create([WorkUnit(2, 2, (0, 1))])
        | beam.ParDo(GenerateRollouts(healing, Shared()), beam.pvalue.AsSingleton(version_side))
        | beam.Map(lambda g: {"key": g["key"], "versions": [r["policy_version"] for r in g["rows"]]})
        | beam.ParDo(_AppendJson(collected)))

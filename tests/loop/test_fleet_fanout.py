@@ -1,0 +1,96 @@
+"""Work units smaller than a step: every worker of the fleet shares every step, none generates a group twice."""
+
+import os
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that
+from hypothesis import given, strategies as st
+
+from rlax_core.data.rollout_store import GroupKey, RolloutStore
+from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.models import from_pretrained
+from rlax_core.tasks.story import story_examples, write_jsonl
+from rlax_core.weights.config import WeightStoreConfig
+from rlax_core.weights.store import WeightStore
+from transforms.rollout import RolloutSpec, RolloutStream, ScheduleSteps, WorkUnit, read_step_metrics
+from transforms.rollout_schedule import work_units
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = str(REPO / "pipelines" / "assets" / "stories260K")
+
+
+@given(prompts=st.integers(1, 64), per_unit=st.integers(1, 70))
+def test_the_units_of_a_step_hold_each_of_its_slots_once(prompts, per_unit):
+    units = work_units(prompts, per_unit)
+    assert sorted(slot for unit in units for slot in unit) == list(range(prompts))
+    assert all(1 <= len(unit) <= per_unit for unit in units)
+    assert len(units) == -(-prompts // per_unit)
+
+
+def test_work_units_refuse_a_size_below_one():
+    with pytest.raises(ValueError, match="groups_per_unit"):
+        work_units(8, 0)
+
+
+def _spec(root: Path, **overrides) -> RolloutSpec:
+    train_set = root / "train.jsonl"
+    write_jsonl(story_examples("train", 16), train_set)
+    fields = dict(
+        run="fleet", run_seed=0, model_path=MODEL, train_set=str(train_set), train_set_size=16,
+        rollout_root=str(root / "rollouts"), weights=WeightStoreConfig(root=str(root / "weights"), run_id="fleet"),
+        engine=EngineConfig(num_slots=8, num_pages=64, max_prompt_len=64, max_new_tokens=8, prefill_buckets=(32, 64),
+                            attention_impl="reference"),
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=8, n=2, stop_token_ids=(13, 1, 2)),
+        prompts_per_step=4, total_steps=3, max_staleness=1, groups_per_unit=1)
+    fields.update(overrides)
+    return RolloutSpec(**fields)
+
+
+def _check(ok, what):
+    if not ok:
+        raise AssertionError(what)
+
+
+def test_the_schedule_emits_each_allowed_step_as_units_of_groups(tmp_path):
+    spec = _spec(tmp_path, groups_per_unit=3)
+    with TestPipeline(runner="BundleBasedDirectRunner") as p:
+        version = p | "Version" >> beam.Create([1])
+        units = p | beam.Create([0.0]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
+        expected = [WorkUnit(step, 1, slots) for step in (1, 2) for slots in [(0, 1, 2), (3,)]]
+        assert_that(units, lambda got: _check(sorted(got, key=lambda u: (u.step, u.slots)) == expected, got))
+
+
+def test_a_spec_refuses_units_of_no_groups(tmp_path):
+    with pytest.raises(ValueError, match="groups_per_unit"):
+        _spec(tmp_path, groups_per_unit=0)
+
+
+@pytest.mark.slow  # two SDK worker processes each compile the engine
+def test_two_workers_share_one_step_and_together_write_each_of_its_groups_once(tmp_path, monkeypatch):
+    spec = _spec(tmp_path, total_steps=1, max_staleness=0)
+    with WeightStore(spec.weights) as weights:
+        weights.publish(0, from_pretrained(MODEL).params)
+    # The worker processes import this checkout's packages like the test does.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    options = PipelineOptions(direct_num_workers=2, direct_running_mode="multi_processing")
+    pipeline = beam.Pipeline(runner="FnApiRunner", options=options)
+    ticks = pipeline | "Tick" >> beam.Create([0.0])
+    latest = pipeline | "Latest" >> beam.Create([0])
+    (ticks, latest) | RolloutStream(spec)
+    result = pipeline.run()
+    result.wait_until_finish()
+
+    generated = result.metrics().query(MetricsFilter().with_name("groups_generated"))["counters"]
+    assert sum(counter.committed for counter in generated) == spec.prompts_per_step  # none generated twice
+    store = RolloutStore(spec.rollout_root, spec.run)
+    assert store.list_groups() == [GroupKey(0, slot) for slot in range(spec.prompts_per_step)]
+    (metrics,) = read_step_metrics(spec.rollout_root, spec.run)
+    assert metrics["groups"] == spec.prompts_per_step and metrics["workers"] == 2  # both generated step 0
+    rows = [row for key in store.list_groups() for row in store.read_group(key).to_pylist()]
+    assert len({(row["group_id"], row["sample_idx"]) for row in rows}) == len(rows) == 4 * 2
+    assert {row["policy_version"] for row in rows} == {0}

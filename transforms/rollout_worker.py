@@ -1,0 +1,130 @@
+"""What one rollout worker process holds: the engine its harness threads share, and how they share it.
+
+``GenerateRollouts`` (``transforms.rollout``) acquires one ``_Worker`` per process through
+``apache_beam.utils.shared.Shared``: the model loads and compiles once, and every DoFn instance and
+harness thread of the process generates with it. On an accelerator VM that one process owns the
+chips (the recipes' ``no_use_multiple_sdk_containers``) and its threads' units are combined into
+full engine calls; on a CPU worker each process holds its own engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Optional
+
+from rlax_core.tasks.prompts import prompt_ids
+
+logger = logging.getLogger(__name__)
+
+
+class _Worker:
+    """What one worker process holds: engine, tokenizer and the version its weights are at.
+
+    Its threads share the engine by combining: a thread that finds the engine busy leaves its units
+    in ``_waiting``; whichever thread takes the engine next brings it to the newest version any of
+    them asked for (fresher weights only lower staleness), generates every waiting unit that
+    version is fresh enough for in one call, and hands each thread its own results.
+    """
+
+    def __init__(self, spec):  # a transforms.rollout.RolloutSpec
+        from rlax_core.utils.devices import use_cpu_cores_as_devices
+
+        if spec.engine.replicas != 1:
+            use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
+        from rlax_core.inference.engine import _mode_of as sampling_mode
+        from rlax_core.inference.replicas import ReplicatedEngine
+        from rlax_core.models import from_pretrained
+        from rlax_core.models.tokenizer import load_tokenizer
+        from rlax_core.weights.follower import WeightFollower
+        from rlax_core.weights.store import WeightStore
+
+        model = from_pretrained(spec.model_path)
+        self.model_config = model.config
+        self.tokenizer = load_tokenizer(spec.model_path)
+        self.store = WeightStore(spec.weights)
+        self.follower = WeightFollower(self.store)
+        self.engine = ReplicatedEngine(spec.engine, model.config, model.params, version=-1)
+        # Compile now, while the worker starts, rather than in the first units' engine calls.
+        self.engine.warm_up(modes=(sampling_mode(spec.sampling),))
+        self.lock = threading.Lock()  # one generate at a time per process: the engine is not reentrant
+        self._waiting: list[_Batch] = []
+        self._waiting_lock = threading.Lock()
+        self._prompt_ids: dict[str, tuple[int, ...]] = {}  # by example id, tokenized on first use
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def prompt_ids(self, example: dict) -> tuple[int, ...]:
+        ids = self._prompt_ids.get(example["id"])
+        if ids is None:
+            ids = self._prompt_ids[example["id"]] = tuple(prompt_ids(example, self.tokenizer))
+        return ids
+
+    def follow(self, version: int) -> tuple[int | None, int]:
+        """Bring the engine to the newest version <= ``version`` that verifies (a refused one is skipped:
+        the engine keeps, or falls back to, the newest good one); returns (engine's version or None,
+        versions newly refused)."""
+        refused_before = len(self.follower.refused)
+        started = time.monotonic()
+        if self.follower.refresh(up_to=version):
+            loaded, params = self.follower.take()
+            self.engine.update_weights(params, loaded)
+            logger.info("rollout worker: loaded weights version %d in %.2f s", loaded, time.monotonic() - started)
+        return self.follower.version, len(self.follower.refused) - refused_before
+
+    def generate(self, units: list[tuple[list, int]], version: int) -> "_Batch":
+        """Generate ``units`` (each: its requests, and the oldest weight version it may use) with the
+        newest version <= ``version``; see ``_Batch`` for what comes back."""
+        batch = _Batch(units, version)
+        with self._waiting_lock:
+            self._waiting.append(batch)
+        with self.lock:
+            if not batch.done:
+                with self._waiting_lock:
+                    combined, self._waiting = self._waiting, []
+                self._run(combined, batch)
+        if batch.error is not None:
+            raise batch.error
+        return batch
+
+    def _run(self, combined: list["_Batch"], own: "_Batch") -> None:
+        started = time.monotonic()
+        try:
+            loaded, own.refused = self.follow(max(b.version for b in combined))
+            usable = [(b, i) for b in combined for i, (_, oldest) in enumerate(b.units)
+                      if loaded is not None and loaded >= oldest]
+            requests = [r for b, i in usable for r in b.units[i][0]]
+            completions = self.engine.generate(requests) if requests else []
+        except Exception as error:  # every waiting thread fails with the engine's reason
+            for b in combined:
+                b.error, b.done = error, True
+            return
+        seconds = time.monotonic() - started
+        position = 0
+        for b in combined:
+            b.loaded, b.results = loaded, [None] * len(b.units)
+        for b, i in usable:  # each unit is charged its share of the call, so per-step sums stay true
+            size = sum(r.sampling.n for r in b.units[i][0])
+            b.results[i] = completions[position:position + size]
+            b.seconds += seconds * size / len(completions)
+            position += size
+        for b in combined:
+            b.done = True
+
+
+@dataclasses.dataclass
+class _Batch:
+    """One thread's units waiting for the shared engine, and what came back: per unit its completions
+    (request order, then sample index) or None when the newest usable weights were too old for it."""
+
+    units: list  # (requests, the oldest weight version the unit may be generated with)
+    version: int  # the newest version the thread knows of
+    done: bool = False
+    results: list = dataclasses.field(default_factory=list)
+    loaded: Optional[int] = None  # the version the engine generated with (None: no usable weights)
+    refused: int = 0  # weight versions the follower refused while this thread held the engine
+    seconds: float = 0.0  # this thread's share of the engine call
+    error: Optional[BaseException] = None
