@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", action="append", default=[], metavar="PATH",
-                        help="raw dataset: .jsonl, .json, .parquet, a datasets folder or hf:NAME (repeatable; local or gs://)")
+                        help="raw dataset: .jsonl, .json, .parquet, a datasets folder or hf:NAME[:CONFIG]:SPLIT (repeatable; local or gs://)")
     parser.add_argument("--format", action="append", default=[], choices=FORMATS, metavar="NAME",
                         help=f"layout of the inputs, once for all or once per --input in order: {', '.join(FORMATS)}")
     parser.add_argument("--decontaminate-against", action="append", default=[], metavar="PATH",

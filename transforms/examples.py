@@ -42,7 +42,8 @@ class _ToExampleFn(beam.DoFn):
             return
         self.rejected.inc()
         yield beam.pvalue.TaggedOutput(
-            DEAD_LETTER, dead_letter(reason, detail, payload, source=spec.source or spec.format, origin=raw["origin"]))
+            DEAD_LETTER, dead_letter(reason, detail, payload, source=spec.source or spec.format, origin=raw["origin"],
+                                     line=raw.get("line"), row=raw.get("row")))
 
 
 class ToExamples(beam.PTransform):

@@ -1,24 +1,29 @@
 """Reading raw datasets and writing curated outputs (local paths or gs://, via Beam's file systems).
 
-Raw rows leave :class:`ReadRawRecords` as ``{"origin": where, "data": bytes}`` (text formats, still
-undecoded so that a bad line can be dead-lettered instead of failing the read) or
-``{"origin": where, "record": dict}`` (columnar formats).
+Raw rows leave :class:`ReadRawRecords` as ``{"origin": file, "line": n, "data": bytes}`` (JSON
+Lines, still undecoded so that a bad line can be dead-lettered instead of failing the read; ``line``
+counts from 1 as editors do) or ``{"origin": file, "row": i, "record": dict}`` (JSON arrays,
+parquet and Hugging Face datasets; ``row`` counts from 0 as dataframes do), so a dead letter names
+the file and the line or row a user must look at.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from typing import Any, Iterator
 
 import apache_beam as beam
-from apache_beam.coders import BytesCoder
 from apache_beam.io import fileio
 
 from rlax_core.data.records import EXAMPLE_SCHEMA
 
+HF_ROWS_PER_SHARD = 1000  # rows of a Hugging Face dataset per work unit
+
 
 def file_kind(path: str) -> str:
-    """How to read ``path``: jsonl, json (one array), parquet or hf (a datasets folder or ``hf:NAME``)."""
+    """How to read ``path``: jsonl, json (one array), parquet or hf (``hf:NAME[:CONFIG]:SPLIT`` or a
+    ``save_to_disk`` folder)."""
     if path.startswith("hf:"):
         return "hf"
     lowered = path.lower().rstrip("/")
@@ -29,68 +34,124 @@ def file_kind(path: str) -> str:
     return "hf"  # a folder written by datasets' save_to_disk
 
 
-def _load_hf(path: str):
-    """Rows of a Hugging Face dataset: ``hf:NAME[:SPLIT]`` from the hub, or a save_to_disk folder."""
+def parse_hf_path(path: str) -> tuple[str, str | None, str]:
+    """``hf:NAME[:CONFIG]:SPLIT`` -> (name, config, split); ``hf:NAME`` is its train split.
+
+    ``hf:openai/gsm8k:main:test``, ``hf:gsm8k:main:train``, ``hf:my_org/data:validation``; NAME may
+    also be a local folder of data files (what ``datasets.load_dataset`` takes).
+    """
+    parts = path[3:].split(":")
+    if not parts[0] or len(parts) > 3 or not all(parts):
+        raise ValueError(f"{path}: write hf:NAME, hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT")
+    if len(parts) == 1:
+        return parts[0], None, "train"
+    if len(parts) == 2:
+        return parts[0], None, parts[1]
+    return parts[0], parts[1], parts[2]
+
+
+@functools.lru_cache(maxsize=8)
+def hf_dataset(path: str):
+    """The dataset ``path`` names, loaded once per worker process.
+
+    Through ``datasets``' own cache (``HF_DATASETS_CACHE``, default ``~/.cache/huggingface/datasets``):
+    a dataset prepared there before is memory-mapped, not downloaded again; set
+    ``HF_DATASETS_OFFLINE=1`` where there is no network. A ``save_to_disk`` folder is read with
+    ``load_from_disk``.
+    """
     import datasets
 
     if path.startswith("hf:"):
-        name, _, split = path[3:].partition(":")
-        dataset = datasets.load_dataset(name, split=split or "train")
-    else:
-        dataset = datasets.load_from_disk(path)
-        if isinstance(dataset, datasets.DatasetDict):
-            if len(dataset) != 1:
-                raise ValueError(f"{path} holds splits {list(dataset)}; name one folder per split")
-            dataset = next(iter(dataset.values()))
-    for index, row in enumerate(dataset):
-        yield {"origin": f"{path}#{index}", "record": row}
+        name, config, split = parse_hf_path(path)
+        return datasets.load_dataset(name, config, split=split)
+    dataset = datasets.load_from_disk(path)
+    if isinstance(dataset, datasets.DatasetDict):
+        if len(dataset) != 1:
+            raise ValueError(f"{path} holds splits {list(dataset)}; name one folder per split")
+        dataset = next(iter(dataset.values()))
+    return dataset
 
 
-def _json_array_items(readable: fileio.ReadableFile):
+def hf_shards(path: str, rows_per_shard: int = HF_ROWS_PER_SHARD) -> Iterator[tuple[str, int, int]]:
+    """``(path, start, stop)`` row ranges covering the dataset: the work units workers read."""
+    size = len(hf_dataset(path))
+    for start in range(0, size, rows_per_shard):
+        yield path, start, min(size, start + rows_per_shard)
+
+
+def hf_rows(shard: tuple[str, int, int]) -> Iterator[dict[str, Any]]:
+    path, start, stop = shard
+    for offset, record in enumerate(hf_dataset(path).select(range(start, stop))):
+        yield {"origin": path, "row": start + offset, "record": record}
+
+
+def _jsonl_lines(readable: fileio.ReadableFile) -> Iterator[dict[str, Any]]:
+    """The non-blank lines of one JSON Lines file (gzip too), numbered from 1."""
+    path = readable.metadata.path
+    with readable.open() as handle:
+        for number, line in enumerate(handle, 1):
+            line = line.rstrip(b"\r\n")
+            if line.strip():
+                yield {"origin": path, "line": number, "data": line}
+
+
+def _json_array_items(readable: fileio.ReadableFile) -> Iterator[dict[str, Any]]:
     """The items of a file holding one JSON array; a file that is not one becomes one bad raw row."""
     data = readable.read()
     try:
         items = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        yield {"origin": readable.metadata.path, "data": data}
+        yield {"origin": readable.metadata.path, "line": None, "data": data}
         return
     if not isinstance(items, list):
         items = [items]
     for index, item in enumerate(items):
-        yield {"origin": f"{readable.metadata.path}#{index}", "record": item}
+        yield {"origin": readable.metadata.path, "row": index, "record": item}
+
+
+def _parquet_rows(readable: fileio.ReadableFile) -> Iterator[dict[str, Any]]:
+    """The rows of one parquet file, a record batch at a time, numbered from 0."""
+    import pyarrow.parquet as pq
+
+    path, row = readable.metadata.path, 0
+    with readable.open() as handle:
+        for batch in pq.ParquetFile(handle).iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                yield {"origin": path, "row": row, "record": record}
+                row += 1
 
 
 class ReadRawRecords(beam.PTransform):
-    """Every raw row of ``path`` (file, glob, folder or hf:NAME), undecoded where the format allows."""
+    """Every raw row of ``path`` (file, glob, folder or ``hf:NAME[:CONFIG]:SPLIT``), with its file and
+    line or row number, undecoded where the format allows.
 
-    def __init__(self, path: str):
+    Files are read whole by one worker each (a line number needs the lines before it) and the rows
+    reshuffled so that adapting them spreads over the workers; a Hugging Face dataset is cut into
+    ``hf_rows_per_shard``-row ranges that workers read from their own ``datasets`` cache, so no
+    element holds the whole dataset and the job graph holds only its name.
+    """
+
+    def __init__(self, path: str, hf_rows_per_shard: int = HF_ROWS_PER_SHARD):
         super().__init__()
-        self.path = path
+        self.path, self.hf_rows_per_shard = path, hf_rows_per_shard
+        if file_kind(path) == "hf" and path.startswith("hf:"):
+            parse_hf_path(path)  # a malformed name fails here, before the pipeline runs
 
     def expand(self, pbegin):
         kind = file_kind(self.path)
-        if kind == "jsonl":
-            return (
-                pbegin
-                | "ReadLines" >> beam.io.ReadFromTextWithFilename(self.path, coder=BytesCoder())
-                | "SkipBlank" >> beam.Filter(lambda item: item[1].strip() != b"")
-                | "AsRaw" >> beam.Map(lambda item: {"origin": item[0], "data": item[1]})
-            )
-        if kind == "json":
-            return (
-                pbegin
+        if kind == "hf":
+            rows_per_shard = self.hf_rows_per_shard
+            return (pbegin
+                    | "Path" >> beam.Create([self.path])
+                    | "PlanShards" >> beam.FlatMap(hf_shards, rows_per_shard)
+                    | "SpreadShards" >> beam.Reshuffle()
+                    | "ReadShard" >> beam.FlatMap(hf_rows))
+        rows_of_file = {"jsonl": _jsonl_lines, "json": _json_array_items, "parquet": _parquet_rows}[kind]
+        return (pbegin
                 | "Match" >> fileio.MatchFiles(self.path)
                 | "Open" >> fileio.ReadMatches()
-                | "Items" >> beam.FlatMap(_json_array_items)
-            )
-        if kind == "parquet":
-            path = self.path
-            return (
-                pbegin
-                | "ReadParquet" >> beam.io.ReadFromParquet(path)
-                | "AsRaw" >> beam.Map(lambda row: {"origin": path, "record": row})
-            )
-        return pbegin | "Path" >> beam.Create([self.path]) | "LoadDataset" >> beam.FlatMap(_load_hf)
+                | "Rows" >> beam.FlatMap(rows_of_file)
+                | "Spread" >> beam.Reshuffle())
 
 
 class WriteExamples(beam.PTransform):

@@ -35,7 +35,7 @@ class InputSpec:
     mapping: FieldMapping = FieldMapping()  # the ``generic`` layout only
 
     def __post_init__(self):
-        require(bool(self.path), "path", "a file, glob, directory or hf:NAME[:SPLIT]")
+        require(bool(self.path), "path", "a file, glob, directory or hf:NAME[:CONFIG]:SPLIT")
         require(self.format in FORMATS, "format", f"one of {', '.join(FORMATS)}")
 
 
@@ -97,10 +97,15 @@ def raw_text(raw: Any) -> str:
 
 
 def dead_letter(reason: str, detail: str, raw: Any, *, source: str | None, origin: str | None,
-                example_id: str | None = None) -> dict[str, Any]:
-    """The dead-letter record: why a row was rejected, where it came from, and the row itself."""
-    return {"reason": reason, "detail": detail, "source": source, "origin": origin, "id": example_id,
-            "raw": raw_text(raw)}
+                example_id: str | None = None, line: int | None = None, row: int | None = None) -> dict[str, Any]:
+    """The dead-letter record: why a row was rejected, where it came from, and the row itself.
+
+    ``origin`` is the file (or ``hf:`` dataset) it was read from; ``line`` its line in a JSON Lines
+    file (from 1), ``row`` its index in a JSON array, parquet file or dataset (from 0); None where
+    the row has no such place (a duplicate found after adaptation names its ``id`` instead).
+    """
+    return {"reason": reason, "detail": detail, "source": source, "origin": origin, "line": line, "row": row,
+            "id": example_id, "raw": raw_text(raw)}
 
 
 def stat_category(reason: str) -> str:

@@ -68,3 +68,34 @@ def test_datasets_folder_input(tmp_path, pipeline):
     with pipeline as p:
         rows, _ = p | ReadRawRecords(str(tmp_path / "hf")) | ToExamples(InputSpec(path="z", format="aime"), 1 << 20)
         assert_that(rows | beam.Map(lambda e: (e["source"], e["answer"])), equal_to([("aime", "2")]))
+
+
+def test_dead_letters_name_their_file_and_line_or_row(tmp_path, pipeline):
+    jsonl = tmp_path / "part-1.jsonl"
+    jsonl.write_bytes(b"\n".join([json.dumps(GOOD).encode(), b"", b"  ", b'{"question": "broken',
+                                  json.dumps(GOOD).encode(), b"[3]"]) + b"\n")
+    pq.write_table(pa.Table.from_pylist([GOOD, {"question": "Q?", "answer": "no marker"}, GOOD]), tmp_path / "part-2.parquet")
+    (tmp_path / "part-3.json").write_text(json.dumps([GOOD, "not an object", GOOD]))
+    spec = InputSpec(path="x", format="gsm8k")
+    with pipeline as p:
+        places = []
+        for name in ("part-1.jsonl", "part-2.parquet", "part-3.json"):
+            _, dead = (p | f"Read[{name}]" >> ReadRawRecords(str(tmp_path / name))
+                       | f"Adapt[{name}]" >> ToExamples(spec, 1 << 20))
+            places.append(dead)
+        where = (places | beam.Flatten()
+                 | beam.Map(lambda d: (d["reason"], d["origin"].rsplit("/", 1)[-1], d["line"], d["row"])))
+        # Blank lines are counted, not read: the broken line is line 4 of the file.
+        assert_that(where, equal_to([("malformed_json", "part-1.jsonl", 4, None),
+                                     ("not_an_object", "part-1.jsonl", 6, None),
+                                     ("unparseable_answer", "part-2.parquet", None, 1),
+                                     ("not_an_object", "part-3.json", None, 1)]))
+
+
+def test_jsonl_files_of_a_glob_number_their_own_lines(tmp_path, pipeline):
+    for shard in range(2):
+        (tmp_path / f"shard-{shard}.jsonl").write_text("\n".join(json.dumps({**GOOD, "i": i}) for i in range(3)) + "\n")
+    with pipeline as p:
+        lines = p | ReadRawRecords(str(tmp_path / "shard-*.jsonl")) | beam.Map(
+            lambda raw: (raw["origin"].rsplit("/", 1)[-1], raw["line"], json.loads(raw["data"])["i"]))
+        assert_that(lines, equal_to([(f"shard-{s}.jsonl", i + 1, i) for s in range(2) for i in range(3)]))
