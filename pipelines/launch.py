@@ -36,6 +36,14 @@ class Process:
     name: str
     popen: subprocess.Popen
     log_path: Path
+    command: Sequence[str] = ()  # what ``start`` ran: ``restart`` runs it again
+    restarts: int = 0
+
+    def restart(self) -> None:
+        """Stop what is left of the process and start it again, appending to the same log."""
+        self.stop(grace_s=10)
+        self.popen = _spawn(self.name, self.command, self.log_path)
+        self.restarts += 1
 
     def stop(self, grace_s: float) -> int | None:
         """SIGTERM the process group, SIGKILL it after ``grace_s``; returns the exit code."""
@@ -67,15 +75,21 @@ def _signal_group(popen: subprocess.Popen, sig: int) -> None:
 
 def start(name: str, argv: Sequence[str], log_dir: Path) -> Process:
     """``python -m pipelines.cli ARGV`` in its own session, output to ``log_dir/NAME.log``."""
+    return start_command(name, [sys.executable, "-m", "pipelines.cli", *argv], log_dir)
+
+
+def start_command(name: str, command: Sequence[str], log_dir: Path) -> Process:
+    """``command`` in its own session, output to ``log_dir/NAME.log``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    handle = open(log_path, "ab")
-    command = [sys.executable, "-m", "pipelines.cli", *argv]
+    return Process(name, _spawn(name, command, log_path), log_path, tuple(command))
+
+
+def _spawn(name: str, command: Sequence[str], log_path: Path) -> subprocess.Popen:
     log.info("launch: starting %s: %s", name, " ".join(command))
-    popen = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-                             cwd=Path(__file__).resolve().parents[1])
-    handle.close()
-    return Process(name, popen, log_path)
+    with open(log_path, "ab") as handle:
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=Path(__file__).resolve().parents[1])
 
 
 def trainer_argv(config: str | None, run_overrides: Sequence[str]) -> list[str]:
@@ -91,8 +105,15 @@ def trainer_metrics_dir(run_config) -> Path:
 
 
 def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, metrics_dir: Path, timeout_s: float,
-                     poll_s: float = 2.0) -> None:
-    """Until the trainer exits 0; raise if either process fails or the timeout passes."""
+                     poll_s: float = 2.0, max_rollout_restarts: int = 0) -> None:
+    """Until the trainer exits 0; raise if either process fails or the timeout passes.
+
+    A rollout job that exits because its stream stalled (``EXIT_STALLED``) is restarted, at most
+    ``max_rollout_restarts`` times; after that the run stops with the stall's reason. One that exits 0
+    has generated every step.
+    """
+    from pipelines.stream_watch import EXIT_STALLED
+
     from rlax_core.utils.logging import progress
     from rlax_core.utils.metrics import read_metrics
 
@@ -110,13 +131,28 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
                 raise RuntimeError(f"the trainer exited with code {code}; last lines of {trainer.log_path}:\n"
                                    f"{trainer.tail()}")
             return
-        if rollout.popen.poll() is not None and rollout.popen.returncode != 0:
+        rollout_code = rollout.popen.poll()
+        if rollout_code == EXIT_STALLED:
+            reason = stall_reason(rollout)
+            if rollout.restarts >= max_rollout_restarts:
+                raise RuntimeError(f"the rollout pipeline stalled {rollout.restarts + 1} time(s), giving up: {reason}")
+            log.error("launch: %s; restarting the rollout job (restart %d of at most %d)", reason,
+                      rollout.restarts + 1, max_rollout_restarts)
+            rollout.restart()
+        elif rollout_code is not None and rollout_code != 0:
             raise RuntimeError(f"the rollout pipeline exited with code {rollout.popen.returncode}; last lines of "
                                f"{rollout.log_path}:\n{rollout.tail()}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the trainer did not finish {total_steps} steps within {timeout_s:.0f} s "
                                f"({steps} done); see {trainer.log_path} and {rollout.log_path}")
         time.sleep(poll_s)
+
+
+def stall_reason(process: Process) -> str:
+    """The stall line the rollout job logged last (``pipelines.stream_watch``), or what its log ends with."""
+    lines = process.tail(200).splitlines()
+    stalls = [line for line in lines if "rollout stream stalled" in line]
+    return (stalls[-1] if stalls else (lines[-1] if lines else "no log")).strip()
 
 
 def loop_metrics(run_config, rollout_root: str) -> list[dict[str, Any]]:
@@ -167,10 +203,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-set", help="training prompts for the rollout pipeline (overrides loop.train_set)")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="fail if the trainer is not done by then")
     parser.add_argument("--stop-grace-s", type=float, default=30.0, help="SIGTERM-to-SIGKILL grace when stopping")
+    parser.add_argument("--max-rollout-restarts", type=int, default=2,
+                        help="restart a stalled rollout job this many times, then stop the run with the reason")
 
 
 def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str], *, train_set: str | None = None,
-           timeout_s: float = 3600.0, stop_grace_s: float = 30.0) -> dict[str, str]:
+           timeout_s: float = 3600.0, stop_grace_s: float = 30.0, max_rollout_restarts: int = 2) -> dict[str, str]:
     """Run both jobs to the end; returns where the run's outputs are."""
     from rlax_core.config import ConfigError
     from pipelines.rl_stream import load_configs
@@ -193,7 +231,8 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     started = time.monotonic()
     try:
         wait_for_trainer(trainer, rollout, total_steps=run_config.trainer.total_steps,
-                         metrics_dir=trainer_metrics_dir(run_config), timeout_s=timeout_s)
+                         metrics_dir=trainer_metrics_dir(run_config), timeout_s=timeout_s,
+                         max_rollout_restarts=max_rollout_restarts)
     finally:
         for process in (rollout, trainer):
             process.stop(stop_grace_s)
@@ -213,7 +252,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     where = launch(args.config, args.overrides, beam_args, train_set=args.train_set, timeout_s=args.timeout_s,
-                   stop_grace_s=args.stop_grace_s)
+                   stop_grace_s=args.stop_grace_s, max_rollout_restarts=args.max_rollout_restarts)
     width = max(map(len, where))
     print("rlax launch: done.")
     for name, path in where.items():

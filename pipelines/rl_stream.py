@@ -12,7 +12,8 @@ streaming runner, see ``pipelines.runners``); on Dataflow the same pipeline runs
 (``configs/qwen25_7b_math_dataflow_tpu.yaml`` documents the options).
 
 The pipeline ends by itself once every step of ``trainer.total_steps`` is generated (or after
-``--max-runtime-s``); ``rlax launch`` also stops it when the trainer is done.
+``--max-runtime-s``), and exits 3 when its stream stalls (``pipelines.stream_watch``); ``rlax launch``
+also stops it when the trainer is done. Locally it runs on a Prism it owns, which dies with it.
 
 Settings of the loop that no other section owns live under ``loop.`` overrides (see ``LoopConfig``).
 """
@@ -101,9 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    import apache_beam as beam
-
-    from pipelines.runners import merge_beam_args, pipeline_options
+    from pipelines.runners import merge_beam_args
 
     overrides = list(args.overrides)
     if args.train_set:
@@ -124,10 +123,12 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         # The portable runner's job state and message streams die at this gRPC deadline (300 s by
         # default), which tears down a long-running local streaming pipeline; outlive the run instead.
         runner_args.append(f"--job_server_timeout={int(loop.max_runtime_s) + 600}")
-    options = pipeline_options(runner_args, streaming=True)
     log.info("rollout: %d training prompts, %d steps x %d prompts x %d samples, k=%d, store %s",
              len(examples), spec.total_steps, spec.prompts_per_step, loop.samples_per_prompt, spec.max_staleness,
              spec.rollout_root)
-    with beam.Pipeline(options=options) as pipeline:
-        build(pipeline, spec, loop)
-    return 0
+    from pathlib import Path
+
+    from pipelines.stream_watch import run_stream
+
+    metrics_dir = None if "://" in run_config.run.output_dir else Path(run_config.run.output_dir) / "stream_metrics"
+    return run_stream(runner_args, spec, loop, build, metrics_dir=metrics_dir)

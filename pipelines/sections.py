@@ -79,6 +79,7 @@ class LoopConfig:
     groups_per_unit: int = 1  # prompt groups per work unit: every worker of the fleet shares every step
     poll_interval_s: float = 1.0  # how often the side input re-reads the latest version
     max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
+    stall_polls: int = 300  # polls with steps waiting and no group written: the stream has stalled
 
     def __post_init__(self):
         require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
@@ -87,3 +88,4 @@ class LoopConfig:
         require(self.groups_per_unit >= 1, "groups_per_unit", "at least 1")
         require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
         require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
+        require(self.stall_polls >= 1, "stall_polls", "at least 1")

@@ -1,0 +1,207 @@
+"""Driving the rollout stream to its end: ``rlax rollout`` stops by itself once every step of the run is
+generated, and says so, loudly, when the stream stops making progress.
+
+The driver submits the streaming pipeline and then watches the rollout store, once per
+``loop.poll_interval_s``:
+
+* every schedule step ``0 .. trainer.total_steps - 1`` complete in the store: cancel the job, exit 0;
+* steps the newest weight version allows are waiting (``steps_to_generate``) and no group was written
+  and no step completed for ``loop.stall_polls`` polls in a row: log why, write ``stream/stalled`` to
+  the stream's metrics, cancel the job and exit ``EXIT_STALLED`` (``rlax launch`` restarts the rollout
+  job on it; the restarted pipeline regenerates nothing that is already in the store);
+* the job ends on its own (its impulses stop at ``loop.max_runtime_s``) or fails: exit 0 or raise.
+
+Waiting for the trainer (no step allowed yet) is not a stall: nothing is counted then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rlax_core.utils.metrics import MetricsWriter
+from transforms.rollout_schedule import steps_to_generate
+
+log = logging.getLogger(__name__)
+
+EXIT_STALLED = 3  # the rollout stream made no progress for loop.stall_polls polls (see rlax launch)
+
+
+@dataclasses.dataclass
+class StreamProgress:
+    """What the store says about the stream at one poll."""
+
+    groups_written: int
+    steps_generated: int  # every step below this one is complete
+    waiting: list[int]  # steps the newest version allows that are not complete yet
+    latest_version: int | None
+
+    @property
+    def marker(self) -> tuple[int, int]:
+        return self.groups_written, self.steps_generated
+
+
+def read_progress(spec, weights, generated_below: int = 0) -> StreamProgress:
+    """The stream's progress from the rollout store and the weight store (``generated_below``: a
+    frontier known from an earlier poll; steps are never un-generated)."""
+    store = spec.store()
+    keys = store.list_groups()
+    step = generated_below
+    while step < spec.total_steps and store.is_step_complete(step, spec.prompts_per_step, keys):
+        step += 1
+    latest = weights.latest()
+    waiting = []
+    if latest is not None and step < spec.total_steps:
+        allowed = steps_to_generate(latest, spec.max_staleness, spec.total_steps, set())
+        waiting = [s for s in allowed if s >= step and not store.is_step_complete(s, spec.prompts_per_step, keys)]
+    return StreamProgress(len(keys), step, waiting, latest)
+
+
+class StreamWatch:
+    """Counts polls without progress while work is waiting; writes the stream's metrics."""
+
+    def __init__(self, spec, loop, metrics_dir: Path | None):
+        from rlax_core.weights.store import WeightStore
+
+        self.spec, self.loop = spec, loop
+        self.weights = WeightStore(spec.weights)
+        self.metrics = MetricsWriter(metrics_dir, tensorboard=False) if metrics_dir is not None else None
+        self.idle_polls = 0
+        self.polls = 0
+        self.progress = StreamProgress(0, 0, [], None)
+
+    def close(self) -> None:
+        self.weights.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    @property
+    def finished(self) -> bool:
+        return self.progress.steps_generated >= self.spec.total_steps
+
+    @property
+    def stalled(self) -> bool:
+        return self.idle_polls >= self.loop.stall_polls
+
+    def poll(self) -> StreamProgress:
+        before = self.progress
+        now = read_progress(self.spec, self.weights, before.steps_generated)
+        self.polls += 1
+        moved = now.marker != before.marker
+        self.idle_polls = 0 if moved or not now.waiting else self.idle_polls + 1
+        self.progress = now
+        if moved or self.stalled or self.polls % 60 == 0:
+            self._write()
+        if self.idle_polls and self.idle_polls % max(1, self.loop.stall_polls // 4) == 0 and not self.stalled:
+            log.warning("rollout stream: no group written for %d polls (%.0f s) while steps %s wait (weights "
+                        "version %s)", self.idle_polls, self.idle_polls * self.loop.poll_interval_s, now.waiting,
+                        now.latest_version)
+        return now
+
+    def stall_reason(self) -> str:
+        p = self.progress
+        return (f"rollout stream stalled: no rollout group written for {self.idle_polls} polls "
+                f"({self.idle_polls * self.loop.poll_interval_s:.0f} s, loop.stall_polls={self.loop.stall_polls}) "
+                f"while steps {p.waiting} wait for generation with weights version {p.latest_version} "
+                f"({p.groups_written} groups and {p.steps_generated} of {self.spec.total_steps} steps generated)")
+
+    def _write(self) -> None:
+        if self.metrics is None:
+            return
+        p = self.progress
+        self.metrics.write(p.steps_generated, {
+            "stream/groups_written": p.groups_written, "stream/steps_generated": p.steps_generated,
+            "stream/steps_waiting": len(p.waiting), "stream/idle_polls": self.idle_polls,
+            "stream/stalled": int(self.stalled), "stream/latest_version": p.latest_version,
+        })
+
+
+def _state(result) -> str:
+    with contextlib.suppress(Exception):  # a job service that went away reads as unknown, not a crash
+        return str(result.state)
+    return "UNKNOWN"
+
+
+def _cancel(result, timeout_s: float = 60.0) -> None:
+    from apache_beam.runners.runner import PipelineState
+
+    with contextlib.suppress(Exception):
+        result.cancel()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not PipelineState.is_terminal(_state(result)):
+        time.sleep(0.5)
+
+
+def drive(result, watch: StreamWatch, *, deadline_s: float) -> int:
+    """Watch a submitted streaming job to its end (see the module docstring); returns the exit code."""
+    from apache_beam.runners.runner import PipelineState
+
+    spec, loop = watch.spec, watch.loop
+    deadline = time.monotonic() + deadline_s
+    try:
+        while True:
+            progress = watch.poll()
+            if watch.finished:
+                log.info("rollout stream: all %d steps generated (%d groups); stopping the pipeline",
+                         spec.total_steps, progress.groups_written)
+                _cancel(result)
+                return 0
+            if watch.stalled:
+                log.error("%s; cancelling the job (exit code %d)", watch.stall_reason(), EXIT_STALLED)
+                _cancel(result)
+                return EXIT_STALLED
+            state = _state(result)
+            if PipelineState.is_terminal(state):
+                if state == PipelineState.FAILED:
+                    result.wait_until_finish()  # raises with the job's error
+                    raise RuntimeError(f"the rollout pipeline failed (state {state})")
+                log.warning("rollout stream ended (%s) with %d of %d steps generated", state,
+                            progress.steps_generated, spec.total_steps)
+                return 0
+            if time.monotonic() > deadline:
+                log.warning("rollout stream: loop.max_runtime_s passed with %d of %d steps generated; stopping",
+                            progress.steps_generated, spec.total_steps)
+                _cancel(result)
+                return 0
+            time.sleep(loop.poll_interval_s)
+    except BaseException:
+        _cancel(result, timeout_s=10)
+        raise
+    finally:
+        watch.close()
+
+
+def _exit_on_signal(signum, _frame):
+    log.warning("rollout stream: received %s; stopping", signal.Signals(signum).name)
+    sys.exit(128 + signum)
+
+
+def run_stream(runner_args: Sequence[str], spec, loop, build: Callable[[Any, Any, Any], Any], *,
+               metrics_dir: Path | None) -> int:
+    """Build the stream with ``build(pipeline, spec, loop)``, run it on a Prism this process owns (when
+    the runner is local Prism), drive it to its end; returns the exit code."""
+    import apache_beam as beam
+
+    from pipelines.runners import LocalPrism, cached_prism_binary, pipeline_options, runs_on_local_prism, scratch_dir
+
+    args = list(runner_args)
+    # SIGTERM (``rlax launch`` stopping us, a preemption) unwinds like Ctrl-C, so the job is cancelled,
+    # Prism stopped and the scratch folder removed on the way out.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    with scratch_dir("rollout") as scratch:
+        binary = cached_prism_binary()
+        prism = LocalPrism(binary, scratch) if binary and runs_on_local_prism(args) else contextlib.nullcontext()
+        with prism as server:
+            if server is not None:
+                args.append(f"--job_endpoint={server.endpoint}")
+            pipeline = beam.Pipeline(options=pipeline_options(args, streaming=True))
+            build(pipeline, spec, loop)
+            result = pipeline.run()
+            # The impulses stop at max_runtime_s; the job then drains. Allow it that long to do so.
+            return drive(result, StreamWatch(spec, loop, metrics_dir), deadline_s=loop.max_runtime_s + 120)
