@@ -9,7 +9,9 @@
 
 Modules: ``answers`` (final-answer extraction), ``math_verifier`` (equivalence in a killable process
 pool), ``sandbox`` + ``sandbox_launcher`` (untrusted Python in namespaces with limits),
-``code_verifier`` (HumanEval / MBPP / assert tests, per-test verdicts, parallel pool), ``terms``
+``code_verifier`` (HumanEval / MBPP / assert tests, per-test verdicts, parallel pool) with
+``code_driver`` (the program's side), ``code_judge`` (the tests' side, which decides) and
+``plain_data`` (the only values that cross between them), ``terms``
 (the built-in reward terms), ``registry`` (names -> terms), ``config``, ``scorer`` (``Rewarder``).
 """
 

@@ -1,97 +1,148 @@
-"""Inside the sandbox: run a candidate program, then each of its tests, and report every verdict.
+"""Inside the program's sandbox: run the candidate program, then compute what the judge asks for.
 
-A standalone script (standard library only) that ``code_verifier.py`` ships into the sandbox beside
-``job.json``. The candidate runs once; each test then runs in the candidate's namespace under its own
-alarm. One JSON line per test goes to fd 3 as soon as it is known, so a program that later dies or
-hangs still leaves the verdicts it earned. The sandbox's limits stand behind the alarm: a test that
-swallows the alarm's exception still meets the CPU and wall-clock limits.
+A standalone script (standard library only) that ``code_verifier.py`` ships into the program's sandbox
+beside ``plain_data.py`` and ``job.json``. It decides nothing. The program runs once (then the task's
+setup code, in the same namespace); the driver says on fd 5 whether that worked, then answers the
+requests that arrive on fd 4 from the judge (``code_judge.py``, another sandbox): look up names, call
+a function with arguments. Each answer is one JSON line of plain data (``plain_data.py``); an object
+that is not plain data goes back as a numbered handle the judge can only call or pass back. Each
+request runs under its own alarm; the sandbox's CPU and wall-clock limits stand behind it.
+
+The program can rewrite this driver, its builtins or the channel: it gains nothing by it, because
+all that leaves this process is data that the judge decodes into builtin values, which an honest
+function could have returned just as well. The tests are not here to be read.
 """
 
-import errno
+import builtins
 import json
 import os
 import signal
 import sys
-import traceback
 
-CHANNEL_FD = 3
-DETAIL_CHARS = 400
+sys.path.insert(0, os.getcwd())  # ``python -I`` leaves the script's directory off the path
+import plain_data  # noqa: E402 - shipped beside this file
+
+REQUEST_FD, REPLY_FD = 4, 5
+MESSAGE_CHARS = 400
 
 
-class TestTimeout(BaseException):
-    """Raised by the alarm; a BaseException so that ``except Exception`` in the candidate cannot eat it."""
+class CallTimeout(BaseException):
+    """Raised by the alarm; a BaseException so that ``except Exception`` in the program cannot eat it."""
 
 
 def _on_alarm(signum, frame):
-    raise TestTimeout()
+    raise CallTimeout()
 
 
-def _reason(error: BaseException) -> str:
-    if isinstance(error, TestTimeout):
-        return "timeout"
-    if isinstance(error, MemoryError):
-        return "memory"
-    if isinstance(error, AssertionError):
-        return "failed"
-    if isinstance(error, OSError) and error.errno == errno.EFBIG:
-        return "file_size"
-    return "error"
+def _error(error: BaseException) -> dict:
+    """A plain description of an exception (its ``str`` is the program's to choose; it only ends up in details)."""
+    if isinstance(error, CallTimeout):
+        return {"type": "timeout", "message": "ran past its time limit"}
+    try:
+        message = str(error)
+    except BaseException:  # noqa: BLE001 - a __str__ that raises
+        message = "<unprintable>"
+    code = getattr(error, "errno", None)
+    # The nearest builtin class, so that a test's ``except ValueError`` still catches a subclass of it.
+    builtin = next((cls.__name__ for cls in type(error).__mro__ if getattr(builtins, cls.__name__, None) is cls),
+                   "BaseException")
+    return {"type": type(error).__name__, "builtin": builtin, "message": message[-MESSAGE_CHARS:],
+            "errno": code if type(code) is int else None}
 
 
-def _detail(error: BaseException) -> str:
-    if isinstance(error, TestTimeout):
-        return "test exceeded its time limit"
-    lines = traceback.format_exception_only(type(error), error)
-    return "".join(lines).strip()[-DETAIL_CHARS:]
+class Handles:
+    """Objects the judge may refer to by number: they stay alive (and keep their ids) for the whole run."""
+
+    def __init__(self):
+        self.objects, self.numbers = [], {}
+
+    def number(self, value) -> tuple[int, str]:
+        key = id(value)
+        if key not in self.numbers:
+            self.numbers[key] = len(self.objects)
+            self.objects.append(value)
+        return self.numbers[key], type(value).__name__
+
+    def object(self, number: int, type_name: str):
+        if not 0 <= number < len(self.objects):
+            raise LookupError(f"no object #{number}")
+        return self.objects[number]
 
 
-def _run(source: str, filename: str, namespace: dict, seconds: float) -> None:
+def _timed(seconds: float, work):
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        exec(compile(source, filename, "exec"), namespace)
+        return work()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+def _answer(request: dict, namespace: dict, handles: Handles, seconds: float) -> dict:
+    """The reply to one request: a value, or the exception the program raised."""
+    op = request.get("op")
+    if op == "resolve":
+        found = {name: namespace[name] for name in request["names"] if name in namespace}
+        return {"found": [[name, plain_data.to_wire(value, handles.number)] for name, value in found.items()]}
+    if op != "call":
+        raise ValueError(f"unknown request {op!r}")
+    target = plain_data.from_wire(request["target"], handles.object)
+    args = plain_data.from_wire(request["args"], handles.object)
+    kwargs = plain_data.from_wire(request["kwargs"], handles.object)
+    # Encoding runs under the alarm too: draining a returned generator runs the program's code.
+    value = _timed(seconds, lambda: plain_data.to_wire(target(*args, **kwargs), handles.number))
+    return {"value": value}
+
+
+def _line(message: dict) -> bytes:
+    return (json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+def _send(line: bytes) -> None:
+    data = memoryview(line)
+    while data:
+        data = data[os.write(REPLY_FD, data):]
+
+
 def main() -> None:
-    channel = os.fdopen(CHANNEL_FD, "w", buffering=1)
     with open("job.json", encoding="utf-8") as handle:
         job = json.load(handle)
-    os.remove("job.json")  # the candidate has no business reading its tests
-    # Verdict lines carry a secret the candidate is never handed: a line it writes to fd 3 itself
-    # does not count. (A candidate that digs the secret out of this interpreter's memory can still
-    # forge one: verdicts come from the process that runs it, as in every HumanEval-style harness.)
-    token = job.pop("token")
+    os.remove("job.json")
     signal.signal(signal.SIGALRM, _on_alarm)
     sys.setrecursionlimit(10_000)
-
-    driver_pid = os.getpid()
-
-    def report(index: int, reason: str, detail: str = "") -> None:
-        if os.getpid() != driver_pid:  # a child the candidate forked does not get a say
-            return
-        channel.write(token + " " + json.dumps({"index": index, "reason": reason, "detail": detail}) + "\n")
-
-    # Not "__main__": a candidate's ``if __name__ == "__main__":`` block (reading input, ...) stays off.
+    seconds, max_bytes = job["per_call_seconds"], job["max_reply_bytes"]
+    requests = os.fdopen(REQUEST_FD, "rb")
+    # Not "__main__": a program's ``if __name__ == "__main__":`` block (reading input, ...) stays off.
     namespace = {"__name__": "candidate"}
-    seconds = job["per_test_seconds"]
     try:
-        _run(job["program"], "candidate.py", namespace, seconds)
-        _run(job["setup"], "test_setup.py", namespace, seconds)
-    except BaseException as error:  # noqa: BLE001 - every failure of the candidate is a verdict
-        for index in range(len(job["tests"])):
-            report(index, _reason(error), "program: " + _detail(error))
+        _timed(seconds, lambda: exec(compile(job["program"], "candidate.py", "exec"), namespace))
+        _timed(seconds, lambda: exec(compile(job["setup"], "test_setup.py", "exec"), namespace))
+    except BaseException as error:  # noqa: BLE001 - a program that does not run is the judge's to score
+        _send(_line({"ready": False, "error": _error(error)}))
         return
-    for index, test in enumerate(job["tests"]):
+    _send(_line({"ready": True}))
+    handles = Handles()
+    for line in requests:
+        request = json.loads(line)
         try:
-            _run(test, f"test_{index}.py", namespace, seconds)
-        except BaseException as error:  # noqa: BLE001
-            report(index, _reason(error), _detail(error))
-        else:
-            report(index, "passed")
+            reply = _answer(request, namespace, handles, seconds)
+        except BaseException as error:  # noqa: BLE001 - the program's exception is its answer
+            reply = {"error": _error(error)}
+        reply["id"] = request["id"]
+        line = _line(reply)
+        if len(line) > max_bytes:
+            line = _line({"id": request["id"], "error": {"type": "ResultTooLarge",
+                                                        "message": f"the answer is over {max_bytes} bytes as plain data"}})
+        _send(line)
 
 
 if __name__ == "__main__":
-    main()
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: the candidate may have left threads or atexit hooks behind
+    status = 0
+    try:
+        main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pass  # the judge is done with us
+    except BaseException as failure:  # noqa: BLE001 - the driver itself broke (or the program broke it): say so
+        os.write(2, f"driver failed: {type(failure).__name__}: {failure}\n".encode(errors="replace"))
+        status = 1
+    os._exit(status)  # skip interpreter teardown: the program may have left threads or atexit hooks behind

@@ -9,6 +9,11 @@ Tests come in the shapes of the public datasets::
 Every test gets a verdict with its reason: ``passed``, ``failed`` (an assertion), ``error`` (another
 exception), ``timeout``, ``memory``, ``file_size``, or, when the program died before reaching it,
 ``crashed`` / ``killed``.
+
+Two sandboxes run side by side for each check: the program with ``code_driver.py``, which only
+computes, and the tests with ``code_judge.py``, which decides; they share nothing but a pair of pipes
+carrying plain data (``plain_data.py``). Verdicts come from the judge's own channel, which the program
+cannot reach.
 """
 
 from __future__ import annotations
@@ -16,16 +21,22 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import os
+import random
 import re
-import secrets
 import signal
 from pathlib import Path
 from typing import Any, Iterable
 
 from rlax_core.config import require
-from rlax_core.rewards.sandbox import SandboxLimits, SandboxReport, run_sandboxed
+from rlax_core.rewards.sandbox import SANDBOX_UID_BASE, SANDBOX_UID_COUNT, SandboxLimits, SandboxReport, run_sandboxed
 
 DRIVER = Path(__file__).with_name("code_driver.py")
+JUDGE = Path(__file__).with_name("code_judge.py")
+PLAIN_DATA = Path(__file__).with_name("plain_data.py")
+MAX_REPLY_BYTES = 1 << 20  # one answer of the program, as plain data
+# The judge outlives the program's wall-clock limit by this much, so it sees the program end and says so.
+JUDGE_MARGIN_S = 5.0
 VERDICTS = ("passed", "failed", "error", "timeout", "memory", "file_size", "crashed", "killed")
 
 
@@ -121,28 +132,45 @@ def build_program(completion: str, tests: CodeTests) -> str:
 
 def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLimits(),
               per_test_seconds: float = 5.0) -> CodeResult:
-    """Run ``program`` then each test in one sandbox; a verdict for every test."""
-    token = secrets.token_hex(16)
-    job = {"program": program, "setup": tests.setup, "tests": list(tests.cases), "per_test_seconds": per_test_seconds,
-           "token": token}
-    report = run_sandboxed({"driver.py": DRIVER.read_text(), "job.json": json.dumps(job)}, ["driver.py"], limits)
-    return CodeResult(_verdicts(report, len(tests.cases), limits, token), report.wall_seconds, report.isolated)
-
-
-def _verdicts(report: SandboxReport, count: int, limits: SandboxLimits, token: str) -> tuple[TestVerdict, ...]:
-    found: dict[int, TestVerdict] = {}
-    for line in report.results.splitlines():
-        signed, _, payload = line.partition(" ")
-        if not secrets.compare_digest(signed, token):
-            continue  # not written by the driver
+    """Run ``program`` in one sandbox and its tests in another (the judge); a verdict for every test."""
+    to_program, from_program = os.pipe(), os.pipe()
+    program_uid, judge_uid = (SANDBOX_UID_BASE + n for n in random.sample(range(SANDBOX_UID_COUNT), 2))
+    program_job = {"program": program, "setup": tests.setup, "per_call_seconds": per_test_seconds,
+                   "max_reply_bytes": MAX_REPLY_BYTES}
+    judge_job = {"tests": list(tests.cases), "setup": tests.setup, "prompt": tests.prompt if tests.entry_point else "",
+                 "entry_point": tests.entry_point, "per_test_seconds": per_test_seconds,
+                 "ready_seconds": limits.wall_seconds + JUDGE_MARGIN_S / 2, "max_reply_bytes": MAX_REPLY_BYTES}
+    plain_data = PLAIN_DATA.read_text()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="code-program") as side:
+        program_run = side.submit(
+            run_sandboxed, {"driver.py": DRIVER.read_text(), "plain_data.py": plain_data,
+                            "job.json": json.dumps(program_job)}, ["driver.py"], limits,
+            channels={4: to_program[0], 5: from_program[1]}, uid=program_uid)
         try:
-            record = json.loads(payload)
-            index, reason = int(record["index"]), str(record["reason"])
+            judge = run_sandboxed(
+                {"judge.py": JUDGE.read_text(), "plain_data.py": plain_data, "job.json": json.dumps(judge_job)},
+                ["judge.py"], dataclasses.replace(limits, wall_seconds=limits.wall_seconds + JUDGE_MARGIN_S),
+                channels={4: to_program[1], 5: from_program[0]}, uid=judge_uid)
+        finally:
+            report = program_run.result()  # the judge's end is closed: the program sees end-of-file and stops
+    return CodeResult(_verdicts(judge, report, len(tests.cases), limits), judge.wall_seconds,
+                      judge.isolated and report.isolated)
+
+
+def _verdicts(judge: SandboxReport, program: SandboxReport, count: int,
+              limits: SandboxLimits) -> tuple[TestVerdict, ...]:
+    found: dict[int, TestVerdict] = {}
+    for line in judge.results.splitlines():
+        try:
+            record = json.loads(line)
+            index, reason, detail = int(record["index"]), str(record["reason"]), str(record.get("detail", ""))
         except (ValueError, KeyError, TypeError):
             continue  # a line cut at output_bytes
+        if reason == "ended":  # the program's process is gone: its own report says how
+            reason, detail = _death(program, limits)
         if 0 <= index < count and reason in VERDICTS and index not in found:
-            found[index] = TestVerdict(index, reason, str(record.get("detail", ""))[:400])
-    missing = _death(report, limits)
+            found[index] = TestVerdict(index, reason, detail[:400])
+    missing = _death(judge, limits)  # the judge itself stopped: its limits, or a test that broke it
     return tuple(found.get(i) or TestVerdict(i, *missing) for i in range(count))
 
 

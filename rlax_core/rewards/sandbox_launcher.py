@@ -16,12 +16,15 @@ so the chroot cannot be escaped and nothing else on the host can be signalled.
 When the kernel refuses namespaces the program still gets the limits, a private directory, the
 stripped environment and the unprivileged uid, and the report says which isolation is missing.
 
-Channels back: fd 1 and 2 (the program's stdout/stderr) and fd 3 (the test driver's verdict lines),
-each read up to ``max_output_bytes``. The wall-clock limit is enforced here, from outside the
+Channels back: fd 1 and 2 (the program's stdout/stderr) and fd 3 (the program's results), each read
+up to ``max_output_bytes``. A job may also hand the program pipe ends of its caller's (``channels``:
+program fd -> inherited fd, all above 3): this launcher keeps no copy of them once the program has
+them, so the peer at the other end sees end-of-file when the program's last process is gone. The wall-clock limit is enforced here, from outside the
 namespace: when it passes, PID 1 is SIGKILLed and the kernel kills every process left in its namespace.
 """
 
 import ctypes
+import fcntl
 import json
 import os
 import resource
@@ -36,6 +39,7 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 MNT_DETACH = 2
 SETUP_FAILED_EXIT = 125  # the child could not build the sandbox; its stderr says why
 RESULT_FD = 3
+CHANNEL_FD_BASE = 256  # where inherited channel fds wait until the child moves them to their places
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -115,13 +119,15 @@ def _limit_and_drop(job: dict) -> None:
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
 
 
-def _child(job: dict, isolated: bool, root: str, pipes: dict) -> None:
+def _child(job: dict, isolated: bool, root: str, pipes: dict, channels: list) -> None:
     """In the forked child (PID 1 of the new namespaces when isolated): build, limit, exec."""
     try:
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         for fd, (_, write_end) in zip((1, 2, RESULT_FD), (pipes["stdout"], pipes["stderr"], pipes["results"])):
             os.dup2(write_end, fd)
+        for target, held in channels:
+            os.dup2(held, target)
         if isolated:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount leaks to the host
             _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
@@ -133,7 +139,7 @@ def _child(job: dict, isolated: bool, root: str, pipes: dict) -> None:
             _write_files(job["files"], root, job["uid"])
             os.chdir(root)
         _limit_and_drop(job)
-        os.closerange(RESULT_FD + 1, 1 << 16)
+        os.closerange(max([RESULT_FD] + [target for target, _ in channels]) + 1, 1 << 16)
         env = {**job["env"], "HOME": os.getcwd(), "TMPDIR": os.getcwd()}
         if not os.access(job["python"], os.X_OK):
             raise PermissionError(f"{job['python']} is not executable by the sandbox's unprivileged uid; without "
@@ -187,13 +193,19 @@ def main() -> int:
     cap = limits["output_bytes"]
     isolated, why_not = _unshare() if job.get("isolate", True) else (False, "isolation disabled by the caller")
     root = _private_directory()
+    # Out of the way of the fds the child is about to set up (an inherited one may well be fd 3).
+    channels = [(target, fcntl.fcntl(inherited, fcntl.F_DUPFD, CHANNEL_FD_BASE)) for target, inherited in job["channels"]]
+    for _, inherited in job["channels"]:
+        os.close(inherited)
     pipes = {name: os.pipe() for name in ("stdout", "stderr", "results")}
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(job, isolated, root, pipes)
+        _child(job, isolated, root, pipes, channels)
     for read_end, write_end in pipes.values():
         os.close(write_end)
+    for _, held in channels:
+        os.close(held)
 
     buffers = {name: bytearray() for name in pipes}
     open_fds = {pipes[name][0]: name for name in pipes}
