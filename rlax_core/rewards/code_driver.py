@@ -133,6 +133,8 @@ def main() -> None:
             line = _line({"id": request["id"], "error": {"type": "ResultTooLarge",
                                                         "message": f"the answer is over {max_bytes} bytes as plain data"}})
         _send(line)
+    # Normal after the judge's last test; before it, the detail of a "crashed" verdict says so.
+    os.write(2, b"driver: the judge closed the request channel\n")
 
 
 if __name__ == "__main__":
@@ -141,7 +143,7 @@ if __name__ == "__main__":
         main()
         sys.stdout.flush()
     except BrokenPipeError:
-        pass  # the judge is done with us
+        os.write(2, b"driver: the judge stopped reading answers\n")
     except BaseException as failure:  # noqa: BLE001 - the driver itself broke (or the program broke it): say so
         os.write(2, f"driver failed: {type(failure).__name__}: {failure}\n".encode(errors="replace"))
         status = 1

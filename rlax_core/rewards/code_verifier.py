@@ -133,7 +133,7 @@ def build_program(completion: str, tests: CodeTests) -> str:
 def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLimits(),
               per_test_seconds: float = 5.0) -> CodeResult:
     """Run ``program`` in one sandbox and its tests in another (the judge); a verdict for every test."""
-    to_program, from_program = os.pipe(), os.pipe()
+    to_program, from_program, lifeline = os.pipe(), os.pipe(), os.pipe()
     program_uid, judge_uid = (SANDBOX_UID_BASE + n for n in random.sample(range(SANDBOX_UID_COUNT), 2))
     program_job = {"program": program, "setup": tests.setup, "per_call_seconds": per_test_seconds,
                    "max_reply_bytes": MAX_REPLY_BYTES}
@@ -145,14 +145,14 @@ def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLim
         program_run = side.submit(
             run_sandboxed, {"driver.py": DRIVER.read_text(), "plain_data.py": plain_data,
                             "job.json": json.dumps(program_job)}, ["driver.py"], limits,
-            channels={4: to_program[0], 5: from_program[1]}, uid=program_uid)
+            channels={4: to_program[0], 5: from_program[1]}, uid=program_uid, lifeline=lifeline[0])
         try:
             judge = run_sandboxed(
                 {"judge.py": JUDGE.read_text(), "plain_data.py": plain_data, "job.json": json.dumps(judge_job)},
                 ["judge.py"], dataclasses.replace(limits, wall_seconds=limits.wall_seconds + JUDGE_MARGIN_S),
-                channels={4: to_program[1], 5: from_program[0]}, uid=judge_uid)
+                channels={4: to_program[1], 5: from_program[0], 6: lifeline[1]}, uid=judge_uid)
         finally:
-            report = program_run.result()  # the judge's end is closed: the program sees end-of-file and stops
+            report = program_run.result()  # the judge is gone: its lifeline ends a program still running
     return CodeResult(_verdicts(judge, report, len(tests.cases), limits), judge.wall_seconds,
                       judge.isolated and report.isolated)
 

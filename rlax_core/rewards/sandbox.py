@@ -74,6 +74,7 @@ class SandboxReport:
     uid: int  # the run's own uid: no process of it outlives the run
     isolated: bool
     isolation_missing: str = ""  # why not isolated, when not
+    stopped: bool = False  # its lifeline closed (the peer it served was done), and then it ended or was killed
 
     @property
     def setup_failed(self) -> bool:
@@ -137,26 +138,30 @@ _warned_isolation = False
 
 def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits = SandboxLimits(),
                   env: Mapping[str, str] | None = None, channels: Mapping[int, int] | None = None,
-                  uid: int | None = None) -> SandboxReport:
+                  uid: int | None = None, lifeline: int | None = None) -> SandboxReport:
     """Write ``files`` into a fresh sandbox directory and run ``python -I -S -B *argv`` there.
 
     ``channels`` maps an fd number in the program (above 3) to an fd of this process (a pipe end) that
     the program gets there; they are handed over: this function closes its copies once the launcher
     holds them. ``uid``: the run's own uid (default: a random one from the sandbox range), for a caller
-    that runs two sandboxes side by side and needs them apart.
+    that runs two sandboxes side by side and needs them apart. ``lifeline``: the read end of a pipe,
+    handed over the same way, that the program does not get: once every copy of its write end is
+    closed, the program has a second to end, then it is killed (the report says ``stopped``).
     """
     channels = dict(channels or {})
+    owned = [*channels.values(), *([lifeline] if lifeline is not None else [])]
     try:
         if any(target <= 3 for target in channels):
             raise ValueError(f"channel fds must be above 3 (0-3 are stdin, stdout, stderr, results): {sorted(channels)}")
-        return _run_launcher(files, argv, limits, env, channels, uid)
+        return _run_launcher(files, argv, limits, env, channels, uid, lifeline, owned)
     finally:
-        for fd in channels.values():
+        for fd in owned:
             os.close(fd)
 
 
 def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits,
-                  env: Mapping[str, str] | None, channels: dict[int, int], uid: int | None) -> SandboxReport:
+                  env: Mapping[str, str] | None, channels: dict[int, int], uid: int | None,
+                  lifeline: int | None, owned: list[int]) -> SandboxReport:
     global _warned_isolation
     python, readonly_dirs, symlinks = _python_and_mounts()
     job = {
@@ -169,15 +174,16 @@ def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
         "isolate": limits.isolate,
         "uid": SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_COUNT) if uid is None else uid,
         "channels": [[target, fd] for target, fd in channels.items()],
+        "lifeline": lifeline,
         "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0",
                 **(env or {})},
     }
     process = subprocess.Popen([python, "-I", "-S", "-B", str(LAUNCHER)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, start_new_session=True,
-                               pass_fds=tuple(channels.values()))
-    for fd in channels.values():  # the launcher has them now; a copy here would hide the peer's end-of-file
+                               pass_fds=tuple(owned))
+    for fd in owned:  # the launcher has them now; a copy here would hide the peer's end-of-file
         os.close(fd)
-    channels.clear()
+    owned.clear()
     try:
         out, err = process.communicate(json.dumps(job).encode(), timeout=limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S)
     except subprocess.TimeoutExpired:

@@ -19,7 +19,9 @@ stripped environment and the unprivileged uid, and the report says which isolati
 Channels back: fd 1 and 2 (the program's stdout/stderr) and fd 3 (the program's results), each read
 up to ``max_output_bytes``. A job may also hand the program pipe ends of its caller's (``channels``:
 program fd -> inherited fd, all above 3): this launcher keeps no copy of them once the program has
-them, so the peer at the other end sees end-of-file when the program's last process is gone. The wall-clock limit is enforced here, from outside the
+them, so the peer at the other end sees end-of-file when the program's last process is gone. A
+``lifeline`` (an inherited read end the program does not get) ends the run early: when its write end
+closes (the peer is done), the program has ``LIFELINE_GRACE_S`` to exit, then it is killed. The wall-clock limit is enforced here, from outside the
 namespace: when it passes, PID 1 is SIGKILLed and the kernel kills every process left in its namespace.
 """
 
@@ -40,6 +42,7 @@ MNT_DETACH = 2
 SETUP_FAILED_EXIT = 125  # the child could not build the sandbox; its stderr says why
 RESULT_FD = 3
 CHANNEL_FD_BASE = 256  # where inherited channel fds wait until the child moves them to their places
+LIFELINE_GRACE_S = 1.0  # after the lifeline closes, the program has this long to end by itself
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -197,6 +200,10 @@ def main() -> int:
     channels = [(target, fcntl.fcntl(inherited, fcntl.F_DUPFD, CHANNEL_FD_BASE)) for target, inherited in job["channels"]]
     for _, inherited in job["channels"]:
         os.close(inherited)
+    lifeline = None  # the child does not get it: it closes every fd above its channels
+    if job.get("lifeline") is not None:
+        lifeline = fcntl.fcntl(job["lifeline"], fcntl.F_DUPFD, CHANNEL_FD_BASE)
+        os.close(job["lifeline"])
     pipes = {name: os.pipe() for name in ("stdout", "stderr", "results")}
     start = time.monotonic()
     pid = os.fork()
@@ -210,7 +217,7 @@ def main() -> int:
     buffers = {name: bytearray() for name in pipes}
     open_fds = {pipes[name][0]: name for name in pipes}
     deadline = start + limits["wall_seconds"]
-    timed_out, status, usage = False, None, None
+    timed_out, stopped, status, usage = False, False, None, None
     while True:
         if status is None:
             done, status_now, usage_now = os.wait4(pid, os.WNOHANG)
@@ -224,7 +231,7 @@ def main() -> int:
         now = time.monotonic()
         if now >= deadline:
             if status is None:
-                timed_out = True
+                timed_out = not stopped
                 os.kill(pid, signal.SIGKILL)
                 _, status, usage = os.wait4(pid, 0)
                 if not isolated:
@@ -232,7 +239,14 @@ def main() -> int:
                 deadline = time.monotonic() + 1.0
                 continue
             break
-        ready, _, _ = select.select(list(open_fds), [], [], min(0.05, deadline - now))
+        ready, _, _ = select.select(list(open_fds) + ([lifeline] if lifeline is not None else []), [], [],
+                                    min(0.05, deadline - now))
+        if lifeline is not None and lifeline in ready:
+            ready.remove(lifeline)
+            if not os.read(lifeline, 4096):  # the peer is done: the program may go
+                os.close(lifeline)
+                lifeline, stopped = None, True
+                deadline = min(deadline, time.monotonic() + LIFELINE_GRACE_S)
         for fd in ready:
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -253,6 +267,7 @@ def main() -> int:
         "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         "timed_out": timed_out,
+        "stopped": stopped,
         "wall_seconds": wall,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
         "uid": job["uid"],

@@ -22,7 +22,7 @@ WRONG = "def f(x):\n    return 0\n"
 
 @pytest.fixture(scope="module")
 def rewarder():
-    limits = SandboxLimits(cpu_seconds=3, wall_seconds=10.0, memory_bytes=256 << 20, file_bytes=4 << 20,
+    limits = SandboxLimits(cpu_seconds=3, wall_seconds=6.0, memory_bytes=256 << 20, file_bytes=4 << 20,
                            workdir_bytes=8 << 20)
     config = RewardConfig(terms={"code": 1.0}, code=CodeRewardConfig(workers=2, per_test_seconds=2.0, limits=limits))
     with Rewarder(config) as scorer:

@@ -350,3 +350,14 @@ def test_output_flood_is_cut_and_exit_is_not_a_pass():
     assert verdict.reason == "error" and "SystemExit" in verdict.detail
     verdict, _ = _hostile("import os\nos._exit(0)\n")
     assert verdict.reason == "crashed"
+
+
+def test_a_closed_lifeline_stops_a_program_that_would_run_on():
+    # What ends a hung program once its judge is done, instead of its wall-clock limit.
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    program = "import time\nwhile True:\n    try:\n        time.sleep(100)\n    except BaseException:\n        pass\n"
+    report = run_sandboxed({"main.py": program}, ["main.py"], SandboxLimits(cpu_seconds=2, wall_seconds=30.0),
+                           lifeline=read_end)
+    assert report.stopped and not report.timed_out and report.signal == signal.SIGKILL
+    assert _processes_of(report.uid) == []
