@@ -100,11 +100,21 @@ def rollout_argv(config: str | None, overrides: Sequence[str], train_set: str, b
     return ["rollout", *(["--config", config] if config else []), "--train-set", train_set, *overrides, *beam_args]
 
 
-def trainer_metrics_dir(run_config) -> Path:
-    return Path(run_config.run.output_dir) / "metrics"
+def trainer_metrics_dir(run_config) -> str:
+    from rlax_core.utils.paths import join
+
+    return join(run_config.run.output_dir, "metrics")
 
 
-def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, metrics_dir: Path, timeout_s: float,
+def log_dir(run_config) -> Path:
+    """The two processes' logs: under the run's output when it is a local folder, else ``runs/NAME/logs``."""
+    from rlax_core.utils.paths import is_remote
+
+    output = run_config.run.output_dir
+    return (Path("runs") / run_config.run.name if is_remote(output) else Path(output)) / "logs"
+
+
+def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, metrics_dir: str, timeout_s: float,
                      poll_s: float = 2.0, max_rollout_restarts: int = 0) -> None:
     """Until the trainer exits 0; raise if either process fails or the timeout passes.
 
@@ -189,11 +199,18 @@ def loop_metrics(run_config, rollout_root: str) -> list[dict[str, Any]]:
     return rows
 
 
-def write_loop_metrics(rows: list[dict[str, Any]], directory: Path) -> None:
-    from rlax_core.utils.metrics import MetricsWriter
+def write_loop_metrics(rows: list[dict[str, Any]], directory: str) -> None:
+    """``DIR/metrics.jsonl`` + TensorBoard, written afresh (a local folder or a URL)."""
+    import fsspec
 
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "metrics.jsonl").unlink(missing_ok=True)
+    from rlax_core.utils.metrics import MetricsWriter
+    from rlax_core.utils.paths import join
+
+    fs, path = fsspec.core.url_to_fs(join(directory, "metrics.jsonl"))
+    try:
+        fs.rm(path)
+    except FileNotFoundError:
+        pass
     with MetricsWriter(directory) as writer:
         for row in rows:
             writer.write(row["step"], {k: v for k, v in row.items() if k != "step"})
@@ -211,6 +228,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
            timeout_s: float = 3600.0, stop_grace_s: float = 30.0, max_rollout_restarts: int = 2) -> dict[str, str]:
     """Run both jobs to the end; returns where the run's outputs are."""
     from rlax_core.config import ConfigError
+    from rlax_core.utils.paths import join
     from pipelines.rl_stream import load_configs
     from pipelines.runners import require_input, require_model
 
@@ -224,8 +242,8 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     require_input(loop.train_set, "train set")
     require_model(run_config.model.resolved_path())
     run_overrides = [o for o in overrides if not o.startswith("loop.")]
-    output = Path(run_config.run.output_dir)
-    logs = output / "logs"
+    output = run_config.run.output_dir
+    logs = log_dir(run_config)
     trainer = start("trainer", trainer_argv(config, run_overrides), logs)
     rollout = start("rollout", rollout_argv(config, overrides, loop.train_set, beam_args), logs)
     started = time.monotonic()
@@ -237,13 +255,13 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
         for process in (rollout, trainer):
             process.stop(stop_grace_s)
     log.info("launch: %d trainer steps in %.1f s", run_config.trainer.total_steps, time.monotonic() - started)
-    loop_dir = output / "loop"
+    loop_dir = join(output, "loop")
     write_loop_metrics(loop_metrics(run_config, run_config.rollout_root()), loop_dir)
     return {
-        "metrics": str(loop_dir / "metrics.jsonl"),
-        "trainer_metrics": str(trainer_metrics_dir(run_config)),
-        "tensorboard": str(loop_dir / "tensorboard"),
-        "checkpoints": str(output / "checkpoints"),
+        "metrics": join(loop_dir, "metrics.jsonl"),
+        "trainer_metrics": trainer_metrics_dir(run_config),
+        "tensorboard": join(loop_dir, "tensorboard"),
+        "checkpoints": join(output, "checkpoints"),
         "weights": run_config.weight_store().root,
         "rollouts": run_config.rollout_root(),
         "logs": str(logs),
