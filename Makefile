@@ -45,7 +45,7 @@ bench: setup
 
 # Re-resolve the lock file after changing setup.py's dependencies.
 lock:
-	$(UV) pip compile setup.py --extra test --python-version 3.11 -o requirements/lock.txt
+	$(UV) pip compile setup.py --extra test --extra wandb --python-version 3.11 -o requirements/lock.txt
 
 sdist: setup
 	$(PY) -m build --sdist --outdir dist . 2>/dev/null || $(PY) setup.py -q sdist -d dist

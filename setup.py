@@ -37,6 +37,8 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     "tpu": ["jax[tpu]"],
     "test": ["pytest", "pytest-xdist", "pytest-timeout", "hypothesis"],
+    # Weights & Biases beside TensorBoard (trainer.wandb.enabled; rlax_core.utils.wandb_logger).
+    "wandb": ["wandb"],
     # Side-by-side benchmarks only: never imported by the library.
     "bench": ["torch", "transformers", "trl"],
 }

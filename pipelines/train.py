@@ -20,6 +20,7 @@ Reads (all from the run config, ``pipelines.config.RunConfig``):
     OUTPUT/weights/model/, OUTPUT/checkpoints/model/        model templates (config, tokenizer), with
                                                             which ``rlax evaluate`` reads versions
     OUTPUT/metrics/metrics.jsonl, OUTPUT/metrics/tensorboard/
+    OUTPUT/metrics/wandb/                                   with trainer.wandb.enabled (offline by default)
 
 Behaviour a launcher can rely on:
 
@@ -39,6 +40,7 @@ on TPU / Cloud, where JAX finds them).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import threading
@@ -85,9 +87,12 @@ def train(run_config, stop: threading.Event | None = None):
     model = from_pretrained(run_config.model.resolved_path(), dtype=jnp.float32)
     weights = WeightStore(run_config.weight_store())
     try:
+        trainer = run_config.trainer
+        if trainer.wandb.enabled and not trainer.wandb.name:
+            trainer = dataclasses.replace(trainer, wandb=dataclasses.replace(trainer.wandb, name=run_config.run.name))
         return run_training(
             model_config=model.config, initial_params=model.params, algorithm=run_config.algorithm,
-            config=run_config.trainer, store=RolloutStore(run_config.rollout_root(), run_config.run.name),
+            config=trainer, store=RolloutStore(run_config.rollout_root(), run_config.run.name),
             weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=f"{output}/metrics", stop=stop,
             export=hf_export(run_config, model.config))
     finally:

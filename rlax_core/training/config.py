@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlax_core.config import require
+from rlax_core.utils.wandb_logger import WandbConfig
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class TrainerConfig:
     publish_every: int = 1  # weight versions kept: weights.keep (the parameter server's config)
     # A Hugging Face folder (OUTPUT/hf/step_XXXXXXXX/) every this many steps; 0: after the last step only.
     export_every: int = 0
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases beside TensorBoard (optional extra)
     wait_timeout_s: float = 600.0  # how long to wait for rollout groups before failing loudly
     poll_s: float = 0.5
 

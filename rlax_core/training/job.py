@@ -40,6 +40,7 @@ from rlax_core.training.mesh import initialize_distributed, make_mesh
 from rlax_core.training.step import Trainer
 from rlax_core.utils.logging import progress
 from rlax_core.utils.metrics import MetricsWriter
+from rlax_core.utils.wandb_logger import WandbLogger
 from rlax_core.weights import AsyncPublisher, WeightStore, is_fresh_enough
 from rlax_core.weights.repair import heal_if_refused
 
@@ -157,6 +158,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             export_hf(folder, model_config, None, tokenizer_source=export.tokenizer_source,
                       generation=export.generation)
     metrics = MetricsWriter(metrics_dir, resumed_from=step) if is_chief else None
+    wandb = WandbLogger(config.wandb, metrics_dir=metrics_dir) if is_chief and config.wandb.enabled else None
     reader = BatchReader(store, config)
     last_saved = resumed_from
     try:
@@ -186,14 +188,17 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             if metrics is not None:
                 tokens = float(batch["attention_mask"].sum())
                 versions = batch["policy_versions"][batch["sample_mask"] > 0]
-                metrics.write(step, {
+                row = {
                     **{f"train/{k}": v for k, v in step_metrics.items()},
                     "train/step_s": elapsed, "train/wait_s": started - waited, "train/tokens_per_s": tokens / elapsed,
                     "train/staleness_mean": float(np.mean(step - 1 - versions)),
                     "train/dropped_stale": len(ledger.dropped) - dropped_before,
                     "train/dropped_stale_total": len(ledger.dropped),
                     "train/groups_consumed_total": len(ledger.consumed),
-                })
+                }
+                metrics.write(step, row)
+                if wandb is not None:
+                    wandb.write(step, row)
             if stop.is_set():
                 break
         preempted = step < config.total_steps
@@ -208,6 +213,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         publisher.close()
         if metrics is not None:
             metrics.close()
+        if wandb is not None:
+            wandb.close()
     return JobResult(step=step, preempted=preempted, resumed_from=resumed_from)
 
 

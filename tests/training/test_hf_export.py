@@ -33,7 +33,7 @@ def trained(tmp_path_factory):
                  f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2", "trainer.max_seq_len=16",
                  "trainer.export_every=1", "trainer.checkpoint_every=1", "trainer.poll_s=0.1",
                  "trainer.wait_timeout_s=120", "trainer.optimizer.learning_rate=0.01",
-                 "loop.stop_token_ids=[13]"]) == 0
+                 "loop.stop_token_ids=[13]", "trainer.wandb.enabled=true"]) == 0
     checkpointer = Checkpointer(output / "checkpoints", async_save=False)
     state, _ = checkpointer.restore(STEPS)
     checkpointer.close()
@@ -61,6 +61,14 @@ def test_train_exports_complete_folders_with_the_trainers_weights(trained):
     generation = json.loads((final / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [2, 1, 13] and generation["bos_token_id"] == 1
     assert generation["temperature"] == 1.0 and generation["max_new_tokens"] == 64
+
+
+def test_the_trainer_logs_to_weights_and_biases_offline(trained):
+    output, _ = trained
+    runs = sorted((output / "metrics" / "wandb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    data = runs[0].read_bytes()
+    assert b"train/loss" in data and b"train/groups_consumed_total" in data and b"quickstart" in data
 
 
 def test_weight_versions_and_checkpoints_load_through_their_model_templates(trained):
