@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -130,6 +131,12 @@ def build_program(completion: str, tests: CodeTests) -> str:
     return "\n".join(imports + [code]) if imports else code
 
 
+@functools.cache
+def _scripts() -> tuple[str, str, str]:
+    """The three files shipped into the sandboxes, read once: every check of a process runs the same code."""
+    return DRIVER.read_text(), JUDGE.read_text(), PLAIN_DATA.read_text()
+
+
 def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLimits(),
               per_test_seconds: float = 5.0) -> CodeResult:
     """Run ``program`` in one sandbox and its tests in another (the judge); a verdict for every test."""
@@ -140,15 +147,15 @@ def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLim
     judge_job = {"tests": list(tests.cases), "setup": tests.setup, "prompt": tests.prompt if tests.entry_point else "",
                  "entry_point": tests.entry_point, "per_test_seconds": per_test_seconds,
                  "ready_seconds": limits.wall_seconds + JUDGE_MARGIN_S / 2, "max_reply_bytes": MAX_REPLY_BYTES}
-    plain_data = PLAIN_DATA.read_text()
+    driver, judge_script, plain_data = _scripts()
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="code-program") as side:
         program_run = side.submit(
-            run_sandboxed, {"driver.py": DRIVER.read_text(), "plain_data.py": plain_data,
+            run_sandboxed, {"driver.py": driver, "plain_data.py": plain_data,
                             "job.json": json.dumps(program_job)}, ["driver.py"], limits,
             channels={4: to_program[0], 5: from_program[1]}, uid=program_uid, lifeline=lifeline[0])
         try:
             judge = run_sandboxed(
-                {"judge.py": JUDGE.read_text(), "plain_data.py": plain_data, "job.json": json.dumps(judge_job)},
+                {"judge.py": judge_script, "plain_data.py": plain_data, "job.json": json.dumps(judge_job)},
                 ["judge.py"], dataclasses.replace(limits, wall_seconds=limits.wall_seconds + JUDGE_MARGIN_S),
                 channels={4: to_program[1], 5: from_program[0], 6: lifeline[1]}, uid=judge_uid)
         finally:
