@@ -187,10 +187,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from pipelines.config import load_run_config
     from pipelines.launch import launch, loop_metrics
-    from pipelines.train import hf_export
     from rlax_core.data.training_set import read_examples
     from rlax_core.models import from_pretrained
-    from rlax_core.models.export import export_hf
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.weights.store import WeightStore
 
@@ -230,10 +228,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     final_version = store.latest()
     final_params = jax.tree.map(jax.numpy.asarray, store.load(final_version))
     store.close()
-    # The trainer's own exporter: a complete folder (weights, config, tokenizer, generation settings).
-    recipe = hf_export(load_run_config(config_path, overrides), base.config)
-    export_hf(output / "final_model", base.config, final_params, tokenizer_source=recipe.tokenizer_source,
-              generation=recipe.generation)
+    export_final_model(load_run_config(config_path, overrides), base.config, final_params, output / "final_model")
     mark = time.monotonic()
     after = evaluate(base.config, final_params, base.params, tokenizer, heldout, run_config, stops)
     seconds["evaluate_after"] = time.monotonic() - mark
@@ -260,6 +255,16 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     print(markdown(report))
     print(f"rlax quickstart: report in {output / 'report.md'} and {output / 'report.json'}")
     return 0
+
+
+def export_final_model(run_config, model_config, params, folder: Path) -> None:
+    """The trained policy as a complete Hugging Face folder, by the trainer's own exporter (weights,
+    config, tokenizer, generation settings), so ``rlax generate --model DIR/final_model`` reads it."""
+    from pipelines.train import hf_export
+    from rlax_core.models.export import export_hf
+
+    recipe = hf_export(run_config, model_config)
+    export_hf(folder, model_config, params, tokenizer_source=recipe.tokenizer_source, generation=recipe.generation)
 
 
 def read_examples_or_none(path: Path):
