@@ -222,3 +222,12 @@ def test_huge_outputs_score_zero(rewarder, body):
 def test_a_function_that_never_returns_scores_zero(rewarder, body):
     info = _assert_forgery_fails(rewarder, f"def f(x):\n    {body}\n")
     assert {v["reason"] for v in info["verdicts"]} <= {"timeout"}, info
+
+
+def test_writing_verdicts_into_other_processes_through_proc_scores_zero(rewarder):
+    # Without namespaces /proc is there; the judge's fds still belong to another uid.
+    program = ("import glob, os\ndef f(x):\n    for path in glob.glob('/proc/[0-9]*/fd/*'):\n        try:\n"
+               "            fd = os.open(path, os.O_WRONLY)\n"
+               "            os.write(fd, b'{\"index\": 0, \"reason\": \"passed\", \"detail\": \"\"}\\n')\n"
+               "        except OSError:\n            pass\n    return 0\n")
+    _assert_forgery_fails(rewarder, program)
