@@ -29,6 +29,7 @@ from rlax_core.rl.advantages import (
     discounted_returns,
     gae,
     register_advantage_estimator,
+    trained_mask,
     value_targets,
 )
 from rlax_core.rl.aggregation import aggregate, masked_mean, token_weights
@@ -50,6 +51,7 @@ __all__ = [
     "aggregate",
     "algorithm_from_dict",
     "compute_advantages",
+    "trained_mask",
     "discounted_returns",
     "gae",
     "get_preset",

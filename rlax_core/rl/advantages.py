@@ -248,13 +248,8 @@ def compute_advantages(
         raise ValueError("kl_in_reward with kl_coef > 0 needs kl [B, T] (per-token KL to the reference)")
 
     mask = jnp.asarray(mask, jnp.float32)
-    lengths = jnp.sum(mask, axis=1)
-    active = lengths > 0
-    if sample_mask is not None:
-        active = active & (jnp.asarray(sample_mask) > 0)
     group_ids = jnp.zeros(rewards.shape, jnp.int32) if group_ids is None else jnp.asarray(group_ids)
-    if config.group_filter != "none":
-        active = group_filter_mask(config.group_filter, config.group_filter_keep, rewards, lengths, group_ids, active)
+    active = _trained(config, rewards, mask, group_ids, sample_mask)
     mask = mask * active[:, None]
     kl, values = (None if x is None else jnp.where(mask > 0, jnp.asarray(x, jnp.float32), 0.0) for x in (kl, values))
 
@@ -268,6 +263,35 @@ def compute_advantages(
         values=None if values is None else jnp.asarray(values, jnp.float32),
     )
     return estimator.fn(config, batch) * mask
+
+
+def _trained(config, rewards, mask, group_ids, sample_mask) -> jnp.ndarray:
+    """[B] bool: the completions the objective learns from (not padding, not left out, kept by GFPO's filter)."""
+    lengths = jnp.sum(mask, axis=1)
+    active = lengths > 0
+    if sample_mask is not None:
+        active = active & (jnp.asarray(sample_mask) > 0)
+    if config.group_filter != "none":
+        active = group_filter_mask(config.group_filter, config.group_filter_keep, rewards, lengths, group_ids, active)
+    return active
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def trained_mask(config, rewards: jnp.ndarray, mask: jnp.ndarray, *, group_ids: Optional[jnp.ndarray] = None,
+                 sample_mask: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+    """``mask`` [B, T] (flattened like :func:`compute_advantages`'s result) on the completions trained on.
+
+    GFPO (Shrivastava et al. 2025, eq. 3) sums its objective over the retained subset S of each group
+    and normalises by ``sum_{i in S} |o_i|``: a filtered-out completion adds no policy-gradient, KL or
+    entropy term and no token to any count. The loss takes this mask, not the completion mask, so that
+    every ``loss_aggregation`` divides by the retained completions' tokens (or sequences) only.
+    """
+    rewards, mask, group_ids, _, _ = _flatten_layout(rewards, mask, group_ids, None, None)
+    mask = jnp.asarray(mask, jnp.float32)
+    if config.group_filter != "none" and group_ids is None:
+        raise ValueError("group_filter needs groups: pass group_ids [B] or rewards [num_groups, G]")
+    group_ids = jnp.zeros(rewards.shape, jnp.int32) if group_ids is None else jnp.asarray(group_ids)
+    return mask * _trained(config, rewards, mask, group_ids, sample_mask)[:, None]
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -8,6 +8,8 @@ Once per batch, before its first update, with the weights the batch arrived to (
     kl             kl_estimate(old_logprobs, ref_logprobs): its kl_coef multiple is taken off the
                    token rewards when ``kl_in_reward`` (summed over the sequence for group estimators)
     advantages     rlax_core.rl.compute_advantages over the whole batch
+    policy_mask    rlax_core.rl.trained_mask: the loss mask of the completions learnt from (GFPO's
+                   retained ones); the updates' losses and token weights use it
     returns        rlax_core.rl.value_targets: the value model's regression targets
 
 Then ``ppo_epochs`` passes over the batch, each of ``mini_batches`` optimizer updates, one per slice of
@@ -45,7 +47,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward, param_logical_axes, stack_layers, unstack_layers
-from rlax_core.rl.advantages import compute_advantages, value_targets
+from rlax_core.rl.advantages import compute_advantages, trained_mask, value_targets
 from rlax_core.rl.aggregation import masked_mean, token_weights
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.kl import kl_estimate
@@ -302,6 +304,9 @@ class Trainer:
         values = prepared.get("old_values")
         prepared["advantages"] = compute_advantages(algorithm, batch["rewards"], mask, group_ids=batch["group_ids"],
                                                     sample_mask=batch["sample_mask"], values=values, kl=kl)
+        # The policy loss counts only the completions it learns from (GFPO's retained ones).
+        prepared["policy_mask"] = trained_mask(algorithm, batch["rewards"], mask, group_ids=batch["group_ids"],
+                                               sample_mask=batch["sample_mask"])
         if self.uses_value_model:
             prepared["returns"] = value_targets(algorithm, batch["rewards"], mask, values, kl=kl)
         return prepared
@@ -370,7 +375,7 @@ class Trainer:
     def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any):
         config = self.config
         prepared = self._prepare_batch(state, batch, ref_params)
-        inputs = dict(tokens=batch["tokens"], attention_mask=batch["attention_mask"], loss_mask=batch["loss_mask"],
+        inputs = dict(tokens=batch["tokens"], attention_mask=batch["attention_mask"], loss_mask=prepared["policy_mask"],
                       behavior_logprobs=batch["behavior_logprobs"], advantages=prepared["advantages"])
         for name in ("old_logprobs", "ref_logprobs", "old_values", "returns"):
             if name in prepared:

@@ -157,6 +157,18 @@ def test_gfpo_by_reward_per_token():
     np.testing.assert_allclose(np.asarray(advantages)[:, 0], [0, 0, a, -a], atol=1e-5)
 
 
+def test_gfpo_token_mean_is_over_the_retained_completions_tokens():
+    # lengths [4, 1, 3, 2], keep the 2 shortest: GFPO's loss is sum_{i in S} sum_t l / sum_{i in S} |o_i| = /3.
+    mask = jnp.array([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]], jnp.float32)
+    cfg = config("grpo", group_filter="length", group_filter_keep=2)
+    trained = rl.trained_mask(cfg, jnp.array([[1.0, 0.0, 1.0, 1.0]]), mask)
+    assert np.asarray(trained).tolist() == [[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]]
+    per_token = jnp.arange(16, dtype=jnp.float32).reshape(4, 4)
+    np.testing.assert_allclose(float(rl.aggregate(per_token, trained, "token_mean")), (4 + 12 + 13) / 3, rtol=1e-6)
+    unfiltered = config("grpo")
+    assert np.array_equal(np.asarray(rl.trained_mask(unfiltered, jnp.ones((1, 4)), mask)), np.asarray(mask))
+
+
 def test_gfpo_ties_go_to_the_earlier_sample():
     keep = rl.group_filter_mask("length", 1, jnp.zeros(3), jnp.array([2, 2, 2]), jnp.zeros(3, jnp.int32), jnp.ones(3, bool))
     assert np.asarray(keep).tolist() == [True, False, False]
