@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rlax_core.rewards.code_verifier import CodeVerifier, build_program, humaneval_tests  # noqa: E402
-from rlax_core.rewards.math_symbolic import symbolic_equal  # noqa: E402
-from rlax_core.rewards.math_verifier import MathVerifier, MathVerifierConfig  # noqa: E402
+from rlax_core.rewards.math_symbolic import verdict  # noqa: E402
+from rlax_core.rewards.math_verifier import EQUAL_REASONS, MathVerifier, MathVerifierConfig  # noqa: E402
 
 SHARED = Path(os.environ.get("RLAX_SHARED_DIR", REPO.parent / "shared")) / "data"
 # Without the full datasets beside the checkout, the repository's fixtures (the first 200 MATH-500 rows).
@@ -82,11 +82,11 @@ def bench_math(warmup, pairs, workers: int, timeout: float) -> tuple[float, int]
 
 
 def bench_math_baseline(warmup, pairs, timeout: float) -> tuple[float, int]:
-    soft = max(1, int(timeout // 2))  # math-verify's own alarms, as inside the pool's workers
+    soft = timeout / 2  # the interval timer, as inside the pool's workers
     for gold, prediction in warmup:  # the same warm-up as the pool's workers get
-        symbolic_equal(gold, prediction, soft)
+        verdict(gold, prediction, soft)
     start = time.perf_counter()
-    equal = sum(symbolic_equal(gold, prediction, soft) for gold, prediction in pairs)
+    equal = sum(verdict(gold, prediction, soft) in EQUAL_REASONS for gold, prediction in pairs)
     return rate(len(pairs), time.perf_counter() - start), equal
 
 

@@ -12,7 +12,10 @@ import re
 EXTRACTION_METHODS = ("boxed", "hashes", "answer_is", "last_number")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _ANSWER_IS = re.compile(r"the (?:final )?answer is[:\s]*", re.IGNORECASE)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+# Thousands may be grouped by commas, LaTeX spaces (\, \; \! {,}) or thin / no-break spaces, not by a
+# plain space: in prose "3 100" is as likely two numbers as one.
+_NUMBER = re.compile(r"-?\d{1,3}(?:(?:\\[,;!:]|\{,\}|[\u2009\u202f\u00a0])\d{3})+(?:\.\d+)?"
+                     r"|-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
 @dataclasses.dataclass(frozen=True)

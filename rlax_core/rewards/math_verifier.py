@@ -1,13 +1,22 @@
-"""Are two math answers equal? Plain numbers here, everything else through math-verify in a killable pool.
+"""Are two math answers equal? Quantities here, everything else through math-verify in a killable pool.
+
+Numbers as answers write them (thousands separators, currency, percent, magnitude words, units:
+``rlax_core.rewards.quantities``) are compared in-process, exactly, or with a tolerance relative to
+the gold answer's size when either was written with a decimal point. They never need the pool.
 
 Parsing LaTeX and simplifying with sympy can take unbounded time and memory (``10^{10^{10^{10}}}``,
 a thousand nested parentheses). So math-verify never runs in the caller: it runs in a pool of worker
-processes (pebble), each task with a hard timeout; a worker that overruns is killed and replaced, and
-the call answers "not equal" with the reason ``timeout``. Workers also carry an address-space limit, so
-a runaway simplification ends in ``MemoryError`` inside the worker rather than in the host's memory.
+processes (pebble), each comparison under an interval timer in the worker (half the hard limit) and
+a hard timeout outside it; a worker that overruns the hard limit is killed and replaced. Either way
+the verdict is "not equal" with the reason ``timeout``, never ``not_equal``: the answer may have
+been right. It earns no reward all the same, because a reward for answers too costly to check would
+teach a policy to write them. Workers also carry an address-space limit, so a runaway
+simplification ends in ``MemoryError`` inside the worker rather than in the host's memory.
 
-Numbers with thousands separators, signs, decimals or a currency sign (GSM8K-style) are compared
-in-process with a relative tolerance; they never need the pool.
+Inside a worker, two answers that both parse to real numbers (``\\frac{1}{3}``, ``0.333333``,
+``5\\times10^{-7}``) are compared by the same rule as quantities: exactly when both are exact,
+else within ``relative_tolerance`` of the gold's size (math-verify's own rounding to 6 decimals would
+take ``0.0`` for a gold ``5\\times10^{-7}``). Anything else is math-verify's symbolic comparison.
 """
 
 from __future__ import annotations
@@ -15,21 +24,21 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import dataclasses
-import math
 import multiprocessing
-import re
 import threading
 from typing import Iterable
 
 import pebble
 
 from rlax_core.config import require
-from rlax_core.rewards.math_symbolic import symbolic_equal
+from rlax_core.rewards.math_symbolic import verdict
+from rlax_core.rewards.quantities import (MAGNITUDE_WORD, plain_number, quantities_equal, read_quantity, strip_answer,
+                                          word_that_is_no_unit)
 
 MATH_REASONS = ("exact", "numeric", "symbolic", "not_equal", "timeout", "too_long", "error")
-_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[-+]?\.\d+")
-_NUMBER_THEN_WORDS = re.compile(r"(\$?\s*[-+]?[\d,]*\.?\d+)(?:%|(?:\s+[A-Za-z]+\.?)+)")
-_OPENERS, _CLOSERS = ("\\$", "$", "\\(", "\\["), ("$", "\\)", "\\]")
+EQUAL_REASONS = ("exact", "numeric", "symbolic")
+__all__ = ["MATH_REASONS", "MathResult", "MathVerifier", "MathVerifierConfig", "default_math_verifier",
+           "math_equal", "plain_number"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +46,11 @@ class MathVerifierConfig:
     workers: int = 1  # processes running math-verify
     timeout_seconds: float = 10.0  # hard limit per comparison; the worker is killed past it
     memory_bytes: int = 2 << 30  # address-space limit of each worker
-    relative_tolerance: float = 1e-6  # for plain numbers
+    # of the gold's size, when either number was written with a decimal point (exact ones: exactly)
+    relative_tolerance: float = 1e-6
     max_answer_chars: int = 2000  # longer answers are not equal, without parsing
-    # math-verify's own signal-based timeouts (half the hard limit per stage) end most overruns inside
-    # the worker, which then needs no replacement; the hard limit stands behind them either way.
+    # An interval timer in the worker at half the hard limit ends most overruns there (reason
+    # "timeout"), and the worker needs no replacement; the hard limit stands behind it either way.
     inner_timeouts: bool = True
 
     def __post_init__(self):
@@ -55,36 +65,6 @@ class MathVerifierConfig:
 class MathResult:
     equal: bool
     reason: str  # one of MATH_REASONS
-
-
-def _strip_answer(text: str) -> str:
-    """Without surrounding space, a final full stop, and one pair of math delimiters (``$...$``, ``\\(...\\)``)."""
-    text = text.strip().removesuffix(".").strip()
-    text = next((text[len(o):] for o in _OPENERS if text.startswith(o)), text)
-    text = next((text[:-len(c)] for c in _CLOSERS if text.endswith(c)), text)
-    return text.strip()
-
-
-def plain_number(text: str) -> float | None:
-    """``"1,234.50"`` / ``"$-7"`` / ``"3."`` as a float; None for anything that is not a plain number."""
-    if len(text) > 256:
-        return None
-    text = _strip_answer(text)
-    if len(text) > 64 or not _PLAIN_NUMBER.fullmatch(text):
-        return None
-    return float(text.replace(",", ""))
-
-
-def number_with_units(text: str) -> float | None:
-    """``"18 dollars"`` / ``"$18.00 per week"`` as 18.0: a plain number followed by words only."""
-    if len(text) > 256:
-        return None
-    match = _NUMBER_THEN_WORDS.fullmatch(_strip_answer(text))
-    return plain_number(match.group(1)) if match else None
-
-
-def _numbers_equal(a: float, b: float, relative_tolerance: float) -> bool:
-    return math.isclose(a, b, rel_tol=relative_tolerance, abs_tol=relative_tolerance)
 
 
 # ----------------------------------------------------------------------------- inside a worker process
@@ -126,7 +106,7 @@ class MathVerifier:
         self.config = config
         self._pool: pebble.ProcessPool | None = None
         self._lock = threading.Lock()
-        self._soft_seconds = max(1, int(config.timeout_seconds // 2)) if config.inner_timeouts else None
+        self._soft_seconds = config.timeout_seconds / 2 if config.inner_timeouts else None
 
     def _get_pool(self) -> pebble.ProcessPool:
         with self._lock:
@@ -139,29 +119,34 @@ class MathVerifier:
         """A verdict without the pool, when one is certain."""
         if len(gold) > self.config.max_answer_chars or len(prediction) > self.config.max_answer_chars:
             return MathResult(False, "too_long")
-        if _strip_answer(gold) == _strip_answer(prediction):
+        if strip_answer(gold) == strip_answer(prediction):
             return MathResult(True, "exact")
-        a, b = plain_number(gold), plain_number(prediction)
-        if a is not None and b is None:  # GSM8K style: the gold is a number, the prediction may carry a unit
-            b = number_with_units(prediction)
+        a, b = read_quantity(gold), read_quantity(prediction)
         if a is not None and b is not None:
-            equal = _numbers_equal(a, b, self.config.relative_tolerance)
+            equal = quantities_equal(a, b, self.config.relative_tolerance)
             return MathResult(equal, "numeric" if equal else "not_equal")
+        # A number followed by a word that is no unit ("18 apples", "18 less") is not that number, and
+        # a magnitude word the quantity reader could not take with its number ("\\frac12 million")
+        # is not to be dropped: math-verify's parser drops either at its whim, so decide here.
+        for text, quantity in ((gold, a), (prediction, b)):
+            if quantity is None and (word_that_is_no_unit(text) or MAGNITUDE_WORD.search(text)):
+                return MathResult(False, "not_equal")
         return None
 
     def _submit(self, gold: str, prediction: str) -> concurrent.futures.Future:
-        return self._get_pool().schedule(symbolic_equal, args=(gold, prediction, self._soft_seconds),
+        return self._get_pool().schedule(verdict, args=(gold, prediction, self._soft_seconds,
+                                                        self.config.relative_tolerance),
                                          timeout=self.config.timeout_seconds)
 
     @staticmethod
     def _collect(future: concurrent.futures.Future) -> MathResult:
         try:
-            equal = future.result()
-        except concurrent.futures.TimeoutError:
+            reason = future.result()
+        except concurrent.futures.TimeoutError:  # the hard limit: the worker was killed
             return MathResult(False, "timeout")
         except Exception:  # noqa: BLE001 - a crashed worker (pebble.ProcessExpired), MemoryError, parse bugs
             return MathResult(False, "error")
-        return MathResult(True, "symbolic") if equal else MathResult(False, "not_equal")
+        return MathResult(reason in EQUAL_REASONS, reason)
 
     def compare(self, gold: str, prediction: str) -> MathResult:
         return self.compare_many([(gold, prediction)])[0]

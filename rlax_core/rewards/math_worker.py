@@ -4,6 +4,6 @@ Workers are forked from that server, so a worker that replaces a killed one is r
 instead of paying sympy's import and cold first simplification (seconds) again.
 """
 
-from rlax_core.rewards.math_symbolic import symbolic_equal
+from rlax_core.rewards.math_symbolic import verdict
 
-symbolic_equal("3\\sqrt{3}", "\\sqrt{27}", None)
+verdict("3\\sqrt{3}", "\\sqrt{27}", None)
