@@ -23,6 +23,7 @@ import apache_beam as beam
 from rlax_core.config import ConfigError, to_dict
 from rlax_core.data.adapters import FORMATS
 from rlax_core.data.curation import STAT_NAMES, CurateConfig, InputSpec, eval_set_name
+from pipelines.dataflow_job import is_dry_run, print_dry_run
 from pipelines.runners import pipeline_options, require_input
 from transforms.decontaminate import DropContaminated, NgramIndex
 from transforms.dedup import DropExactDuplicates, DropNearDuplicates
@@ -133,7 +134,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         require_input(spec.path, "eval set")
     logger.info("curate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:
+    options = pipeline_options(config_beam_args, beam_args)
+    if is_dry_run(options):  # translate for Dataflow, submit nothing
+        return print_dry_run("curate", options, lambda pipeline: build(pipeline, config))
+    with beam.Pipeline(options=options) as pipeline:
         build(pipeline, config)
     stats = read_json(output_path(config.output, "stats.json"))
     print(format_stats(stats))

@@ -29,6 +29,7 @@ import apache_beam as beam
 
 from rlax_core.config import InputError, require, to_dict
 from rlax_core.data.curation import InputSpec, eval_set_name
+from pipelines.dataflow_job import is_dry_run, print_dry_run
 from pipelines.runners import pipeline_options, require_input, require_model
 from pipelines.sections import EvaluateConfig
 from transforms.evaluation import BuildReport, per_prompt_result
@@ -136,7 +137,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         require_input(spec.path, "eval set")
     logger.info("evaluate config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:
+    options = pipeline_options(config_beam_args, beam_args)
+    if is_dry_run(options):  # translate for Dataflow, submit nothing
+        return print_dry_run("evaluate", options, lambda pipeline: build(pipeline, config))
+    with beam.Pipeline(options=options) as pipeline:
         build(pipeline, config)
     out = config.output.rstrip("/")
     from apache_beam.io.filesystems import FileSystems

@@ -25,6 +25,7 @@ import apache_beam as beam
 from rlax_core.config import to_dict
 from rlax_core.data.curation import InputSpec
 from rlax_core.eval.report import pass_rate_histogram
+from pipelines.dataflow_job import is_dry_run, print_dry_run
 from pipelines.runners import pipeline_options, require_input, require_model
 from pipelines.sections import FilterConfig
 from transforms.difficulty import KeepPassRateBand, pass_rates_of
@@ -105,7 +106,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     require_model(config.generation.model)
     logger.info("filter config: %s", json.dumps(to_dict(config)))
     start = time.perf_counter()
-    with beam.Pipeline(options=pipeline_options(config_beam_args, beam_args)) as pipeline:
+    options = pipeline_options(config_beam_args, beam_args)
+    if is_dry_run(options):  # translate for Dataflow, submit nothing
+        return print_dry_run("filter", options, lambda pipeline: build(pipeline, config))
+    with beam.Pipeline(options=options) as pipeline:
         build(pipeline, config)
     stats = read_json(f"{config.output.rstrip('/')}/stats.json")
     print(json.dumps(stats, indent=2))

@@ -128,7 +128,13 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
              spec.rollout_root)
     from pathlib import Path
 
+    from pipelines.dataflow_job import is_dry_run, print_dry_run
+    from pipelines.runners import pipeline_options
     from pipelines.stream_watch import run_stream
+
+    options = pipeline_options(runner_args, streaming=True)
+    if is_dry_run(options):  # translate for Dataflow, submit nothing
+        return print_dry_run("rollout", options, lambda pipeline: build(pipeline, spec, loop))
 
     metrics_dir = None if "://" in run_config.run.output_dir else Path(run_config.run.output_dir) / "stream_metrics"
     return run_stream(runner_args, spec, loop, build, metrics_dir=metrics_dir)
