@@ -1,0 +1,151 @@
+"""The fleet simulator (``rlax_core.fleet.simulate``) calibrated on this machine, and its table for 1 to 1,024 workers.
+
+Inputs, all measured:
+
+* generation cost per token: from ``benchmarks/rollout_scaling.py``'s 1-worker run (its JSON,
+  ``--scaling``): one worker's steady groups/s and tokens per group give seconds per token (scoring
+  and writing a group fold into that cost);
+* weight-sync time: measured here, publishing the quickstart model (stories260K) to a weight store
+  and loading it in a fresh reader, the path a rollout worker takes to a new version;
+* trainer step time: ``--trainer-s-per-group`` (default: 0.15 s for the quickstart's 8-group GRPO
+  update, docs/training.md), scaled by the step's groups.
+
+Calibration: the simulator, given the 1-worker cost, predicts the benchmark's own setting (every
+step allowed at once, no trainer in the way) for 1 and 2 workers; the relative error against the
+measured groups/s says how far "workers do not slow each other down" holds on this host.
+
+Then the table: ``--groups-per-step`` groups per step (default 512, the 1,024-chip recipe's step),
+for 1, 8, 64 and 1,024 workers at k = 0, 1, 2: rollout groups/s, trainer idle fraction, workers'
+busy fraction and the staleness histogram.
+
+    python benchmarks/rollout_scaling.py > scaling.json
+    python benchmarks/fleet_sim.py --scaling scaling.json [--markdown]
+
+Prints one JSON object (and, with ``--markdown``, the table as Markdown after it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rlax_core.fleet.simulate import FleetParams, simulate  # noqa: E402
+
+WORKERS = (1, 8, 64, 1024)
+STALENESS = (0, 1, 2)
+
+
+def measure_weight_sync(repeats: int = 3) -> float:
+    """Seconds from publishing the quickstart model's weights to a fresh reader holding them (median)."""
+    from rlax_core.models import from_pretrained
+    from rlax_core.weights import WeightStore, WeightStoreConfig
+
+    params = from_pretrained(str(REPO / "pipelines" / "assets" / "stories260K")).params
+    times = []
+    with tempfile.TemporaryDirectory(prefix="fleet-sim-") as root:
+        config = WeightStoreConfig(root=root, run_id="sim")
+        for version in range(repeats):
+            started = time.perf_counter()
+            with WeightStore(config) as writer:
+                writer.publish(version, params)
+            with WeightStore(config) as reader:
+                reader.load(version)
+            times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]
+
+
+def calibrate(scaling: dict) -> dict:
+    one, two = scaling["one_worker"], scaling["two_workers"]
+    tokens = one["per_worker"][0]["tokens_per_group"]
+    seconds_per_token = 1.0 / (one["groups_per_s"] * tokens)
+    steps = scaling["steps"]
+    predicted = {}
+    for workers in (1, 2):
+        # the benchmark's setting: every step allowed at version 0 (k = steps), no trainer in the way
+        params = FleetParams(workers=workers, max_staleness=steps, groups_per_step=scaling["groups_per_step"],
+                             seconds_per_token=seconds_per_token, tokens_per_group=tokens, trainer_step_s=0.0,
+                             weight_sync_s=0.0, groups_per_unit=scaling["groups_per_unit"],
+                             groups_per_call=scaling["groups_per_call"], steps=steps,
+                             warmup_steps=0)
+        predicted[workers] = simulate(params).groups_per_s
+    return {
+        "seconds_per_token": seconds_per_token, "tokens_per_group": tokens,
+        "measured_groups_per_s": {"1": one["groups_per_s"], "2": two["groups_per_s"]},
+        "predicted_groups_per_s": {str(w): round(v, 3) for w, v in predicted.items()},
+        "relative_error": {"1": round(predicted[1] / one["groups_per_s"] - 1, 4),
+                           "2": round(predicted[2] / two["groups_per_s"] - 1, 4)},
+        "scaling_load_average": scaling.get("load_average_after"),
+    }
+
+
+def table(seconds_per_token: float, tokens_per_group: float, trainer_step_s: float, weight_sync_s: float,
+          groups_per_step: int, groups_per_call: int, steps: int) -> list[dict]:
+    rows = []
+    for k in STALENESS:
+        for workers in WORKERS:
+            params = FleetParams(workers=workers, max_staleness=k, groups_per_step=groups_per_step,
+                                 seconds_per_token=seconds_per_token, tokens_per_group=tokens_per_group,
+                                 trainer_step_s=trainer_step_s, weight_sync_s=weight_sync_s,
+                                 groups_per_call=groups_per_call, steps=steps, warmup_steps=steps // 5)
+            result = simulate(params)
+            total = sum(result.staleness.values())
+            rows.append({"workers": workers, "k": k, "groups_per_s": round(result.groups_per_s, 3),
+                         "seconds_per_step": round(result.seconds_per_step, 3),
+                         "trainer_idle_fraction": round(result.trainer_idle_fraction, 3),
+                         "worker_busy_fraction": round(result.worker_busy_fraction, 4),
+                         "staleness": {str(lag): round(n / total, 3) for lag, n in result.staleness.items()}})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| k | workers | groups/s | s per step | trainer idle | workers busy | staleness 0 / 1 / 2 |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lags = " / ".join(f"{r['staleness'].get(str(lag), 0.0):.2f}" for lag in STALENESS)
+        lines.append(f"| {r['k']} | {r['workers']:,} | {r['groups_per_s']:.2f} | {r['seconds_per_step']:.2f} | "
+                     f"{r['trainer_idle_fraction']:.2f} | {r['worker_busy_fraction']:.3f} | {lags} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scaling", required=True, help="benchmarks/rollout_scaling.py's JSON output")
+    parser.add_argument("--trainer-s-per-group", type=float, default=0.15 / 8,
+                        help="trainer seconds per group of a step (default: 0.15 s / 8 groups, docs/training.md)")
+    parser.add_argument("--weight-sync-s", type=float, help="skip measuring the weight sync and use this")
+    parser.add_argument("--groups-per-step", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=40, help="steps simulated per configuration (a fifth warm up)")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    args = parser.parse_args()
+    try:
+        scaling = json.loads(Path(args.scaling).read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"fleet_sim: cannot read the rollout_scaling JSON {args.scaling}: {error}")
+    calibration = calibrate(scaling)
+    sync_s = args.weight_sync_s if args.weight_sync_s is not None else measure_weight_sync()
+    trainer_step_s = args.trainer_s_per_group * args.groups_per_step
+    rows = table(calibration["seconds_per_token"], calibration["tokens_per_group"], trainer_step_s, sync_s,
+                 args.groups_per_step, scaling["groups_per_call"], args.steps)
+    print(json.dumps({
+        "benchmark": "fleet_sim", "calibration": calibration,
+        "inputs": {"seconds_per_token": calibration["seconds_per_token"],
+                   "tokens_per_group": calibration["tokens_per_group"], "trainer_step_s": trainer_step_s,
+                   "weight_sync_s": round(sync_s, 4), "weight_sync_measured": args.weight_sync_s is None,
+                   "groups_per_step": args.groups_per_step, "groups_per_unit": 1,
+                   "groups_per_call": scaling["groups_per_call"]},
+        "table": rows, "load_average": [round(x, 2) for x in os.getloadavg()],
+    }, indent=2))
+    if args.markdown:
+        print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The fleet simulator's invariants: analytic cases, fractions in [0, 1], staleness within k, physical bounds."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rlax_core.fleet.simulate import FleetParams, analytic_one_worker_synchronous, simulate
+
+BASE = FleetParams(workers=1, max_staleness=0, groups_per_step=8, seconds_per_token=1e-4, tokens_per_group=512,
+                   trainer_step_s=0.15, weight_sync_s=0.2, steps=30, warmup_steps=5)
+
+
+@pytest.mark.parametrize("groups_per_call", [1, 3, 8])
+def test_one_synchronous_worker_matches_the_analytic_cycle(groups_per_call):
+    params = dataclasses.replace(BASE, groups_per_call=groups_per_call, call_overhead_s=0.01)
+    result = simulate(params)
+    assert result.groups_per_s == pytest.approx(analytic_one_worker_synchronous(params), rel=1e-9)
+    assert result.staleness == {0: (params.steps - params.warmup_steps) * params.groups_per_step}
+
+
+def test_a_worker_per_group_makes_a_synchronous_step_one_group_long():
+    params = dataclasses.replace(BASE, workers=BASE.groups_per_step)
+    cycle = BASE.seconds_per_group + BASE.trainer_step_s + BASE.weight_sync_s
+    assert simulate(params).groups_per_s == pytest.approx(BASE.groups_per_step / cycle, rel=1e-9)
+
+
+def test_staleness_lets_the_fleet_generate_while_the_trainer_trains():
+    fleet = dataclasses.replace(BASE, workers=8)
+    synchronous, one_ahead = simulate(fleet), simulate(dataclasses.replace(fleet, max_staleness=1))
+    assert one_ahead.groups_per_s > synchronous.groups_per_s
+    assert one_ahead.trainer_idle_fraction < synchronous.trainer_idle_fraction
+
+
+@settings(max_examples=60, deadline=None)
+@given(workers=st.integers(1, 64), k=st.integers(0, 3), groups=st.integers(1, 24), per_unit=st.integers(1, 5),
+       per_call=st.integers(1, 16), token_s=st.floats(1e-6, 1e-3), trainer_s=st.floats(0, 2), sync_s=st.floats(0, 1))
+def test_fractions_staleness_and_throughput_stay_within_their_bounds(workers, k, groups, per_unit, per_call, token_s,
+                                                                      trainer_s, sync_s):
+    params = FleetParams(workers=workers, max_staleness=k, groups_per_step=groups, seconds_per_token=token_s,
+                         tokens_per_group=256, trainer_step_s=trainer_s, weight_sync_s=sync_s,
+                         groups_per_unit=per_unit, groups_per_call=per_call, steps=12, warmup_steps=3)
+    result = simulate(params)
+    assert 0.0 <= result.trainer_idle_fraction <= 1.0 + 1e-9
+    assert 0.0 <= result.worker_busy_fraction <= 1.0 + 1e-9
+    assert all(0 <= lag <= k for lag in result.staleness)
+    assert sum(result.staleness.values()) == (params.steps - params.warmup_steps) * groups
+    # No faster than the fleet generating flat out (plus what it generated ahead before the measured
+    # steps began: at most k + 1 steps, and each worker's call in flight), nor than the trainer trains.
+    span = result.seconds_per_step * (params.steps - params.warmup_steps)
+    ahead = (k + 1) * groups + workers * (per_call + per_unit)
+    assert result.groups_per_s * span <= workers * span / params.seconds_per_group + ahead + 1e-6
+    if trainer_s > 0:
+        assert result.groups_per_s <= groups / trainer_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("field, value", [("workers", 0), ("max_staleness", -1), ("groups_per_unit", 0),
+                                          ("trainer_step_s", -1.0), ("warmup_steps", 30)])
+def test_out_of_range_settings_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(BASE, **{field: value})
