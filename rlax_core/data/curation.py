@@ -62,9 +62,13 @@ class CurateConfig:
 
 
 def eval_set_name(spec: InputSpec) -> str:
-    """An evaluation set's name in reports: its ``source``, else its folder and file, e.g. ``aime24/test``."""
+    """An evaluation set's name in reports: its ``source``, else its folder and file, e.g. ``aime24/test``
+    (a Hugging Face dataset: its name and split, ``hf:openai/gsm8k:main:test`` -> ``gsm8k/test``)."""
     if spec.source:
         return spec.source
+    if spec.path.startswith("hf:"):  # hf:openai/gsm8k:main:test -> gsm8k/test
+        parts = spec.path[3:].split(":")
+        return f"{PurePosixPath(parts[0].rstrip('/')).name}/{parts[-1] if len(parts) > 1 else 'train'}"
     path = PurePosixPath(spec.path.rstrip("/"))
     return f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem
 

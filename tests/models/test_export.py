@@ -77,3 +77,14 @@ def test_policy_sources_parse_prefixes_versions_and_plain_paths(tmp_path):
     assert parse_policy_source(str(tmp_path / "store")).kind == "weights"
     with pytest.raises(ValueError, match="no model template"):
         load_policy(f"weights:{tmp_path / 'store'}")
+
+
+def test_a_weight_version_on_gs_loads_through_its_template(toy, gcs_emulator):
+    from rlax_core.weights import WeightStore, WeightStoreConfig
+
+    root = f"{gcs_emulator.make_bucket()}/run/weights"
+    with WeightStore(WeightStoreConfig(root=root, run_id="gs-run")) as store:
+        store.publish(4, toy.params)
+    export_hf(f"{root}/model", toy.config, None, tokenizer_source=str(STORIES))
+    for spec in (f"weights:{root}@4", f"weights:{root}", root):
+        np.testing.assert_array_equal(np.asarray(load_policy(spec)(IDS)), np.asarray(toy(IDS)), err_msg=spec)

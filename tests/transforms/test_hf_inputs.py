@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from rlax_core.data.curation import InputSpec
+from rlax_core.data.curation import InputSpec, eval_set_name
 from transforms.examples import ToExamples
 from transforms.io import ReadRawRecords, hf_dataset, hf_shards, parse_hf_path
 
@@ -54,6 +54,8 @@ def gsm8k_like(tmp_path, monkeypatch):
 
 
 def test_names_configs_and_splits_parse():
+    assert eval_set_name(InputSpec(path="hf:openai/gsm8k:main:test")) == "gsm8k/test"
+    assert eval_set_name(InputSpec(path="hf:gsm8k")) == "gsm8k/train"
     assert parse_hf_path("hf:openai/gsm8k:main:test") == ("openai/gsm8k", "main", "test")
     assert parse_hf_path("hf:my_org/data:validation") == ("my_org/data", None, "validation")
     assert parse_hf_path("hf:gsm8k") == ("gsm8k", None, "train")
