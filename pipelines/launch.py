@@ -29,6 +29,7 @@ from typing import Any, Sequence
 HELP = "run the trainer and the rollout pipeline together on this machine"
 
 log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 15.0  # how often the launch reports the trainer's steps when no progress bar is shown
 
 
 @dataclasses.dataclass
@@ -87,9 +88,12 @@ def start_command(name: str, command: Sequence[str], log_dir: Path) -> Process:
 
 def _spawn(name: str, command: Sequence[str], log_path: Path) -> subprocess.Popen:
     log.info("launch: starting %s: %s", name, " ".join(command))
+    # In the caller's folder, so that relative paths mean the same to both jobs as to the launch; the
+    # package importable from wherever it lives (a checkout or site-packages).
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
     with open(log_path, "ab") as handle:
-        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=Path(__file__).resolve().parents[1])
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def trainer_argv(config: str | None, run_overrides: Sequence[str]) -> list[str]:
@@ -124,10 +128,11 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
     """
     from pipelines.stream_watch import EXIT_STALLED
 
-    from rlax_core.utils.logging import progress
+    from rlax_core.utils.logging import progress, show_progress
     from rlax_core.utils.metrics import read_metrics
 
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline, report_at = started + timeout_s, started + PROGRESS_EVERY_S
     bar = iter(progress(range(total_steps), desc="trainer steps", total=total_steps, unit="step"))
     shown = 0
     while True:
@@ -136,6 +141,9 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
         while shown < min(steps, total_steps):
             next(bar, None)
             shown += 1
+        if not show_progress() and time.monotonic() > report_at:  # no bar off a terminal: a log line instead
+            report_at += PROGRESS_EVERY_S
+            log.info("launch: %d of %d trainer steps after %.0f s", steps, total_steps, time.monotonic() - started)
         if code is not None:
             if code != 0:
                 raise RuntimeError(f"the trainer exited with code {code}; last lines of {trainer.log_path}:\n"
@@ -222,25 +230,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-grace-s", type=float, default=30.0, help="SIGTERM-to-SIGKILL grace when stopping")
     parser.add_argument("--max-rollout-restarts", type=int, default=2,
                         help="restart a stalled rollout job this many times, then stop the run with the reason")
+    parser.add_argument("--output", help="the run's folder (overrides run.output_dir)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run already in the output folder (a folder holding files is refused otherwise)")
 
 
 def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str], *, train_set: str | None = None,
-           timeout_s: float = 3600.0, stop_grace_s: float = 30.0, max_rollout_restarts: int = 2) -> dict[str, str]:
-    """Run both jobs to the end; returns where the run's outputs are."""
+           timeout_s: float = 3600.0, stop_grace_s: float = 30.0, max_rollout_restarts: int = 2,
+           resume: bool = False) -> dict[str, str]:
+    """Run both jobs to the end; returns where the run's outputs are.
+
+    The output folder (``run.output_dir``) must be new or empty unless ``resume``: then the trainer
+    resumes from its newest checkpoint and the rollout pipeline skips the steps already written.
+    """
     from rlax_core.config import ConfigError
     from rlax_core.utils.paths import join
+    from pipelines.config import find_config
     from pipelines.rl_stream import load_configs
+    from pipelines.run_folder import claim
     from pipelines.runners import require_input, require_model
 
     overrides = list(overrides)
     if train_set:
         overrides.append(f"loop.train_set={train_set}")
+    config = str(find_config(config).resolve()) if config else None  # the jobs may start in another folder
     run_config, loop = load_configs(config, overrides)
     if not loop.train_set:
         raise ConfigError("loop.train_set", "say which prompts to train on: --train-set PATH (or loop.train_set=PATH)")
     # Both jobs would fail on these inputs, each in its own log; say it once, before starting either.
     require_input(loop.train_set, "train set")
     require_model(run_config.model.resolved_path())
+    if claim(run_config.run.output_dir, resume=resume, flag="run.output_dir"):
+        log.info("launch: resuming the run in %s", run_config.run.output_dir)
     run_overrides = [o for o in overrides if not o.startswith("loop.")]
     output = run_config.run.output_dir
     logs = log_dir(run_config)
@@ -269,8 +290,20 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    where = launch(args.config, args.overrides, beam_args, train_set=args.train_set, timeout_s=args.timeout_s,
-                   stop_grace_s=args.stop_grace_s, max_rollout_restarts=args.max_rollout_restarts)
+    from pipelines.run_folder import claim
+
+    # Before the config's imports (a minute on a busy machine): the output and input named on the command line.
+    overrides = list(args.overrides)
+    if args.output:
+        claim(args.output, resume=args.resume)
+        overrides.append(f"run.output_dir={args.output}")
+    if args.train_set:
+        from pipelines.runners import require_input  # Beam's file systems read local and gs:// alike
+
+        require_input(args.train_set, "train set")
+    where = launch(args.config, overrides, beam_args, train_set=args.train_set, timeout_s=args.timeout_s,
+                   stop_grace_s=args.stop_grace_s, max_rollout_restarts=args.max_rollout_restarts,
+                   resume=args.resume or bool(args.output))
     width = max(map(len, where))
     print("rlax launch: done.")
     for name, path in where.items():

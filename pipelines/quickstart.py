@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import subprocess
 import sys
 import time
@@ -36,11 +37,12 @@ HELP = "curate -> filter -> RL -> evaluate on stories260K, all on this machine"
 log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-REPO = Path(__file__).resolve().parents[1]
-QUICKSTART_CONFIG = REPO / "configs" / "quickstart.yaml"
+REPO = Path(__file__).resolve().parents[1]  # the checkout, or site-packages when installed
+QUICKSTART_RECIPE = "quickstart.yaml"  # a shipped recipe (pipelines.config.find_config)
 
 HELDOUT_SAMPLES = 8
 TARGET_PASS_AT_1 = 0.25
+PROGRESS_EVERY_S = 15.0  # how often a running step reports
 FILTER_TIMEOUT_S = 300.0  # the quickstart's budget is 10 minutes: past this, train on the curated prompts  # the held-out pass@1 the benchmark times runs to
 
 
@@ -48,20 +50,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="runs/quickstart", help="folder for everything the quickstart writes")
     parser.add_argument("--filter-prompts", type=int, default=256, help="training prompts sampled by the filter")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="fail if the RL run is not done by then")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run already in --output (a folder holding files is refused otherwise)")
 
 
-def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800) -> None:
-    """Run ``rlax ARGV`` as its own process (each step is the real entry point); fail loudly."""
+def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None) -> None:
+    """Run ``rlax ARGV`` as its own process (each step is the real entry point); fail loudly.
+
+    Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
+    step samples), how many prompts the engine has sampled so far, read from the step's own log.
+    """
     command = [sys.executable, "-m", "pipelines.cli", *argv]
-    log.info("quickstart: %s", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]))
+    log.info("quickstart: %s (log: %s)", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
+             log_path)
+    started = time.monotonic()
     with open(log_path, "wb") as handle:
-        try:
-            result = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"rlax {argv[0]} did not finish within {timeout_s:.0f} s; see {log_path}") from None
-    if result.returncode != 0:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
+        while True:
+            try:
+                code = process.wait(timeout=PROGRESS_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - started
+                if elapsed > timeout_s:
+                    process.kill()
+                    process.wait()
+                    raise RuntimeError(f"rlax {argv[0]} did not finish within {timeout_s:.0f} s; see {log_path}") from None
+                sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
+                log.info("quickstart: rlax %s running for %.0f s%s", argv[0], elapsed, sampled)
+    if code != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
-        raise RuntimeError(f"rlax {argv[0]} failed (exit {result.returncode}); see {log_path}:\n{tail}")
+        raise RuntimeError(f"rlax {argv[0]} failed (exit {code}); see {log_path}:\n{tail}")
+
+
+# transforms.inference logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
+_SAMPLED_BATCH = re.compile(rb": (\d+) prompt\(s\) x \d+ sample\(s\)")
+
+
+def prompts_sampled(log_path: Path) -> int:
+    return sum(int(n) for n in _SAMPLED_BATCH.findall(log_path.read_bytes()))
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -99,7 +126,7 @@ def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: lis
     path = output / "configs" / "filter.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     try:
-        _cli(["filter", "--config", str(path)], output / "logs" / "filter.log", timeout_s=FILTER_TIMEOUT_S)
+        _cli(["filter", "--config", str(path)], output / "logs" / "filter.log", timeout_s=FILTER_TIMEOUT_S, prompts=limit)
     except RuntimeError as error:
         log.warning("quickstart: the difficulty filter did not run (%s); training on the curated prompts",
                     str(error).splitlines()[0])
@@ -158,6 +185,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"RL: {report['rl']['steps']} GRPO steps ({report['rl']['groups_per_step']} prompts x "
         f"{report['rl']['samples_per_prompt']} samples), max staleness k={report['rl']['max_staleness']}, "
         f"{report['rl']['seconds']:.0f} s.",
+        *(["", "This run was resumed (`--resume`): it continued the run already in this folder, so its RL "
+               "time and reward curve count only what this invocation did on top of it."]
+          if report.get("resumed") else []),
         "",
         "| metric | before | after |",
         "|---|---|---|",
@@ -183,19 +213,26 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.run_folder import claim
+
+    output = Path(args.output).resolve()
+    resumed = claim(output, resume=args.resume)  # before the imports below: a minute on a busy machine
+    if resumed:
+        log.info("quickstart: resuming the run in %s (its curated and filtered prompts, checkpoints and "
+                 "rollouts are reused)", output)
+
     import jax
 
-    from pipelines.config import load_run_config
+    from pipelines.config import find_config, load_run_config
     from pipelines.launch import launch, loop_metrics
     from rlax_core.data.training_set import read_examples
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.weights.store import WeightStore
 
-    output = Path(args.output).resolve()
     for folder in ("configs", "logs"):
         (output / folder).mkdir(parents=True, exist_ok=True)
-    config_path = str(Path(args.config).resolve()) if args.config else str(QUICKSTART_CONFIG)
+    config_path = str(find_config(args.config or QUICKSTART_RECIPE).resolve())
     overrides = [f"run.output_dir={output / 'run'}", *args.overrides]
     run_config = load_run_config(config_path, overrides)
     model_path = run_config.model.resolved_path()
@@ -205,10 +242,13 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     seconds: dict[str, float] = {}
     started = time.monotonic()
 
-    curated = curate(output)
+    # A resumed run keeps the prompts it was trained on: curate and filter run only when their output
+    # is missing (a second curate into the same folder would add shards beside the first ones).
+    curated = output / "curated" if resumed and read_examples_or_none(output / "curated") else curate(output)
     seconds["curate"] = time.monotonic() - started
     mark = time.monotonic()
-    filtered = filter_prompts(output, curated, model_path, ["\n"], args.filter_prompts)
+    filtered = (output / "filtered" if resumed and read_examples_or_none(output / "filtered")
+                else filter_prompts(output, curated, model_path, ["\n"], args.filter_prompts))
     seconds["filter"] = time.monotonic() - mark
     train_set = filtered if filtered is not None and read_examples_or_none(filtered) else curated
     log.info("quickstart: training on %d prompts from %s", len(read_examples(str(train_set))), train_set)
@@ -221,7 +261,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     log.info("quickstart: before RL held-out pass@1 %.3f +- %.3f", before["pass@1"], before["pass@1_se"])
 
     mark = time.monotonic()
-    where = launch(config_path, overrides, beam_args, train_set=str(train_set), timeout_s=args.timeout_s)
+    where = launch(config_path, overrides, beam_args, train_set=str(train_set), timeout_s=args.timeout_s,
+                   resume=resumed)
     seconds["rl"] = time.monotonic() - mark
 
     store = WeightStore(run_config.weight_store())
@@ -240,6 +281,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         "task": "continue the story with one paragraph that ends within 64 tokens, repeats no word 3-gram, "
                 "and uses the word 'happy' exactly once (reward: pass = 1, else half-credit for each half)",
         "model": model_path,
+        "resumed": resumed,  # true: this report continues a run that was already in the folder
         "before": before,
         "after": after,
         "pass@1_gain_in_se": significance(before, after),

@@ -45,6 +45,7 @@ from rlax_core.weights import AsyncPublisher, WeightStore, is_fresh_enough
 from rlax_core.weights.repair import heal_if_refused
 
 log = logging.getLogger(__name__)
+WAIT_REPORT_S = 30.0  # how often a trainer waiting for rollout groups says so
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ class BatchReader:
         ``while_waiting`` runs once per poll while the groups are not all there."""
         config = self.config
         chosen: list[tuple[GroupKey, Any]] = []
-        deadline = time.monotonic() + config.wait_timeout_s
+        started = time.monotonic()
+        deadline, report_at = started + config.wait_timeout_s, started + WAIT_REPORT_S
         while True:
             taken = {key for key, _ in chosen}
             keys = self.store.list_groups()
@@ -122,6 +124,11 @@ class BatchReader:
                 raise TimeoutError(f"train step {train_step}: {len(chosen)} of {config.groups_per_step} rollout groups "
                                    f"after waiting {config.wait_timeout_s:.0f} s in {self.store}; is the rollout "
                                    "pipeline running?")
+            if time.monotonic() > report_at:  # a trainer started alone must not wait in silence
+                report_at += WAIT_REPORT_S
+                log.info("train step %d: waiting for rollout groups in %s (%d of %d so far, %.0f of %.0f s); "
+                         "`rlax rollout` writes them (`rlax launch` starts both jobs)", train_step, self.store,
+                         len(chosen), config.groups_per_step, time.monotonic() - started, config.wait_timeout_s)
             if while_waiting is not None:
                 while_waiting()
             time.sleep(config.poll_s)

@@ -1,0 +1,97 @@
+"""A run folder belongs to one run, checked before the heavy imports; recipes found by name; ``--version``."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlax_core.config import ConfigError
+from pipelines.config import CONFIG_DIR, find_config, recipes
+from pipelines.quickstart import markdown
+from pipelines.run_folder import claim
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The command must answer before JAX, Beam or the run config are imported: make those imports fail.
+BLOCK_HEAVY = """
+import sys
+
+class BlockHeavy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("jax", "apache_beam", "flax", "optax", "orbax"):
+            raise ImportError(f"{name} imported before the output folder was checked")
+
+sys.meta_path.insert(0, BlockHeavy())
+from pipelines.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _rlax_light(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", BLOCK_HEAVY, *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_claim_makes_a_new_folder_and_accepts_an_empty_one(tmp_path):
+    assert claim(tmp_path / "new" / "run", resume=False) is False
+    assert (tmp_path / "new" / "run").is_dir() and not any((tmp_path / "new" / "run").iterdir())
+    assert claim(tmp_path / "new" / "run", resume=False) is False  # still empty: still a new run
+
+
+def test_claim_refuses_a_used_folder_unless_resuming(tmp_path):
+    (tmp_path / "report.json").write_text("{}")
+    with pytest.raises(ConfigError, match="already holds a run .*report.json.*--resume"):
+        claim(tmp_path, resume=False)
+    assert claim(tmp_path, resume=True) is True
+
+
+def test_claim_refuses_a_file_and_an_unwritable_folder(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        claim(tmp_path / "file", resume=False)
+    with pytest.raises(ConfigError, match="cannot write"):
+        claim(tmp_path / "file" / "below", resume=False)
+
+
+@pytest.mark.parametrize("command", ["quickstart", "launch"])
+def test_a_used_output_is_refused_before_the_heavy_imports(tmp_path, command):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "report.json").write_text("{}")
+    done = _rlax_light(command, "--output", str(used), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "already holds a run" in line and "--resume" in line and "imported before" not in done.stderr
+
+
+def test_an_unusable_output_is_reported_at_once(tmp_path):
+    (tmp_path / "file").write_text("x")
+    done = _rlax_light("quickstart", "--output", str(tmp_path / "file" / "out"), cwd=tmp_path)
+    assert done.returncode == 2 and "cannot write" in done.stderr and "imported before" not in done.stderr
+
+
+def test_version(tmp_path):
+    done = _rlax_light("--version", cwd=tmp_path)  # at once: no subcommand module is loaded
+    assert done.returncode == 0 and done.stdout.startswith("rlax ") and str(REPO / "pipelines") in done.stdout, done
+
+
+def test_recipes_are_found_by_path_or_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repository: configs/ here does not exist
+    assert find_config("configs/quickstart.yaml") == CONFIG_DIR / "quickstart.yaml"
+    assert find_config("quickstart") == find_config("quickstart.yaml") == CONFIG_DIR / "quickstart.yaml"
+    (tmp_path / "mine.yaml").write_text("run: {name: mine}\n")
+    assert find_config("mine.yaml") == Path("mine.yaml")  # a file of the user's own wins
+    with pytest.raises(ConfigError, match="not found: nope.yaml .*quickstart.yaml"):
+        find_config("nope.yaml")
+    assert "quickstart.yaml" in recipes() and "base.yaml" in recipes()
+
+
+def test_a_resumed_report_says_so():
+    stats = {"prompts": 64, "samples_per_prompt": 8, "pass@1": 0.1, "pass@1_se": 0.01}
+    report = {"task": "t", "before": stats, "after": stats, "pass@1_gain_in_se": 0.0, "seconds": {"total": 1.0},
+              "rl": {"steps": 2, "groups_per_step": 8, "samples_per_prompt": 8, "max_staleness": 1, "seconds": 1.0}}
+    assert "resumed" not in markdown({**report, "resumed": False})
+    assert "This run was resumed (`--resume`)" in markdown({**report, "resumed": True})
