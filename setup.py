@@ -1,7 +1,8 @@
 """RLAX on Beam: scalable, preemptible RL for LLM reasoning on JAX, orchestrated with Apache Beam.
 
 Dataflow ships this package to its workers with ``--setup_file ./setup.py``; everything a worker
-imports (the three packages and the YAML recipes under ``configs/``) must be listed here.
+imports (the three packages and the YAML recipes under ``configs/``) must be listed here. The wheel
+built from the sdist holds the same: ``rlax`` runs from any folder once installed.
 """
 from setuptools import find_packages, setup
 
@@ -51,9 +52,12 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
-    packages=find_packages(include=["rlax_core*", "transforms*", "pipelines*"]),
+    # The recipes (configs/*.yaml at the repository root) are installed as pipelines/configs, where an
+    # installed rlax finds them (pipelines.config.CONFIG_DIR): the same files, one copy in the repository.
+    packages=find_packages(include=["rlax_core*", "transforms*", "pipelines*"]) + ["pipelines.configs"],
+    package_dir={"pipelines.configs": "configs"},
     include_package_data=True,
-    package_data={"pipelines": ["configs/*.yaml", "assets/**/*"]},
+    package_data={"pipelines": ["assets/*/*"], "pipelines.configs": ["*.yaml"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     entry_points={"console_scripts": ["rlax = pipelines.cli:main"]},

@@ -31,10 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from pipelines.quickstart import HELDOUT_SAMPLES, QUICKSTART_CONFIG, TARGET_PASS_AT_1  # noqa: E402
+from pipelines.config import find_config  # noqa: E402
+from pipelines.quickstart import HELDOUT_SAMPLES, QUICKSTART_RECIPE, TARGET_PASS_AT_1  # noqa: E402
 from hf_stories import stories_hf_tokenizer  # noqa: E402
 
 log = logging.getLogger("rl_loop")
+QUICKSTART_CONFIG = find_config(QUICKSTART_RECIPE)
 STOPS = "[1, 2, 13]"  # stories260K: BOS, EOS, newline
 
 

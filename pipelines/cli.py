@@ -66,6 +66,18 @@ def _load(name: str):
         return _NotLanded(name, summary)
 
 
+def _version() -> str:
+    """The installed distribution's version (setup.py's), and where the package runs from."""
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        version = metadata.version("rlax-beam")
+    except metadata.PackageNotFoundError:
+        version = "(not installed)"
+    return f"{version} ({Path(__file__).resolve().parent})"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; ``only`` loads just that subcommand's module (the others show a summary)."""
     parser = argparse.ArgumentParser(
@@ -75,6 +87,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument("--version", action="version", version=f"rlax {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, summary) in SUBCOMMANDS.items():
         module = _load(name) if only in (None, name) else None
@@ -101,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [a for a in argv if OVERRIDE.match(a)]
     argv = [a for a in argv if not OVERRIDE.match(a)]
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only=command if command in SUBCOMMANDS else None)
+    # `rlax --version` loads no subcommand (their modules import JAX and Beam: seconds to a minute).
+    parser = build_parser(only=command if command in SUBCOMMANDS else ("" if "--version" in argv else None))
     args, beam_args = parser.parse_known_args(argv)
     args.overrides = overrides
     if args.command is None:

@@ -41,7 +41,10 @@ from rlax_core.weights.config import WeightStoreConfig
 from pipelines.sections import EvaluateConfig, FilterConfig, LoopConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-CONFIG_DIR = PACKAGE_DIR.parent / "configs"
+# The recipes are the repository's configs/; setup.py installs the same files as pipelines/configs,
+# so an installed rlax finds them inside the package and a checkout finds them beside it.
+CONFIG_DIR = next((folder for folder in (PACKAGE_DIR / "configs", PACKAGE_DIR.parent / "configs") if folder.is_dir()),
+                  PACKAGE_DIR / "configs")
 ASSETS_DIR = PACKAGE_DIR / "assets"
 
 
@@ -156,9 +159,26 @@ def resolve_asset(path: str) -> str:
     return str(folder)
 
 
+def recipes() -> list[str]:
+    """The recipes shipped with rlax (``configs/*.yaml``), by file name."""
+    return sorted(path.name for path in CONFIG_DIR.glob("*.yaml"))
+
+
+def find_config(path: str | Path) -> Path:
+    """``path`` when it is a file; else the shipped recipe of that name (``configs/quickstart.yaml``,
+    ``quickstart.yaml`` or ``quickstart``), so that recipes work from any folder once rlax is installed."""
+    given = Path(path)
+    if given.is_file():
+        return given
+    name = given.name if given.suffix in (".yaml", ".yml") else f"{given.name}.yaml"
+    if (CONFIG_DIR / name).is_file():
+        return CONFIG_DIR / name
+    raise ConfigError("", f"config file not found: {path} (recipes shipped with rlax: {', '.join(recipes())})")
+
+
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """YAML file (``base:`` inheritance allowed) + dotted overrides -> a validated ``RunConfig``."""
-    data = read_yaml(path) if path else {}
+    data = read_yaml(find_config(path)) if path else {}
     return _build(apply_overrides(data, overrides))
 
 
@@ -169,7 +189,7 @@ def load_section(path: str | Path | None, overrides: Sequence[str], section: str
     that name no section (``limit=5``) are that section's (``filter.limit=5``).
     """
     sections = {f.name for f in dataclasses.fields(RunConfig)}
-    data = read_yaml(path) if path else {}
+    data = read_yaml(find_config(path)) if path else {}
     if not sections & set(data):
         data = {section: data} if data else {}
     overrides = [o if o.split("=", 1)[0].split(".")[0] in sections else f"{section}.{o}" for o in overrides]

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="Hugging Face folder, llama2.c .bin or a folder holding one "
-                        "(local or gs://), weights:STORE[@VERSION] or checkpoint:DIR[@STEP]")
+                        "(local or gs://), weights:STORE[@VERSION], checkpoint:DIR[@STEP], or assets:stories260K")
     parser.add_argument("--tokenizer", help="tokenizer file or folder (default: --model's folder)")
     parser.add_argument("--prompt", action="append", default=None,
                         help="prompt text; repeat for a batch (default: one empty prompt, i.e. BOS only)")
@@ -103,6 +103,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.inference import EngineConfig, ReplicatedEngine, Request, SamplingParams
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.training.policy_source import load_policy, tokenizer_path
+    from pipelines.config import resolve_asset
 
     try:
         prompts = _read_prompts(args)
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         print(f"rlax generate: {error}", file=sys.stderr)
         return 2
 
-    model_dir = args.model
+    model_dir = resolve_asset(args.model)  # assets:stories260K, the model shipped in the package
     tokenizer = load_tokenizer(args.tokenizer or tokenizer_path(model_dir))
     model = load_policy(model_dir, dtype=jnp.dtype(args.dtype))
     log.info("loaded %s: %s, %.2fM parameters", model_dir, model.config.architecture, model.config.num_params / 1e6)
