@@ -9,7 +9,7 @@ OUTPUT ?= runs/quickstart
 PYTEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup quickstart test test-slow test-all bench lock sdist clean
+.PHONY: setup setup-run setup-test quickstart test test-slow test-all test-alone bench lock sdist wheel clean
 
 # The virtual environment, from the lock file; Prism and the GCS emulator built from Go modules.
 $(VENV)/.installed: setup.py requirements/lock.txt
@@ -20,21 +20,33 @@ $(VENV)/.installed: setup.py requirements/lock.txt
 	$(UV) pip install --quiet -p $(PY) --no-deps -e .
 	touch $@
 
-setup: $(VENV)/.installed
+# What running the commands needs (the venv and Prism), and what only the tests add (the GCS emulator).
+setup-run: $(VENV)/.installed
 	bash scripts/setup_prism.sh
+
+setup-test: setup-run
 	bash scripts/build_fake_gcs.sh
 
+setup: setup-test
+
 # The main job: curate -> filter -> RL (trainer + streaming rollouts) -> evaluate, on stories260K.
-quickstart: setup
-	$(VENV)/bin/rlax quickstart --output $(OUTPUT)
+# Refuses a folder that holds another run: `make quickstart OUTPUT=runs/other`, or ARGS=--resume.
+quickstart: setup-run
+	$(VENV)/bin/rlax quickstart --output $(OUTPUT) $(ARGS)
+	@echo "rlax is $(CURDIR)/$(VENV)/bin/rlax (or: source $(VENV)/bin/activate)"
 
 # The default lane: everything but tests marked slow.
-test: setup
-	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --timeout 900
+test: setup-test
+	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --timeout 900 $(PYTEST_ARGS)
 
 # The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs).
-test-slow: setup
-	$(PY) -m pytest -m slow -n $(PYTEST_WORKERS) --timeout 1800
+test-slow: setup-test
+	$(PY) -m pytest -m slow -n $(PYTEST_WORKERS) --timeout 1800 $(PYTEST_ARGS)
+
+# The repository alone (tracked and new files, no ../shared beside it) copied to a temporary folder:
+# its default test lane and the quickstart there. The copy's venv comes from uv's cache.
+test-alone: $(VENV)/.installed
+	bash scripts/test_alone.sh
 
 test-all: test test-slow
 
@@ -47,8 +59,12 @@ bench: setup
 lock:
 	$(UV) pip compile setup.py --extra test --extra wandb --python-version 3.11 -o requirements/lock.txt
 
-sdist: setup
+sdist: $(VENV)/.installed
 	$(PY) -m build --sdist --outdir dist . 2>/dev/null || $(PY) setup.py -q sdist -d dist
+
+# A wheel built from the sdist, as pip builds one: every module, recipe (pipelines/configs) and asset.
+wheel: sdist
+	$(UV) build --wheel --offline --out-dir dist dist/rlax_beam-*.tar.gz
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info
