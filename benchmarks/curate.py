@@ -107,6 +107,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per variant; the best is reported")
     args = parser.parse_args()
     data = Path(args.shared)
+    if not (data / "gsm8k" / "train.jsonl").is_file():  # the repository's fixtures are too small to time curation
+        parser.error(f"the full datasets are not at {data}: this benchmark curates all of GSM8K and MATH train; "
+                     "give their folder with --shared DIR")
     config = CurateConfig(
         inputs=(InputSpec(path=str(data / "gsm8k/train.jsonl"), format="gsm8k"),
                 InputSpec(path=str(data / "math/math_train_0*.jsonl"), format="math")),

@@ -1,6 +1,6 @@
 """``rlax launch``: the trainer job and the rollout pipeline together on this machine.
 
-    rlax launch --config configs/quickstart.yaml --train-set runs/q/filtered trainer.max_staleness=0
+    rlax launch --config configs/quickstart.yaml --train-set runs/quickstart/filtered --output runs/launch
 
 Starts ``rlax train`` and ``rlax rollout`` as two processes (each in its own process group, logs
 under ``OUTPUT/logs/``), waits until the trainer has finished ``trainer.total_steps`` steps, then

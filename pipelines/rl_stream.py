@@ -1,6 +1,6 @@
 """``rlax rollout``: the rollout fleet, a Beam streaming pipeline.
 
-    rlax rollout --config configs/quickstart.yaml --train-set runs/q/filtered/ loop.samples_per_prompt=8
+    rlax rollout --config configs/quickstart.yaml --train-set runs/quickstart/filtered loop.samples_per_prompt=8
 
 Two clocks drive it (``transforms.live_side_input``): ``PollEveryInterval`` reads the weight store's
 newest committed version, the slowly updating side input; ``TicksEveryInterval`` is the main input.
