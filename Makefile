@@ -45,7 +45,7 @@ test-slow: setup-test
 
 # The repository alone (tracked and new files, no ../shared beside it) copied to a temporary folder:
 # its default test lane and the quickstart there. The copy's venv comes from uv's cache.
-test-alone: $(VENV)/.installed
+test-alone:
 	bash scripts/test_alone.sh
 
 test-all: test test-slow

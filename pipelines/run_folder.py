@@ -31,10 +31,20 @@ def claim(path: str | Path, *, resume: bool, flag: str = "--output") -> bool:
     if used and not resume:
         raise ConfigError(flag, f"{folder} already holds a run ({', '.join(sorted(p.name for p in folder.iterdir())[:5])}); "
                                 "choose another folder, or pass --resume to continue that run")
+    writable(folder, flag)
+    return used
+
+
+def writable(path: str | Path, flag: str = "--output") -> None:
+    """Create the local folder ``path`` if needed and check that files can be written in it."""
+    if is_remote(str(path)):
+        return
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(flag, f"{folder} is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
     except OSError as error:
         raise ConfigError(flag, f"cannot write to {folder}: {error.strerror or error}") from None
-    return used

@@ -56,10 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.config import ConfigError
-    from pipelines.config import load_run_config
+    from pipelines.run_folder import writable
 
     if beam_args:
         raise ConfigError("", f"rlax train takes no Beam options; unknown arguments: {' '.join(beam_args)}")
+    if args.output:  # before the config's imports; a trainer restarted into its own folder resumes there
+        writable(args.output)
+    from pipelines.config import load_run_config
+
     overrides = list(args.overrides) + ([f"run.output_dir={args.output}"] if args.output else [])
     run_config = load_run_config(args.config, overrides)
     stop = threading.Event()

@@ -67,10 +67,11 @@ def test_a_used_output_is_refused_before_the_heavy_imports(tmp_path, command):
     assert "already holds a run" in line and "--resume" in line and "imported before" not in done.stderr
 
 
-def test_an_unusable_output_is_reported_at_once(tmp_path):
+@pytest.mark.parametrize("command", ["quickstart", "launch", "train"])
+def test_an_unusable_output_is_reported_at_once(tmp_path, command):
     (tmp_path / "file").write_text("x")
-    done = _rlax_light("quickstart", "--output", str(tmp_path / "file" / "out"), cwd=tmp_path)
-    assert done.returncode == 2 and "cannot write" in done.stderr and "imported before" not in done.stderr
+    done = _rlax_light(command, "--output", str(tmp_path / "file" / "out"), cwd=tmp_path)
+    assert done.returncode == 2 and "cannot write" in done.stderr and "imported before" not in done.stderr, done.stderr
 
 
 def test_version(tmp_path):
