@@ -148,6 +148,9 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     with FileSystems.open(f"{out}/report.md") as handle:
         print(handle.read().decode("utf-8"))
     report = read_json(f"{out}/report.json")
-    check_inputs(read_json(f"{out}/inputs.json"), report, out)
-    print(f"rlax evaluate: {len(report['models'])} model(s), {time.perf_counter() - start:.1f} s; output {config.output}")
+    inputs = read_json(f"{out}/inputs.json")
+    check_inputs(inputs, report, out)
+    rejected = sum(n for entry in inputs.values() for n in entry["rejected"].values())
+    print(f"rlax evaluate: {len(report['models'])} model(s), {time.perf_counter() - start:.1f} s; output {config.output}"
+          + (f"; {rejected} row(s) rejected, see {out}/rejected-*.jsonl" if rejected else ""))
     return 0

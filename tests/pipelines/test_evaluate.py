@@ -77,10 +77,18 @@ def test_an_eval_set_without_usable_rows_is_one_line_and_a_non_zero_exit(tmp_pat
 
 
 @pytest.mark.slow
-def test_evaluate_runs_on_the_bundled_heldout_prompts(tmp_path):
+def test_evaluate_runs_on_the_bundled_heldout_prompts_and_counts_rejected_rows(tmp_path, capsys):
     out = tmp_path / "eval"
     assert main(["evaluate", "--model", STORIES, "--eval-set", HELDOUT, "--limit", "2", "--output", str(out),
                  "--runner", "FnApiRunner", "--samples", "2", "generation.max_new_tokens=16", SMALL_ENGINE]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["models"]["stories260K"]["story_heldout"]["overall"]["prompts"] == 2
     assert json.loads((out / "inputs.json").read_text()) == {HELDOUT: {"rows": 64, "rejected": {}}}
+    # A set with some bad rows is evaluated on the good ones, and says how many it left out.
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(open(HELDOUT, encoding="utf-8").readline() + '{"foo": 1}\n')
+    assert main(["evaluate", "--model", STORIES, "--eval-set", str(mixed), "--output", str(tmp_path / "mixed"),
+                 "--runner", "FnApiRunner", "--samples", "1", "generation.max_new_tokens=8", SMALL_ENGINE]) == 0
+    assert json.loads((tmp_path / "mixed" / "inputs.json").read_text())[str(mixed)] == {
+        "rows": 1, "rejected": {"unknown_format": 1}}
+    assert "1 row(s) rejected" in capsys.readouterr().out
