@@ -5,13 +5,15 @@ The driver submits the streaming pipeline and then watches the rollout store, on
 ``loop.poll_interval_s``:
 
 * every schedule step ``0 .. trainer.total_steps - 1`` complete in the store: cancel the job, exit 0;
-* steps the newest weight version allows are waiting (``steps_to_generate``) and no group was written
-  and no step completed for ``loop.stall_polls`` polls in a row: log why, write ``stream/stalled`` to
+* steps the newest weight version allows are waiting (``steps_to_generate``), no worker is busy (a
+  fresh ``transforms.worker_heartbeat`` notice: compiling, generating), and no group was written and
+  no step completed for ``loop.stall_polls`` such polls in a row: log why, write ``stream/stalled`` to
   the stream's metrics, cancel the job and exit ``EXIT_STALLED`` (``rlax launch`` restarts the rollout
   job on it; the restarted pipeline regenerates nothing that is already in the store);
 * the job ends on its own (its impulses stop at ``loop.max_runtime_s``) or fails: exit 0 or raise.
 
-Waiting for the trainer (no step allowed yet) is not a stall: nothing is counted then.
+Waiting for the trainer (no step allowed yet) and slow work in progress are not a stall: nothing is
+counted then.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import time
@@ -27,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from rlax_core.utils.metrics import MetricsWriter
 from transforms.rollout_schedule import steps_to_generate
+from transforms.worker_heartbeat import busy_workers
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,7 @@ class StreamWatch:
         self.weights = WeightStore(spec.weights)
         self.metrics = MetricsWriter(metrics_dir, tensorboard=False) if metrics_dir is not None else None
         self.idle_polls = 0
+        self.busy = False
         self.polls = 0
         self.progress = StreamProgress(0, 0, [], None)
 
@@ -94,7 +99,9 @@ class StreamWatch:
         now = read_progress(self.spec, self.weights, before.steps_generated)
         self.polls += 1
         moved = now.marker != before.marker
-        self.idle_polls = 0 if moved or not now.waiting else self.idle_polls + 1
+        # Work in progress on a worker (a compilation, a long engine call) is not a stall, however slow.
+        self.busy = bool(now.waiting) and not moved and bool(busy_workers(self.spec.rollout_root, self.spec.run))
+        self.idle_polls = 0 if moved or not now.waiting else self.idle_polls + (not self.busy)
         self.progress = now
         if moved or self.stalled or self.polls % 60 == 0:
             self._write()
@@ -119,6 +126,7 @@ class StreamWatch:
             "stream/groups_written": p.groups_written, "stream/steps_generated": p.steps_generated,
             "stream/steps_waiting": len(p.waiting), "stream/idle_polls": self.idle_polls,
             "stream/stalled": int(self.stalled), "stream/latest_version": p.latest_version,
+            "stream/workers_busy": int(self.busy),
         })
 
 
@@ -204,4 +212,11 @@ def run_stream(runner_args: Sequence[str], spec, loop, build: Callable[[Any, Any
             build(pipeline, spec, loop)
             result = pipeline.run()
             # The impulses stop at max_runtime_s; the job then drains. Allow it that long to do so.
-            return drive(result, StreamWatch(spec, loop, metrics_dir), deadline_s=loop.max_runtime_s + 120)
+            code = drive(result, StreamWatch(spec, loop, metrics_dir), deadline_s=loop.max_runtime_s + 120)
+    if code == EXIT_STALLED:
+        # Job cancelled, Prism stopped, scratch removed. A stalled worker thread may still sit in native
+        # code (a compilation, a hung call), and interpreter shutdown under it aborts (SIGABRT) instead
+        # of exiting with our code: leave without waiting for it.
+        logging.shutdown()
+        os._exit(EXIT_STALLED)
+    return code

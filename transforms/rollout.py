@@ -42,6 +42,7 @@ from rlax_core.data.training_set import cached_examples
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.rewards.config import RewardConfig
 from rlax_core.weights.config import WeightStoreConfig
+from transforms.worker_heartbeat import Busy
 from transforms.rollout_schedule import prompt_indices, rollout_prompt_id, sample_seed, steps_to_generate, work_units
 from transforms.rollout_worker import _Worker
 
@@ -169,7 +170,8 @@ class GenerateRollouts(beam.DoFn):
 
     def setup(self):
         spec = self._spec
-        self._worker = self._shared.acquire(lambda: _Worker(spec), tag=f"rollout-worker-{spec.run}")
+        with Busy(spec.rollout_root, spec.run, "starting: loading and compiling the engine"):
+            self._worker = self._shared.acquire(lambda: _Worker(spec), tag=f"rollout-worker-{spec.run}")
         self._examples = spec.examples()
         self._capacity = spec.engine.num_slots * len(self._worker.engine.engines)  # sequences per engine call
         self._versions_refused = beam.metrics.Metrics.counter("rollout", "weight_versions_refused")
@@ -204,9 +206,10 @@ class GenerateRollouts(beam.DoFn):
                                 prompt_id=rollout_prompt_id(spec.run, unit.step, slot),
                                 seed=sample_seed(spec.run_seed, unit.step)) for slot, row in slots]
             units.append((slots, requests))
-        batch = worker.generate([(requests, unit.step - spec.max_staleness)
-                                 for (unit, _, _), (_, requests) in zip(pending, units)],
-                                max(version for _, version, _ in pending))
+        with Busy(spec.rollout_root, spec.run, f"generating steps {sorted({u.step for u, _, _ in pending})}"):
+            batch = worker.generate([(requests, unit.step - spec.max_staleness)
+                                     for (unit, _, _), (_, requests) in zip(pending, units)],
+                                    max(version for _, version, _ in pending))
         if batch.refused:
             self._versions_refused.inc(batch.refused)
             logger.error("rollout worker: %d weight version(s) refused (%s); generating with version %s",

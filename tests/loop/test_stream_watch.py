@@ -111,3 +111,23 @@ def test_launch_stops_the_run_with_the_reason_when_the_rollout_keeps_stalling(tm
         rollout.stop(5)
         trainer.stop(5)
     assert runs.read_text() == "2"
+
+
+def test_a_busy_worker_is_slow_work_not_a_stall(tmp_path):
+    from transforms.worker_heartbeat import Busy, busy_workers
+
+    spec, watch = _watch(tmp_path, stall_polls=2)
+    try:
+        _publish(spec, 0)
+        with Busy(spec.rollout_root, spec.run, "compiling the engine", interval_s=0.05):
+            assert [b["what"] for b in busy_workers(spec.rollout_root, spec.run)] == ["compiling the engine"]
+            for _ in range(5):
+                watch.poll()
+            assert watch.busy and watch.idle_polls == 0 and not watch.stalled
+        assert busy_workers(spec.rollout_root, spec.run) == []  # removed when the work ends
+        watch.poll()
+        watch.poll()
+        assert not watch.busy and watch.stalled
+    finally:
+        watch.close()
+    assert busy_workers(spec.rollout_root, spec.run, fresh_s=0.0) == []
