@@ -185,6 +185,15 @@ def drive(result, watch: StreamWatch, *, deadline_s: float) -> int:
         watch.close()
 
 
+def _quiet_harness_shutdown() -> None:
+    """The job is over: the in-process SDK harness's threads lose their streams when Prism stops, and
+    each would print a gRPC traceback (UNAVAILABLE, socket closed) that says nothing about the run."""
+    import threading
+
+    logging.getLogger("apache_beam.runners.worker").setLevel(logging.CRITICAL)
+    threading.excepthook = lambda _args: None
+
+
 def _exit_on_signal(signum, _frame):
     log.warning("rollout stream: received %s; stopping", signal.Signals(signum).name)
     sys.exit(128 + signum)
@@ -213,6 +222,7 @@ def run_stream(runner_args: Sequence[str], spec, loop, build: Callable[[Any, Any
             result = pipeline.run()
             # The impulses stop at max_runtime_s; the job then drains. Allow it that long to do so.
             code = drive(result, StreamWatch(spec, loop, metrics_dir), deadline_s=loop.max_runtime_s + 120)
+            _quiet_harness_shutdown()
     if code == EXIT_STALLED:
         # Job cancelled, Prism stopped, scratch removed. A stalled worker thread may still sit in native
         # code (a compilation, a hung call), and interpreter shutdown under it aborts (SIGABRT) instead

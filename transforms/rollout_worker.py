@@ -67,13 +67,14 @@ class _Worker:
         """Bring the engine to the newest version <= ``version`` that verifies (a refused one is skipped:
         the engine keeps, or falls back to, the newest good one); returns (engine's version or None,
         versions newly refused)."""
-        refused_before = len(self.follower.refused)
+        refused_before = set(self.follower.refused)
         started = time.monotonic()
         if self.follower.refresh(up_to=version):
             loaded, params = self.follower.take()
             self.engine.update_weights(params, loaded)
             logger.info("rollout worker: loaded weights version %d in %.2f s", loaded, time.monotonic() - started)
-        return self.follower.version, len(self.follower.refused) - refused_before
+        # Versions newly refused; one forgotten in the refresh (repaired) is no refusal.
+        return self.follower.version, len(set(self.follower.refused) - refused_before)
 
     def generate(self, units: list[tuple[list, int]], version: int) -> "_Batch":
         """Generate ``units`` (each: its requests, and the oldest weight version it may use) with the
