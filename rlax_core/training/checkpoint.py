@@ -33,6 +33,11 @@ class Checkpointer:
         self._manager.reload()
         return self._manager.latest_step()
 
+    def all_steps(self) -> list[int]:
+        """The steps of every complete checkpoint, oldest first."""
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
     def save(self, step: int, state: Any, ledger: DataLedger) -> None:
         """Start saving (returns before the write ends when async); a later save waits for it."""
         self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),

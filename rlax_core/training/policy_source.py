@@ -111,9 +111,11 @@ def _checkpoint_params(source: PolicySource):
 
     checkpointer = Checkpointer(source.path, async_save=False)
     try:
-        step = source.version if source.version is not None else checkpointer.latest_step()
-        if step is None:
-            raise CheckpointError(f"checkpoint:{source.path}: no checkpoint")
+        steps = checkpointer.all_steps()
+        step = source.version if source.version is not None else (steps[-1] if steps else None)
+        if step not in steps:
+            raise CheckpointError(f"checkpoint:{source.path}: no checkpoint {'' if step is None else step}; "
+                                  f"complete checkpoints: {', '.join(map(str, steps)) or 'none'}")
         state, _ = checkpointer.restore(step)
     finally:
         checkpointer.close()

@@ -83,10 +83,12 @@ def test_weight_versions_and_checkpoints_load_through_their_model_templates(trai
     np.testing.assert_array_equal(older, np.asarray(from_pretrained(output / "hf" / "step_00000001")(IDS)))
 
 
-def test_a_version_that_is_not_there_is_named(trained):
+def test_a_version_or_checkpoint_that_is_not_there_is_named(trained):
     output, _ = trained
     with pytest.raises(ValueError, match="version 7 is not committed"):
         load_policy(f"weights:{output}/weights@7")
+    with pytest.raises(ValueError, match="no checkpoint 9; complete checkpoints: 1, 2"):
+        load_policy(f"checkpoint:{output}/checkpoints@9")
 
 
 def test_rerunning_the_finished_run_exports_nothing_again(trained):
