@@ -70,7 +70,7 @@ def build(pipeline: beam.Pipeline, config: FilterConfig) -> None:
     examples, unreadable = (pipeline | "Read" >> ReadRawRecords(config.input)
                             | "ToExamples" >> ToExamples(InputSpec(path=config.input, format=config.input_format), 1 << 20))
     results = (examples | "Limit" >> TakeSmallestIds(config.limit)
-               | "SampleAndVerify" >> SampleAndVerify(config.generation))
+               | "SampleAndVerify" >> SampleAndVerify(config.generation, config.rewards, config.task_terms))
     kept, rejected = results | "KeepBand" >> KeepPassRateBand(config.low, config.high, version)
     all_rejected = (rejected, unreadable) | "AllRejected" >> beam.Flatten()
     kept | "WriteExamples" >> WriteExamples(f"{out}/examples")

@@ -21,6 +21,13 @@ from rlax_core.rewards.config import RewardConfig
 from rlax_core.rewards.registry import reward_names
 
 
+def _require_registered(task_terms: dict[str, str]) -> None:
+    """Each task's verdict term is registered (after the section's ``rewards`` imported its own modules)."""
+    known = reward_names()
+    for task, term in task_terms.items():
+        require(term in known, f"task_terms.{task}", f"a registered reward term; known: {', '.join(known)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class FilterConfig:
     input: str = ""  # Example rows: curate's parquet shards or a jsonl of Example rows (glob; local or gs://)
@@ -31,10 +38,14 @@ class FilterConfig:
     high: float = 0.9
     limit: int = 0  # only the first N prompts by id (0: all)
     model_version: str = ""  # recorded in filter_model_version; default: the model's label
+    # A user's own rewards decide the pass rate as they decide evaluate's verdicts (see EvaluateConfig).
+    rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    task_terms: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         require(0.0 <= self.low <= self.high <= 1.0, "low", "0 <= low <= high <= 1")
         require(self.limit >= 0, "limit", "an integer >= 0")
+        _require_registered(self.task_terms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +67,7 @@ class EvaluateConfig:
     def __post_init__(self):
         require(all(k >= 1 for k in self.ks) and len(self.ks) > 0, "ks", "positive integers")
         require(self.limit >= 0, "limit", "an integer >= 0")
-        known = reward_names()  # after self.rewards imported its own modules
-        for task, term in self.task_terms.items():
-            require(term in known, f"task_terms.{task}", f"a registered reward term; known: {', '.join(known)}")
+        _require_registered(self.task_terms)
 
     @property
     def labels(self) -> list[str]:

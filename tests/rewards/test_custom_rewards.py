@@ -114,7 +114,7 @@ def test_the_example_of_docs_rewards_md_works_as_written(tmp_path, monkeypatch):
 
 
 def test_evaluation_verdicts_can_come_from_a_users_term(tmp_path):
-    from pipelines.sections import EvaluateConfig
+    from pipelines.sections import EvaluateConfig, FilterConfig
     from rlax_core.eval.verify import TASK_TERMS, Verifier
 
     rewards = write(tmp_path / "verdicts.py", """
@@ -127,8 +127,11 @@ def test_evaluation_verdicts_can_come_from_a_users_term(tmp_path):
     verdicts = verifier.verify(EXAMPLE, ["The end.", "and then"], ["stop", "length"])
     assert [v.correct for v in verdicts] == [True, False]
     verifier.close()
-    with pytest.raises(ConfigError, match="task_terms.story: a registered reward term"):
-        from_dict(EvaluateConfig, {"task_terms": {"story": "cv_nobody"}})
+    for section in (EvaluateConfig, FilterConfig):
+        with pytest.raises(ConfigError, match="task_terms.story: a registered reward term"):
+            from_dict(section, {"task_terms": {"story": "cv_nobody"}})
+    assert from_dict(FilterConfig, {"rewards": {"functions": {"cv_period": f"{rewards}:ends_with_period"}},
+                                    "task_terms": {"story": "cv_period"}}).task_terms == {"story": "cv_period"}
 
 
 # ----------------------------------------------------------------------------- on Beam workers
