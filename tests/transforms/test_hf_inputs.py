@@ -5,7 +5,12 @@ parquet files and a README whose ``configs:`` metadata names the ``main`` and ``
 ``datasets.load_dataset`` reads it through the same builder and cache as it reads ``openai/gsm8k``.
 """
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import apache_beam as beam
 import pyarrow as pa
@@ -27,7 +32,11 @@ def gsm8k_like(tmp_path, monkeypatch):
     cache = tmp_path / "hf_cache"
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)  # what HF_DATASETS_CACHE sets at import
     hf_dataset.cache_clear()
-    root = tmp_path / "gsm8k_like"
+    yield write_gsm8k_like(tmp_path / "gsm8k_like"), cache
+    hf_dataset.cache_clear()
+
+
+def write_gsm8k_like(root: Path) -> Path:
     for config, marker in (("main", "####"), ("socratic", "#### (socratic)")):
         for split, size in (("train", 3), ("test", ROWS)):
             (root / config).mkdir(parents=True, exist_ok=True)
@@ -49,8 +58,7 @@ def gsm8k_like(tmp_path, monkeypatch):
           - {split: test, path: socratic/test-*.parquet}
         ---
         """))
-    yield root, cache
-    hf_dataset.cache_clear()
+    return root
 
 
 def test_names_configs_and_splits_parse():
@@ -83,3 +91,20 @@ def test_another_config_is_another_dataset(gsm8k_like, pipeline):
     with pipeline as p:
         rows = p | ReadRawRecords(f"hf:{root}:socratic:train") | beam.Map(lambda raw: (raw["row"], raw["record"]["question"]))
         assert_that(rows, equal_to([(i, f"socratic train {i}: what is {i} + 1?") for i in range(3)]))
+
+
+@pytest.mark.slow  # a curate job in its own process: about 30 s
+def test_rlax_curate_reads_a_dataset_config_through_the_cache_named_by_the_environment(tmp_path):
+    root = write_gsm8k_like(tmp_path / "gsm8k_like")
+    cache, out = tmp_path / "env_cache", tmp_path / "curated"
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "curate", "--input", f"hf:{root}:main:test",
+                             "--format", "gsm8k", "--output", str(out), "--runner", "FnApiRunner"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(cache.rglob("*.arrow")), "the split was prepared in HF_DATASETS_CACHE"
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["kept"] == ROWS - 1
+    dead = [json.loads(line) for f in out.glob("dead_letter-*.jsonl") for line in f.read_text().splitlines()]
+    assert [(d["reason"], d["origin"], d["row"]) for d in dead] == [("unparseable_answer", f"hf:{root}:main:test", 7)]
