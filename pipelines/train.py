@@ -76,6 +76,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     signal.signal(signal.SIGINT, request_stop)
     result = train(run_config, stop)
     log.info("trainer done at step %d%s", result.step, " (stopped early)" if result.preempted else "")
+    output = run_config.run.output_dir.rstrip("/")
+    model = f"model {output}/hf/step_{result.step:08d}; " if not result.preempted else ""
+    print(f"rlax train: step {result.step}{' (stopped early)' if result.preempted else ''}; {model}"
+          f"checkpoints {output}/checkpoints; weights {run_config.weight_store().root}; metrics {output}/metrics")
     return 0
 
 

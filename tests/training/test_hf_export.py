@@ -91,7 +91,7 @@ def test_a_version_or_checkpoint_that_is_not_there_is_named(trained):
         load_policy(f"checkpoint:{output}/checkpoints@9")
 
 
-def test_rerunning_the_finished_run_exports_nothing_again(trained):
+def test_rerunning_the_finished_run_exports_nothing_again(trained, capsys):
     output, _ = trained
     final = output / "hf" / "step_00000002" / "model.safetensors"
     before = final.stat().st_mtime_ns
@@ -99,6 +99,7 @@ def test_rerunning_the_finished_run_exports_nothing_again(trained):
                  f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2", "trainer.max_seq_len=16",
                  "trainer.export_every=1"]) == 0
     assert final.stat().st_mtime_ns == before
+    assert f"rlax train: step 2; model {output}/hf/step_00000002; checkpoints {output}/checkpoints" in capsys.readouterr().out
 
 
 def test_evaluate_compares_the_export_a_weight_version_and_a_checkpoint(trained, tmp_path):
