@@ -1,5 +1,5 @@
 """Decode and prefill attention in plain jnp: the decode window's attention (the CPU path), and the
-paged reference (gather the pages, then the same math) that the Pallas kernel is tested against.
+paged reference (gather the pages, then the same math) that the Pallas kernels are tested against.
 
 Shapes: B sequences, Hq query heads, Hkv key/value heads (GQA: each KV head serves Hq // Hkv
 query heads), D head dim, P pages per sequence of S tokens each. Softmax runs in float32.
@@ -52,14 +52,14 @@ def window_decode_attention(q: jax.Array, keys: jax.Array, values: jax.Array, le
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)
 
 
-def paged_decode_attention_reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
-                                     lengths: jax.Array, scale: float, layer: jax.Array | int | None = None) -> jax.Array:
+def paged_decode_attention_reference(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, page_table: jax.Array,
+                                     lengths: jax.Array, scale: float) -> jax.Array:
     """One query token per sequence against that sequence's first ``lengths[b]`` cached tokens.
 
-    q [B, Hq, D]; k_pages, v_pages as for :func:`~rlax_core.inference.kv_cache.gather_pages`;
-    page_table [B, P]; lengths [B]. Returns [B, Hq, D] in q's dtype.
+    q [B, Hq, D]; k_pool, v_pool one layer's [Hkv, num_pages, S, D] (``kv_cache``); page_table
+    [B, P]; lengths [B]. Returns [B, Hq, D] in q's dtype.
     """
-    keys, values = to_window_layout(gather_pages(k_pages, page_table, layer), gather_pages(v_pages, page_table, layer))
+    keys, values = to_window_layout(gather_pages(k_pool, page_table), gather_pages(v_pool, page_table))
     return window_decode_attention(q, keys, values, lengths, scale)
 
 

@@ -9,6 +9,12 @@ Page 0 is never handed out: it is the sink for writes that must go nowhere (prom
 slots), which keeps every write a fixed-shape scatter with no branch. Admission control reserves a
 request's worst-case pages before it starts, so a running sequence never runs out of pages.
 
+The pools are per layer and KV-heads-major, ``[num_kv_heads, num_pages, page_size, head_dim]``:
+the layout JAX's paged-attention kernels (TPU and GPU) read in place, and the one a tensor-parallel
+engine shards over its devices by KV head (each device holds its heads' pages of every page).
+Per-layer arrays, not one stacked pool, because a kernel's operand must be a whole array: a layer
+sliced out of a stacked pool is a copy of it per layer per step.
+
 A ``DecodeWindow`` is the running sequences' pages laid out densely, per layer a keys array
 ``[slots, kv_heads, head_dim, tokens]`` and a values array whose layout follows the head dim
 (``to_window_layout``). Backends without a paged-attention kernel (CPU)
@@ -28,25 +34,31 @@ SINK_PAGE = 0
 
 
 class KVCache(NamedTuple):
-    """Key and value pools, each ``[num_layers, num_pages, page_size, num_kv_heads, head_dim]``."""
+    """Key and value pools: per layer one array ``[num_kv_heads, num_pages, page_size, head_dim]``."""
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
 
     @property
     def page_size(self) -> int:
-        return self.k.shape[2]
+        return self.k[0].shape[2]
+
+
+def kv_pool_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, int, int, int]:
+    """One layer's key (or value) pool."""
+    return (num_kv_heads, num_pages, page_size, head_dim)
 
 
 def init_kv_cache(num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
                   dtype=jnp.float32) -> KVCache:
-    shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    shape = kv_pool_shape(num_pages, page_size, num_kv_heads, head_dim)
+    return KVCache(tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+                   tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)))
 
 
-def write_pages(pool: jax.Array, layer: int | jax.Array, new: jax.Array, page_table: jax.Array,
-                positions: jax.Array, valid: jax.Array) -> jax.Array:
-    """Scatter ``new`` [B, T, Hkv, D] into ``pool`` (one layer of it) at each token's position.
+def write_pages(pool: jax.Array, new: jax.Array, page_table: jax.Array, positions: jax.Array,
+                valid: jax.Array) -> jax.Array:
+    """Scatter ``new`` [B, T, Hkv, D] into one layer's ``pool`` at each token's position.
 
     ``positions`` [B, T] are token positions within each sequence; tokens where ``valid`` [B, T] is
     false go to the sink page.
@@ -55,19 +67,16 @@ def write_pages(pool: jax.Array, layer: int | jax.Array, new: jax.Array, page_ta
     page_index = jnp.clip(positions // page_size, 0, page_table.shape[1] - 1)
     pages = jnp.where(valid, jnp.take_along_axis(page_table, page_index, axis=1), SINK_PAGE)
     offsets = jnp.where(valid, positions % page_size, 0)
-    return pool.at[layer, pages, offsets].set(new.astype(pool.dtype), mode="promise_in_bounds")
+    return pool.at[:, pages, offsets].set(new.transpose(2, 0, 1, 3).astype(pool.dtype), mode="promise_in_bounds")
 
 
-def gather_pages(pages: jax.Array, page_table: jax.Array, layer: jax.Array | int | None = None) -> jax.Array:
-    """Each sequence's cached tokens in order: [B, P*S, Hkv, D] from a pool [num_pages, S, Hkv, D].
+def gather_pages(pool: jax.Array, page_table: jax.Array) -> jax.Array:
+    """Each sequence's cached tokens in order, heads-major: [Hkv, B, P*S, D] from one layer's pool.
 
-    ``pages`` may be all layers' pools [num_layers, num_pages, S, Hkv, D] with ``layer`` naming one
-    (gathering straight from the full pool avoids copying a layer's slice out of it first). Page
-    ids come from the allocator, so they are in bounds and the gather needs no clamping.
+    Page ids come from the allocator, so they are in bounds and the gather needs no clamping.
     """
-    index = page_table if layer is None else (layer, page_table)
-    gathered = pages.at[index].get(mode="promise_in_bounds")
-    return gathered.reshape(page_table.shape[0], -1, *pages.shape[-2:])
+    gathered = pool.at[:, page_table].get(mode="promise_in_bounds")  # [Hkv, B, P, S, D]
+    return gathered.reshape(pool.shape[0], page_table.shape[0], -1, pool.shape[-1])
 
 
 def values_tokens_minor(head_dim: int) -> bool:
@@ -81,14 +90,14 @@ def values_tokens_minor(head_dim: int) -> bool:
 
 
 def to_window_layout(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Tokens-major k/v [B, T, Hkv, D] to the window layout: keys [B, Hkv, D, T], values [B, Hkv, D, T]
-    for a small head_dim and [B, Hkv, T, D] otherwise (:func:`values_tokens_minor`).
+    """Gathered k/v [Hkv, B, T, D] (:func:`gather_pages`) to the window layout: keys [B, Hkv, D, T],
+    values [B, Hkv, D, T] for a small head_dim and [B, Hkv, T, D] otherwise (:func:`values_tokens_minor`).
 
     Decode attention contracts keys over D: tokens-minor keys make the score product stream over T
     (the tokens-major layout made it a short horizontal sum, four times slower).
     """
-    values = v.transpose(0, 2, 3, 1) if values_tokens_minor(v.shape[-1]) else v.transpose(0, 2, 1, 3)
-    return k.transpose(0, 2, 3, 1), values
+    values = v.transpose(1, 0, 3, 2) if values_tokens_minor(v.shape[-1]) else v.transpose(1, 0, 2, 3)
+    return k.transpose(1, 0, 3, 2), values
 
 
 class DecodeWindow(NamedTuple):
@@ -124,26 +133,24 @@ def _replace(items: tuple, index: int, item) -> tuple:
 
 
 def gather_window(cache: KVCache, page_table: jax.Array) -> DecodeWindow:
-    layers = [to_window_layout(gather_pages(cache.k, page_table, layer), gather_pages(cache.v, page_table, layer))
-              for layer in range(cache.k.shape[0])]
+    layers = [to_window_layout(gather_pages(k, page_table), gather_pages(v, page_table)) for k, v in zip(*cache)]
     return DecodeWindow(tuple(k for k, _ in layers), tuple(v for _, v in layers))
 
 
 def scatter_window(cache: KVCache, window: DecodeWindow, page_table: jax.Array) -> KVCache:
     """Write the window back into its pages. Rows of idle slots (page table 0) land in the sink."""
     batch, pages_per_sequence = page_table.shape
-    page_shape = cache.k.shape[2:]  # [S, Hkv, D]
+    page_size, head_dim = cache.k[0].shape[2:]
 
-    def put(pool, layer, tokens_major):
-        pages = tokens_major.reshape(batch, pages_per_sequence, *page_shape)
-        return pool.at[layer, page_table].set(pages.astype(pool.dtype), mode="promise_in_bounds")
+    def put(pool, heads_major):  # [B, Hkv, T, D] -> pool [Hkv, pages, S, D]
+        pages = heads_major.reshape(batch, pool.shape[0], pages_per_sequence, page_size, head_dim)
+        return pool.at[:, page_table].set(pages.transpose(1, 0, 2, 3, 4).astype(pool.dtype), mode="promise_in_bounds")
 
-    k_pool, v_pool = cache
-    for layer, (keys, values) in enumerate(zip(window.k, window.v)):
-        k_pool = put(k_pool, layer, keys.transpose(0, 3, 1, 2))
-        v_pool = put(v_pool, layer, values.transpose(0, 3, 1, 2) if values_tokens_minor(page_shape[-1])
-                     else values.transpose(0, 2, 1, 3))
-    return KVCache(k_pool, v_pool)
+    minor = values_tokens_minor(head_dim)
+    k_pools = tuple(put(pool, keys.transpose(0, 1, 3, 2)) for pool, keys in zip(cache.k, window.k))
+    v_pools = tuple(put(pool, values.transpose(0, 1, 3, 2) if minor else values)
+                    for pool, values in zip(cache.v, window.v))
+    return KVCache(k_pools, v_pools)
 
 
 class PageAllocator:

@@ -1,77 +1,85 @@
-"""Paged decode attention as a Pallas kernel.
+"""Paged decode attention on accelerators, from JAX's own Pallas kernels.
 
-One program per (sequence, KV head): it walks only the pages that hold the sequence's tokens
-(``ceil(length / page_size)`` of them, read through the page table) with an online softmax, and
-serves all the query heads of its GQA group at once, so each cached page is read once per KV head
-rather than once per query head and nothing is read past a sequence's real length.
+    out = paged_decode_attention(q, k_pool, v_pool, page_table, lengths, scale, kernel="tpu")
 
-``interpret=True`` runs the same kernel through the Pallas interpreter (CPU, tests); otherwise it
-is lowered for the backend (Mosaic on TPU, Triton on GPU). It matches
-:func:`rlax_core.inference.attention.paged_decode_attention_reference`.
+Both kernels read one layer's pools ``[Hkv, num_pages, page_size, D]`` (``kv_cache``'s layout) in
+place through the page table, visit only the pages below each sequence's length, and serve a KV
+head's whole GQA group per program:
+
+- ``"tpu"``: ``jax.experimental.pallas.ops.tpu.paged_attention`` (Mosaic). It DMAs
+  ``pages_per_compute_block`` pages at a time into VMEM, double-buffered. It casts the loaded K and
+  V to bfloat16 before its products (``MultiPageAsyncCopyDescriptor._maybe_dequantize`` in its
+  source), so with a float32 cache it computes on bfloat16-rounded keys and values: the TPU recipes
+  keep a bfloat16 cache, where that cast loses nothing.
+- ``"gpu"``: ``jax.experimental.pallas.ops.gpu.paged_attention`` (Triton). It splits each sequence's
+  pages into ``k_splits`` partitions reduced by a final flash-style combine, in float32.
+
+``ragged_paged_attention`` (TPU) serves batches that mix prefill and decode tokens against a pool
+holding K and V interleaved per head; the engine prefills and decodes in separate programs over
+separate K and V pools, so the decode kernel is the one that fits it.
+
+``interpret=True`` runs a kernel on CPU: the GPU kernel through the generic Pallas interpreter, the
+TPU kernel through TPU interpret mode (``pltpu.force_tpu_interpret_mode``), which simulates its
+VMEM, DMAs and semaphores. Tests check both against
+:func:`rlax_core.inference.attention.paged_decode_attention_reference` that way.
+
+Neither kernel takes a softmax scale: the query is scaled before the call.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.gpu import paged_attention as gpu_paged_attention
+from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_paged_attention
 
-_MASKED = -1e30
-
-
-def _kernel(lengths_ref, page_table_ref, q_ref, k_ref, v_ref, out_ref, *, scale: float, page_size: int):
-    seq, kv_head = pl.program_id(0), pl.program_id(1)
-    length = lengths_ref[seq]
-    q = q_ref[...].astype(jnp.float32) * scale  # [G, D]
-    group, head_dim = q.shape
-
-    def visit_page(i, carry):
-        running_max, running_sum, acc = carry
-        page = page_table_ref[seq, i]
-        k = k_ref[page, :, kv_head, :].astype(jnp.float32)  # [S, D]
-        v = v_ref[page, :, kv_head, :].astype(jnp.float32)
-        scores = jnp.dot(q, k.T, preferred_element_type=jnp.float32)  # [G, S]
-        positions = i * page_size + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 1)
-        scores = jnp.where(positions < length, scores, _MASKED)
-        new_max = jnp.maximum(running_max, scores.max(axis=1, keepdims=True))
-        correction = jnp.exp(running_max - new_max)
-        probs = jnp.exp(scores - new_max)
-        running_sum = running_sum * correction + probs.sum(axis=1, keepdims=True)
-        acc = acc * correction + jnp.dot(probs, v, preferred_element_type=jnp.float32)
-        return new_max, running_sum, acc
-
-    init = (jnp.full((group, 1), _MASKED, jnp.float32), jnp.zeros((group, 1), jnp.float32),
-            jnp.zeros((group, head_dim), jnp.float32))
-    num_pages = (length + page_size - 1) // page_size
-    _, total, acc = jax.lax.fori_loop(0, num_pages, visit_page, init)
-    # A sequence of length 0 has total 0: return zeros, like the reference.
-    out_ref[...] = (acc / jnp.where(total == 0, 1.0, total)).astype(out_ref.dtype)
+KERNELS = ("tpu", "gpu")
+_TPU_BLOCK_TOKENS = 512  # tokens per DMA'd compute block: large enough to hide the copy, small for VMEM
+_GPU_MAX_SPLITS = 16  # the GPU kernel's default k_splits
+_GPU_BLOCK_PAGES = 8  # the GPU kernel's default pages_per_compute_block
+_GPU_BLOCK_HEADS = 16  # query heads per program (the kernel pads a smaller GQA group up to it)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
-def paged_decode_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
-                           lengths: jax.Array, scale: float, interpret: bool = False) -> jax.Array:
-    """q [B, Hq, D]; k_pages, v_pages [num_pages, S, Hkv, D]; page_table [B, P]; lengths [B] -> [B, Hq, D]."""
-    batch, num_heads, head_dim = q.shape
-    num_kv_heads, page_size = k_pages.shape[2], k_pages.shape[1]
-    group = num_heads // num_kv_heads
-    qg = q.reshape(batch, num_kv_heads, group, head_dim)
-    whole = lambda array: pl.BlockSpec(array.shape, lambda b, h: (0,) * array.ndim)
-    out = pl.pallas_call(
-        functools.partial(_kernel, scale=scale, page_size=page_size),
-        grid=(batch, num_kv_heads),
-        in_specs=[
-            whole(lengths),
-            whole(page_table),
-            pl.BlockSpec((None, None, group, head_dim), lambda b, h: (b, h, 0, 0)),
-            whole(k_pages),
-            whole(v_pages),
-        ],
-        out_specs=pl.BlockSpec((None, None, group, head_dim), lambda b, h: (b, h, 0, 0)),
-        out_shape=jax.ShapeDtypeStruct(qg.shape, q.dtype),
-        interpret=interpret,
-        name="paged_decode_attention",
-    )(lengths.astype(jnp.int32), page_table.astype(jnp.int32), qg, k_pages, v_pages)
-    return out.reshape(batch, num_heads, head_dim)
+def kernel_for_backend(platform: str) -> str:
+    """The kernel a backend runs: its own on TPU and GPU; the CPU interprets the GPU one (tests)."""
+    return "tpu" if platform == "tpu" else "gpu"
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+def tpu_block_pages(pages_per_sequence: int, page_size: int) -> int:
+    """Pages per compute block: the kernel needs a divisor of the page-table width."""
+    return _largest_divisor(pages_per_sequence, max(1, _TPU_BLOCK_TOKENS // page_size))
+
+
+def gpu_splits(pages_per_sequence: int) -> tuple[int, int]:
+    """(k_splits, pages_per_compute_block), both dividing what they split, as the kernel asserts."""
+    splits = _largest_divisor(pages_per_sequence, _GPU_MAX_SPLITS)
+    return splits, _largest_divisor(pages_per_sequence // splits, _GPU_BLOCK_PAGES)
+
+
+def paged_decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, page_table: jax.Array,
+                           lengths: jax.Array, scale: float, *, kernel: str, interpret: bool = False) -> jax.Array:
+    """q [B, Hq, D]; pools [Hkv, num_pages, S, D]; page_table [B, P]; lengths [B] -> [B, Hq, D].
+
+    A sequence's ``lengths[b]`` must be at least 1 (the engine always attends to the new token).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown paged-attention kernel {kernel!r}; expected one of {KERNELS}")
+    page_table, lengths = page_table.astype(jnp.int32), lengths.astype(jnp.int32)
+    scaled = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    pages_per_sequence, page_size = page_table.shape[1], k_pool.shape[2]
+    if kernel == "tpu":
+        mode = pltpu.force_tpu_interpret_mode() if interpret else contextlib.nullcontext()
+        with mode:
+            return tpu_paged_attention(scaled, k_pool, v_pool, lengths, page_table,
+                                       pages_per_compute_block=tpu_block_pages(pages_per_sequence, page_size))
+    splits, block_pages = gpu_splits(pages_per_sequence)
+    return gpu_paged_attention.paged_attention(scaled, k_pool, v_pool, page_table, lengths, block_h=_GPU_BLOCK_HEADS,
+                                               pages_per_compute_block=block_pages, k_splits=splits,
+                                               interpret=interpret)
