@@ -27,16 +27,24 @@ class EngineConfig:
     max_prompt_len / max_new_tokens: the longest prompt and completion a request may ask for.
     prefill_buckets: prompt lengths are padded up to the next bucket, so prefill compiles once per
       bucket (and per power-of-two prefill batch) and never for a new length.
+    max_prefill_batch: prompts prefilled together by one compiled call at most (0: num_slots). A
+      prefill's dense attention holds [batch, heads, bucket, bucket] float32 scores, so on long
+      prompts this bounds the prefill's memory (the memory planner counts it).
     decode_steps_per_call: tokens decoded per compiled call before control returns to Python to
       retire finished sequences and admit new ones.
-    attention_impl: decode attention over the cache. "pallas": the paged Pallas kernel reads pages
-      in place (interpret mode on CPU). "window": each decode call gathers the running sequences'
+    attention_impl: decode attention over the cache. "pallas": JAX's own paged-attention Pallas
+      kernel for the backend reads pages in place (``pallas_attention``: the TPU kernel on TPU, the
+      GPU kernel on GPU, the GPU kernel interpreted on CPU). "window": each decode call gathers the running sequences'
       pages into a dense window, decodes against it and writes it back (the fast path on CPU; it
       costs a transient num_slots x max_seq_len cache per call). "reference": plain jnp, gathering
       the pages at every layer of every step. "auto": Pallas on TPU and GPU, the window on CPU.
-    replicas: engines per process, one per local device (``ReplicatedEngine``), each with this
-      config's slots and pages; 0 = one per local device. On a CPU host the entry points make each
-      core a device first (``rlax_core.utils.devices``). An ``Engine`` is one replica.
+    replicas: engines per process (``ReplicatedEngine``), each with this config's slots and pages;
+      0 = as many as the local devices hold (devices // tensor_parallel). On a CPU host the entry
+      points make each core a device first (``rlax_core.utils.devices``). An ``Engine`` is one replica.
+    tensor_parallel: devices one replica spans. Its weights are split over them by the trainer's
+      logical-axis rules (attention by heads, MLP by columns) and its KV pool by KV head
+      (``sharding``): each device holds 1/N of them where N divides the head counts. 1: one device.
+      A host of 8 chips runs e.g. one replica at 8 or two at 4.
     """
 
     num_slots: int = 16
@@ -49,9 +57,13 @@ class EngineConfig:
     attention_impl: AttentionImpl = "auto"
     cache_dtype: Literal["float32", "bfloat16"] = "float32"
     replicas: int = 1
+    tensor_parallel: int = 1
+    max_prefill_batch: int = 0
 
     def __post_init__(self):
-        require(self.replicas >= 0, "replicas", "must be >= 0 (0: one per local device)")
+        require(self.replicas >= 0, "replicas", "must be >= 0 (0: as many as the local devices hold)")
+        require(self.max_prefill_batch >= 0, "max_prefill_batch", "must be >= 0 (0: num_slots)")
+        require(self.tensor_parallel >= 1, "tensor_parallel", "must be at least 1 (devices per replica)")
         require(self.num_slots >= 1, "num_slots", "must be at least 1")
         require(self.page_size >= 1, "page_size", "must be at least 1")
         require(self.max_prompt_len >= 1, "max_prompt_len", "must be at least 1")
@@ -77,6 +89,11 @@ class EngineConfig:
     @property
     def max_seq_len(self) -> int:
         return self.max_prompt_len + self.max_new_tokens
+
+    @property
+    def prefill_batch(self) -> int:
+        """The most prompts one prefill call takes."""
+        return min(self.num_slots, self.max_prefill_batch or self.num_slots)
 
     @property
     def pages_per_sequence(self) -> int:

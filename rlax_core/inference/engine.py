@@ -40,9 +40,13 @@ import numpy as np
 
 from rlax_core.inference import programs
 from rlax_core.inference.config import EngineConfig, SamplingParams
-from rlax_core.inference.kv_cache import PageAllocator, init_kv_cache, pages_needed
+from rlax_core.inference.kv_cache import KVCache, PageAllocator, init_kv_cache, kv_pool_shape, pages_needed
+from rlax_core.inference.pallas_attention import kernel_for_backend
+from rlax_core.inference.sharding import (decoding_param_shardings, engine_mesh, kv_pool_sharding,
+                                          stacked_param_shardings)
 from rlax_core.inference.sampling import SamplingMode, prompt_key_id
 from rlax_core.models.config import ModelConfig
+from rlax_core.models.transformer import unstack_layers
 
 logger = logging.getLogger(__name__)
 
@@ -137,30 +141,42 @@ class Engine:
 
     ``detokenize`` (ids -> text) is needed only for requests with stop strings. ``device``: where
     the weights and the cache live and every program runs (default: JAX's default device); one
-    engine per device is ``ReplicatedEngine``.
+    engine per device is ``ReplicatedEngine``. With ``config.tensor_parallel`` N > 1 the replica
+    spans ``devices`` instead (default: the first N local devices): weights and cache are sharded
+    over them (``sharding``).
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, params: Any, version: int = 0,
-                 detokenize: Callable[[Sequence[int]], str] | None = None, device: jax.Device | None = None):
+                 detokenize: Callable[[Sequence[int]], str] | None = None, device: jax.Device | None = None,
+                 devices: Sequence[jax.Device] | None = None):
         if config.replicas != 1:
             raise ValueError(f"engine.replicas={config.replicas}: an Engine is one replica; build a ReplicatedEngine")
         self.config = config
         self.model_config = model_config
         self.detokenize = detokenize
-        self.device = device
+        self.device, self.mesh = device, None
+        if config.tensor_parallel > 1:
+            if device is not None:
+                raise ValueError("a tensor-parallel Engine takes devices=, not one device")
+            devices = list(jax.local_devices()[:config.tensor_parallel] if devices is None else devices)
+            if len(devices) != config.tensor_parallel:
+                raise ValueError(f"engine.tensor_parallel={config.tensor_parallel} needs that many devices; "
+                                 f"got {len(devices)}")
+            self.mesh = engine_mesh(devices)
+        elif devices is not None:
+            raise ValueError("devices= is for a tensor-parallel Engine (engine.tensor_parallel > 1); use device=")
+        self.devices = list(self.mesh.devices.flat) if self.mesh is not None else [device or jax.devices()[0]]
+        platform = self.devices[0].platform
         self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-        self._params, self._version = programs.decoding_layout(self._place(params)), int(version)
+        self._params, self._version = self._layout(params), int(version)
         self._pending_weights: tuple[Any, int] | None = None
         self._lock = threading.Lock()
-        self.attention = self._resolve_attention(config.attention_impl)
-        self._prefill_batches = _power_of_two_buckets(config.num_slots)
+        self.attention = self._resolve_attention(config.attention_impl, platform)
+        self._prefill_batches = _power_of_two_buckets(config.prefill_batch)
         # The Pallas kernel reads only the pages in use whatever the table width: one width serves.
         self._window_widths = ((config.pages_per_sequence,) if self.attention == "pallas"
                                else _geometric_buckets(config.pages_per_sequence))
-        dtype = jnp.bfloat16 if config.cache_dtype == "bfloat16" else jnp.float32
-        with jax.default_device(device):  # allocated in place: a TPU cache may not fit twice on one chip
-            self._cache = init_kv_cache(model_config.num_layers, config.num_pages, config.page_size,
-                                        model_config.num_kv_heads, model_config.head_dim, dtype)
+        self._cache = self._allocate_cache()
         self._allocator = PageAllocator(config.num_pages)
         self._slots = _SlotState(config.num_slots, config.pages_per_sequence)
         self._running: list[_Sequence | None] = [None] * config.num_slots
@@ -170,11 +186,13 @@ class Engine:
         self.stats = {"prefill_calls": 0, "shared_prefills": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0,
                       "weight_swaps": 0}
         # Module-level programs keyed by static shapes: engines with equal configs share compilations.
-        self._prefill = functools.partial(programs.prefill, model_config=model_config)
-        platform = device.platform if device is not None else jax.default_backend()
+        self._prefill = functools.partial(programs.prefill, model_config=model_config, mesh=self.mesh)
+        self._copy_pages = functools.partial(programs.copy_pages, mesh=self.mesh)
         decode = programs.decode_on_cpu if platform == "cpu" else programs.decode
+        # "pallas" is the backend's own JAX kernel; the CPU interprets one (tests).
+        attention = kernel_for_backend(platform) if self.attention == "pallas" else self.attention
         self._decode = functools.partial(decode, model_config=model_config, chunk=config.decode_steps_per_call,
-                                         attention=self.attention)
+                                         attention=attention, mesh=self.mesh, interpret=platform == "cpu")
 
     # ------------------------------------------------------------------ public API
 
@@ -220,7 +238,7 @@ class Engine:
                 self._cache = self._prefill(self._params, self._cache, padding, padding - 1, no_pages)
         for pages in sorted({pages_needed(length, config.page_size) for length in config.prefill_buckets}):
             sink = np.zeros((config.num_slots, pages), np.int32)
-            self._cache = programs.copy_pages(self._cache, sink, sink)
+            self._cache = self._copy_pages(self._cache, sink, sink)
         for mode in modes:
             for width in self._window_widths:  # no slot is active: each decode loop exits at once
                 *_, self._cache = self._decode(self._params, self._cache, self._decode_state(width), mode=mode)
@@ -257,7 +275,7 @@ class Engine:
         if shapes != self._param_shapes:
             raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
                              "engine's; build a new Engine for a different model")
-        params = programs.decoding_layout(self._place(params))
+        params = self._layout(params)
         with self._lock:
             self._pending_weights = (params, int(version))
         self._maybe_swap_weights()
@@ -317,19 +335,10 @@ class Engine:
         for _, seq in admitted:
             owners.setdefault(id(seq.request), seq)
         prefixes = [seq for seq in owners.values() if len(seq.request.prompt_ids) > 1]
+        for start in range(0, len(prefixes), config.prefill_batch):
+            self._prefill_prompts(prefixes[start:start + config.prefill_batch])
         if prefixes:
-            batch = next(b for b in self._prefill_batches if b >= len(prefixes))
             length = config.bucket_for(max(len(seq.request.prompt_ids) - 1 for seq in prefixes))
-            tokens = np.zeros((batch, length), np.int32)
-            positions = np.full((batch, length), -1, np.int32)
-            page_table = np.zeros((batch, config.pages_per_sequence), np.int32)
-            for row, seq in enumerate(prefixes):
-                prefix = np.asarray(seq.request.prompt_ids[:-1], np.int32)
-                tokens[row, length - len(prefix):] = prefix  # left-padded: positions say where each token goes
-                positions[row, length - len(prefix):] = np.arange(len(prefix))
-                page_table[row, : len(seq.pages)] = seq.pages
-            self._cache = self._prefill(self._params, self._cache, tokens, positions, page_table)
-            self.stats["prefill_calls"] += 1
             self._copy_prefixes_to_siblings(admitted, owners, pages_needed(length, config.page_size))
         slots = self._slots
         for slot, seq in admitted:
@@ -340,6 +349,22 @@ class Engine:
             slots.length[slot] = len(seq.request.prompt_ids) - 1
             slots.last_token[slot] = seq.request.prompt_ids[-1]
             slots.active[slot] = True
+
+    def _prefill_prompts(self, prefixes: list[_Sequence]) -> None:
+        """One prefill call: these prompts but their last tokens, left-padded to one bucket, into their pages."""
+        config = self.config
+        batch = next(b for b in self._prefill_batches if b >= len(prefixes))
+        length = config.bucket_for(max(len(seq.request.prompt_ids) - 1 for seq in prefixes))
+        tokens = np.zeros((batch, length), np.int32)
+        positions = np.full((batch, length), -1, np.int32)
+        page_table = np.zeros((batch, config.pages_per_sequence), np.int32)
+        for row, seq in enumerate(prefixes):
+            prefix = np.asarray(seq.request.prompt_ids[:-1], np.int32)
+            tokens[row, length - len(prefix):] = prefix  # left-padded: positions say where each token goes
+            positions[row, length - len(prefix):] = np.arange(len(prefix))
+            page_table[row, : len(seq.pages)] = seq.pages
+        self._cache = self._prefill(self._params, self._cache, tokens, positions, page_table)
+        self.stats["prefill_calls"] += 1
 
     def _copy_prefixes_to_siblings(self, admitted, owners: dict[int, _Sequence], width: int) -> None:
         source = np.zeros((self.config.num_slots, width), np.int32)  # sink -> sink in unused rows
@@ -352,7 +377,7 @@ class Engine:
                 source[row, :pages], target[row, :pages] = owner.pages[:pages], seq.pages[:pages]
                 copies += 1
         if copies:
-            self._cache = programs.copy_pages(self._cache, source, target)
+            self._cache = self._copy_pages(self._cache, source, target)
             self.stats["shared_prefills"] += copies
 
     def _fill_sampling(self, state: _SlotState, row: int, seq: _Sequence) -> None:
@@ -460,12 +485,31 @@ class Engine:
         self.stats["weight_swaps"] += 1
         logger.info("engine now on weight version %d", self._version)
 
-    def _place(self, tree):
-        """On the engine's device: programs run where their committed inputs (weights, cache) are."""
-        return tree if self.device is None else jax.device_put(tree, self.device)
+    def _layout(self, params):
+        """The decoding layout on the engine's device(s): programs run where their committed inputs
+        (weights, cache) are."""
+        if self.mesh is None:
+            return programs.decoding_layout(params if self.device is None else jax.device_put(params, self.device))
+        params = jax.device_put(params, stacked_param_shardings(self.model_config, params, self.mesh))
+        unstacked = jax.eval_shape(unstack_layers, params)
+        return programs.tensor_parallel_layout(params, decoding_param_shardings(self.model_config, unstacked, self.mesh))
+
+    def _allocate_cache(self) -> KVCache:
+        """Allocated in place, on its device(s): a TPU cache may not fit twice on one chip."""
+        config, model = self.config, self.model_config
+        dtype = jnp.bfloat16 if config.cache_dtype == "bfloat16" else jnp.float32
+        allocate = functools.partial(init_kv_cache, model.num_layers, config.num_pages, config.page_size,
+                                     model.num_kv_heads, model.head_dim, dtype)
+        if self.mesh is None:
+            with jax.default_device(self.device):
+                return allocate()
+        pool = kv_pool_sharding(kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads,
+                                              model.head_dim), self.mesh)
+        pools = (pool,) * model.num_layers
+        return jax.jit(allocate, out_shardings=KVCache(pools, pools))()
 
     @staticmethod
-    def _resolve_attention(impl: str) -> str:
+    def _resolve_attention(impl: str, platform: str) -> str:
         if impl == "auto":
-            return "pallas" if jax.default_backend() in ("tpu", "gpu") else "window"
+            return "pallas" if platform in ("tpu", "gpu") else "window"
         return impl

@@ -2,6 +2,11 @@
 
 Each is jitted once per static shape and donates the KV cache, which it returns updated. The
 host side (``engine``) decides what runs when; these decide nothing, they compute.
+
+``mesh`` (static) is a tensor-parallel replica's mesh (``sharding``), None for one device. The
+programs are the same either way: XLA partitions them from the sharded weights and cache. Only the
+Pallas kernels, which XLA cannot partition, run per device under ``shard_map``, and the returned
+cache is pinned to its KV-head sharding so that a donated cache keeps its placement.
 """
 
 from __future__ import annotations
@@ -10,10 +15,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention, window_decode_attention
 from rlax_core.inference.kv_cache import DecodeWindow, KVCache, gather_window, scatter_window, write_pages
 from rlax_core.inference.pallas_attention import paged_decode_attention
+from rlax_core.inference.sharding import heads_spec, kv_heads_split, kv_pool_sharding
 from rlax_core.inference.sampling import SamplingMode, sample_key, sample_tokens
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward_with_cache, fuse_projections, unstack_layers
@@ -29,37 +36,65 @@ def decoding_layout(params):
     return fuse_projections(unstack_layers(params))
 
 
+def tensor_parallel_layout(params, shardings):
+    """A tensor-parallel replica's layout: unrolled layers, projections kept apart.
+
+    Fused q/k/v (or gate/up) weights concatenate differently sharded heads (columns) along one
+    axis, so an even split of the fusion would hand a device a mix of q and k heads; kept apart,
+    each splits by its own rule.
+    """
+    return jax.jit(unstack_layers, out_shardings=shardings)(params)
+
+
+def _pin(cache: KVCache, mesh) -> KVCache:
+    if mesh is None:
+        return cache
+    pin = lambda pool: jax.lax.with_sharding_constraint(pool, kv_pool_sharding(pool.shape, mesh))
+    return KVCache(tuple(map(pin, cache.k)), tuple(map(pin, cache.v)))
+
+
+def _replace(items: tuple, index: int, item) -> tuple:
+    return (*items[:index], item, *items[index + 1:])
+
+
 def _keys(state, token_index):
     return jax.vmap(sample_key)(state["seed"], state["prompt_key"], state["sample_index"], token_index)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config",), donate_argnames=("cache",))
-def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_config: ModelConfig) -> KVCache:
+def _write_token_pages(cache: KVCache, layer: int, k, v, page_table, positions, valid) -> KVCache:
+    return KVCache(_replace(cache.k, layer, write_pages(cache.k[layer], k, page_table, positions, valid)),
+                   _replace(cache.v, layer, write_pages(cache.v[layer], v, page_table, positions, valid)))
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "mesh"), donate_argnames=("cache",))
+def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_config: ModelConfig,
+            mesh=None) -> KVCache:
     """Run left-padded prompt prefixes [B, T] through the model and write their keys and values into their pages."""
     valid = positions >= 0
     scale = model_config.head_dim ** -0.5
 
     def attend(layer, q, k, v, cache):
-        cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, valid),
-                        write_pages(cache.v, layer, v, page_table, positions, valid))
+        cache = _write_token_pages(cache, layer, k, v, page_table, positions, valid)
         return prefill_attention(q, k, v, valid, scale), cache
 
     # Only the cache is returned: the compiler drops the classifier.
     _, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)
-    return cache
+    return _pin(cache, mesh)
 
 
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def copy_pages(cache: KVCache, source, target) -> KVCache:
+@functools.partial(jax.jit, static_argnames=("mesh",), donate_argnames=("cache",))
+def copy_pages(cache: KVCache, source, target, *, mesh=None) -> KVCache:
     """Copy pages ``source[i, j]`` to ``target[i, j]`` in every layer (both [rows, pages]; 0 -> 0 is a no-op)."""
-    return KVCache(*(pool.at[:, target].set(pool[:, source], mode="promise_in_bounds") for pool in cache))
+    copy = lambda pool: pool.at[:, target].set(pool[:, source], mode="promise_in_bounds")
+    return _pin(KVCache(tuple(map(copy, cache.k)), tuple(map(copy, cache.v))), mesh)
 
 
 def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, attention: str,
-            mode: SamplingMode):
+            mode: SamplingMode, mesh=None, interpret: bool = False):
     """Decode up to ``chunk`` tokens for every active slot; stop early when all are done.
 
-    Returns tokens and log-probs [num_slots, chunk] (-1 where a slot produced nothing), the
+    ``attention``: "window", "reference", or a Pallas kernel's name (``pallas_attention.KERNELS``),
+    interpreted when ``interpret``. Returns tokens and log-probs [num_slots, chunk] (-1 where a slot produced nothing), the
     number of steps run, the updated slot state and the cache.
     """
     num_slots = state["active"].shape[0]
@@ -73,7 +108,7 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
         if windowed:
             attend = _window_attend(s["length"], scale)
         else:
-            attend = _paged_attend(page_table, s["length"], active, scale, use_pallas=attention == "pallas")
+            attend = _paged_attend(page_table, s["length"], active, scale, attention, mesh, interpret)
         logits, kv = forward_with_cache(params, model_config, s["last_token"][:, None], s["length"][:, None], kv,
                                         attend)
         keys = _keys(s, s["generated"])
@@ -96,10 +131,11 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
             jnp.zeros((num_slots, chunk), jnp.float32))
     steps, kv, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
     cache = scatter_window(cache, kv, page_table) if windowed else kv
-    return out_tokens, out_logprobs, steps, state, cache
+    return out_tokens, out_logprobs, steps, state, _pin(cache, mesh)
 
 
-_DECODE_JIT = {"static_argnames": ("model_config", "chunk", "attention", "mode"), "donate_argnames": ("cache",)}
+_DECODE_JIT = {"static_argnames": ("model_config", "chunk", "attention", "mode", "mesh", "interpret"),
+               "donate_argnames": ("cache",)}
 decode = jax.jit(_decode, **_DECODE_JIT)
 # The same program for XLA:CPU, whose copy insertion without region analysis copied every window
 # buffer twice per decode step (the loop carry, then the in-place write): a third of a batch-1 step
@@ -107,19 +143,26 @@ decode = jax.jit(_decode, **_DECODE_JIT)
 decode_on_cpu = jax.jit(_decode, **_DECODE_JIT, compiler_options={"xla_cpu_copy_insertion_use_region_analysis": True})
 
 
-def _paged_attend(page_table, lengths, active, scale, use_pallas: bool):
+def _paged_attend(page_table, lengths, active, scale, attention: str, mesh, interpret: bool):
     """Write each active slot's new token into its page, then attend over the pages."""
     positions = lengths[:, None]
 
+    def kernel(q, k_pool, v_pool, page_table, lengths):
+        return paged_decode_attention(q, k_pool, v_pool, page_table, lengths, scale, kernel=attention,
+                                      interpret=interpret)
+
     def attend(layer, q, k, v, cache: KVCache):
-        cache = KVCache(write_pages(cache.k, layer, k, page_table, positions, active[:, None]),
-                        write_pages(cache.v, layer, v, page_table, positions, active[:, None]))
-        if use_pallas:
-            out = paged_decode_attention(q[:, 0], cache.k[layer], cache.v[layer], page_table, lengths + 1,
-                                         scale=scale, interpret=jax.default_backend() == "cpu")
-        else:
-            out = paged_decode_attention_reference(q[:, 0], cache.k, cache.v, page_table, lengths + 1, scale,
-                                                   layer=layer)
+        cache = _write_token_pages(cache, layer, k, v, page_table, positions, active[:, None])
+        operands = (q[:, 0], cache.k[layer], cache.v[layer], page_table, lengths + 1)
+        if attention == "reference":
+            out = paged_decode_attention_reference(*operands, scale)
+        elif mesh is None:
+            out = kernel(*operands)
+        else:  # each device attends with its own KV heads and the query heads they serve
+            split = kv_heads_split(cache.k[layer].shape[0], mesh)
+            heads, pool = heads_spec(split, 3, 1), heads_spec(split, 4, 0)
+            out = jax.shard_map(kernel, mesh=mesh, in_specs=(heads, pool, pool, PartitionSpec(), PartitionSpec()),
+                                out_specs=heads, check_vma=False)(*operands)
         return out[:, None], cache
 
     return attend

@@ -1,4 +1,5 @@
-"""Data-parallel generation within one host: one ``Engine`` per device, all decoding at once.
+"""Data-parallel generation within one host: one ``Engine`` per device (or per group of
+``engine.tensor_parallel`` devices), all decoding at once.
 
     engine = ReplicatedEngine(EngineConfig(num_slots=32, replicas=0), model.config, model.params)  # every local device
     completions = engine.generate(requests)        # as Engine.generate: request order, then sample index
@@ -34,19 +35,21 @@ from rlax_core.models.config import ModelConfig
 class ReplicatedEngine:
     """``Engine``'s ``generate`` / ``update_weights`` / ``warm_up`` over one engine per device.
 
-    ``devices`` default to the first ``config.replicas`` local devices (all of them for 0).
+    ``devices`` default to the first ``config.replicas * config.tensor_parallel`` local devices
+    (all of them for 0); consecutive groups of ``tensor_parallel`` form one replica.
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, params: Any, version: int = 0,
                  detokenize: Callable[[Sequence[int]], str] | None = None,
                  devices: Sequence[jax.Device] | None = None):
-        devices = list(replica_devices(config.replicas) if devices is None else devices)
-        if not devices:
-            raise ValueError("ReplicatedEngine needs at least one device")
+        groups = replica_devices(config.replicas, config.tensor_parallel, devices)
         self.config = config
         one = dataclasses.replace(config, replicas=1)
-        self.engines = [Engine(one, model_config, params, version, detokenize, device=device) for device in devices]
-        self._threads = ThreadPoolExecutor(len(devices), thread_name_prefix="engine-replica")
+        if config.tensor_parallel == 1:
+            self.engines = [Engine(one, model_config, params, version, detokenize, device=group[0]) for group in groups]
+        else:
+            self.engines = [Engine(one, model_config, params, version, detokenize, devices=group) for group in groups]
+        self._threads = ThreadPoolExecutor(len(groups), thread_name_prefix="engine-replica")
 
     @property
     def version(self) -> int:
@@ -104,10 +107,16 @@ class ReplicatedEngine:
         return [future.result() for future in futures]
 
 
-def replica_devices(replicas: int) -> list[jax.Device]:
-    """The first ``replicas`` local devices (0: all); a clear error when the process has fewer."""
-    devices = jax.local_devices()
-    if replicas > len(devices):
-        raise ValueError(f"engine.replicas={replicas} but this process has {len(devices)} local device(s); on a CPU "
-                         "host call rlax_core.utils.devices.use_cpu_cores_as_devices() before JAX starts")
-    return devices[:replicas or len(devices)]
+def replica_devices(replicas: int, tensor_parallel: int = 1,
+                    devices: Sequence[jax.Device] | None = None) -> list[list[jax.Device]]:
+    """Device groups of ``tensor_parallel`` each: every one of ``devices`` when given, else
+    ``replicas`` groups of the local devices (0: as many as fit); a clear error when there are too few."""
+    if devices is not None:
+        replicas = 0 if len(devices) % tensor_parallel == 0 else len(devices)  # not a whole number: refused below
+    devices = list(jax.local_devices() if devices is None else devices)
+    count = replicas or len(devices) // tensor_parallel
+    if count < 1 or count * tensor_parallel > len(devices):
+        raise ValueError(f"engine.replicas={replicas} x engine.tensor_parallel={tensor_parallel} needs "
+                         f"{max(count, 1) * tensor_parallel} device(s) but {len(devices)} are given; on a CPU host call "
+                         "rlax_core.utils.devices.use_cpu_cores_as_devices() before JAX starts")
+    return [devices[i * tensor_parallel:(i + 1) * tensor_parallel] for i in range(count)]

@@ -281,3 +281,13 @@ def test_samples_of_a_request_share_one_prefill_and_equal_unshared_samples(engin
     assert alone.stats["shared_prefills"] == 0
     assert len({c.completion_ids for c in shared}) > 1  # the samples differ from one another
     _assert_same_samples(shared, one_at_a_time)
+
+
+def test_max_prefill_batch_splits_a_prefill_without_changing_the_samples(engine, stories, small_engine_config):
+    model, tokenizer = stories
+    one_prompt_per_call = Engine(dataclasses.replace(small_engine_config, max_prefill_batch=1), model.config,
+                                 model.params)
+    requests = [Request(tokenizer.encode(t, add_bos=True), GREEDY, prompt_id=i)
+                for i, t in enumerate(["Once upon a time", "The dog ran", "Lily saw a big"])]
+    _assert_same_samples(one_prompt_per_call.generate(requests), engine.generate(requests))
+    assert one_prompt_per_call.stats["prefill_calls"] == 3  # admitted together, prefilled one by one

@@ -46,7 +46,7 @@ def test_each_replica_runs_on_its_device_and_both_take_work(replicated, stories,
     assert [engine.device for engine in replicated.engines] == jax.local_devices()[:2]
     for engine in replicated.engines:
         assert jax.tree.leaves(engine._params)[0].devices() == {engine.device}
-        assert engine._cache.k.devices() == engine._cache.v.devices() == {engine.device}
+        assert all(pool.devices() == {engine.device} for pool in (*engine._cache.k, *engine._cache.v))
     requests = _requests(tokenizer)
     # The module's engine is shared with other tests: count only what this call adds.
     before = [dict(engine.stats) for engine in replicated.engines]
@@ -96,7 +96,7 @@ def test_replicas_come_from_the_config_and_an_engine_is_one(stories, small_engin
     every = ReplicatedEngine(dataclasses.replace(small_engine_config, replicas=0, num_pages=16, max_new_tokens=8),
                              model.config, model.params)
     assert len(every.engines) == jax.local_device_count()
-    with pytest.raises(ValueError, match="replicas=999 but this process has"):
+    with pytest.raises(ValueError, match="replicas=999 x engine.tensor_parallel=1 needs 999 device"):
         ReplicatedEngine(dataclasses.replace(small_engine_config, replicas=999), model.config, model.params)
     with pytest.raises(ValueError, match="an Engine is one replica"):
         Engine(dataclasses.replace(small_engine_config, replicas=2), model.config, model.params)

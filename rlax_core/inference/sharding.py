@@ -1,0 +1,78 @@
+"""A tensor-parallel engine replica: one model over several devices of a host.
+
+    mesh = engine_mesh(devices)                       # data=1 x fsdp=1 x tensor=len(devices)
+    params = jax.device_put(params, stacked_param_shardings(model_config, params, mesh))
+    cache_sharding = kv_pool_sharding(pool_shape, mesh)
+
+The placement is the trainer's: the same mesh axes and ``PARTITION_RULES``
+(``rlax_core.training.mesh``) applied to the model's logical axis names
+(``rlax_core.models.param_logical_axes``), so attention is split by heads (query heads and KV
+heads), the MLP by its hidden columns (``down_proj`` by its rows) and the vocabulary by rows; norms
+stay replicated. The paged KV cache is split by KV head: a device holds its heads' slice of every
+page, so the attention of a head never leaves the device that computed its keys. A dimension the
+mesh does not divide stays replicated, as in the trainer (a model with 2 KV heads on 8 devices
+keeps whole K/V projections and a whole cache on every device: correct, but not 1/8 the memory;
+the memory planner counts it so).
+
+The compiled programs are the single-device ones: committed, sharded weights and cache make XLA's
+SPMD partitioner insert the two all-reduces per layer (after ``o_proj`` and ``down_proj``) and the
+all-gather of the logits' vocabulary shards. The Pallas kernels are not partitionable by XLA, so
+the paged attention runs under ``shard_map`` over the KV-head axis (``programs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rlax_core.models.config import ModelConfig
+from rlax_core.models.transformer import param_logical_axes
+from rlax_core.training.config import MeshConfig
+from rlax_core.training.mesh import make_mesh, spec_for, tree_shardings
+
+TENSOR_AXIS = "tensor"
+KV_POOL_AXES = ("kv_heads", None, None, "head_dim")  # [Hkv, num_pages, page_size, D]
+
+
+def engine_mesh(devices: Sequence[jax.Device]) -> Mesh:
+    """A tensor-only mesh over ``devices`` (the trainer's mesh type, data = fsdp = 1)."""
+    return make_mesh(MeshConfig(data=1, fsdp=1, tensor=len(devices)), list(devices))
+
+
+def _is_axes(node) -> bool:
+    return isinstance(node, tuple)
+
+
+def stacked_param_shardings(model_config: ModelConfig, params: Any, mesh: Mesh) -> Any:
+    """Shardings of the trainer's parameter layout (stacked ``layers``) by the partition rules."""
+    return tree_shardings(params, param_logical_axes(model_config), mesh)
+
+
+def decoding_param_shardings(model_config: ModelConfig, params: Any, mesh: Mesh) -> Any:
+    """Shardings of ``models.unstack_layers``' layout: each ``layers_i`` leaf as its stacked leaf
+    without the leading ``layers`` axis."""
+    axes = param_logical_axes(model_config)
+    layer_axes = jax.tree.map(lambda names: names[1:], axes.pop("layers"), is_leaf=_is_axes)
+    count = sum(name.startswith("layers_") for name in params)
+    axes.update({f"layers_{i}": layer_axes for i in range(count)})
+    return tree_shardings(params, axes, mesh)
+
+
+def kv_pool_sharding(pool_shape: Sequence[int], mesh: Mesh) -> NamedSharding:
+    """One layer's K (or V) pool, split by KV head where the mesh divides them."""
+    return NamedSharding(mesh, spec_for(KV_POOL_AXES, pool_shape, mesh))
+
+
+def kv_heads_split(num_kv_heads: int, mesh: Mesh) -> bool:
+    """Whether the cache and the attention are split by KV head (the mesh divides the heads)."""
+    return spec_for(KV_POOL_AXES, (num_kv_heads, 1, 1, 1), mesh)[0] is not None
+
+
+def heads_spec(split: bool, ndim: int, axis: int) -> PartitionSpec:
+    """A spec naming the tensor axis at ``axis`` of an ``ndim`` array, or replicated."""
+    spec = [None] * ndim
+    if split:
+        spec[axis] = TENSOR_AXIS
+    return PartitionSpec(*spec)
