@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("pipelines.train", "the JAX trainer job: learn from rollout groups, publish weights"),
     "rollout": ("pipelines.rl_stream", "Beam streaming: generate and score rollouts with the latest weights"),
     "launch": ("pipelines.launch", "run the trainer and the rollout pipeline together on this machine"),
+    "plan": ("pipelines.plan", "memory per chip of the rollout engine and the trainer against the declared hardware"),
 }
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.-]*=")

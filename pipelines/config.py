@@ -13,6 +13,7 @@ that reads it; this module only assembles them::
     filter:    pipelines.sections.FilterConfig      (difficulty filtering)
     evaluate:  pipelines.sections.EvaluateConfig    (offline evaluation)
     loop:      pipelines.sections.LoopConfig        (the streaming rollout side of the online loop)
+    hardware:  rlax_core.planning.HardwareConfig    (chips of the rollout fleet and the trainer: ``rlax plan``)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
 
 A file for one pipeline may spell only that pipeline's section (``configs/filter_stories260k.yaml``
@@ -34,6 +35,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 from rlax_core.config import ConfigError, apply_overrides, from_dict, read_yaml, require
 from rlax_core.data.curation import CurateConfig
 from rlax_core.inference.config import EngineConfig
+from rlax_core.planning.hardware import HardwareConfig
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import algorithm_from_dict, get_preset
 from rlax_core.training.config import TrainerConfig
@@ -135,6 +137,7 @@ class RunConfig:
     filter: FilterConfig = field(default_factory=FilterConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    hardware: Optional[HardwareConfig] = None  # undeclared: nothing to plan against (rlax plan says so)
     beam: BeamSpec = field(default_factory=BeamSpec)
 
     def rollout_root(self) -> str:

@@ -246,6 +246,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     from rlax_core.config import ConfigError
     from rlax_core.utils.paths import join
     from pipelines.config import find_config
+    from pipelines.plan import check_memory
     from pipelines.rl_stream import load_configs
     from pipelines.run_folder import claim
     from pipelines.runners import require_input, require_model
@@ -260,6 +261,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     # Both jobs would fail on these inputs, each in its own log; say it once, before starting either.
     require_input(loop.train_set, "train set")
     require_model(run_config.model.resolved_path())
+    check_memory(run_config)  # both roles run here: refuse before either starts
     if claim(run_config.run.output_dir, resume=resume, flag="run.output_dir"):
         log.info("launch: resuming the run in %s", run_config.run.output_dir)
     run_overrides = [o for o in overrides if not o.startswith("loop.")]

@@ -102,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.plan import check_memory
     from pipelines.runners import merge_beam_args
 
     overrides = list(args.overrides)
@@ -110,6 +111,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.max_runtime_s:
         overrides.append(f"loop.max_runtime_s={args.max_runtime_s}")
     run_config, loop = load_configs(args.config, overrides)
+    check_memory(run_config, roles=("rollout",))
     if not loop.train_set:
         print("rlax rollout: say which prompts to train on: --train-set PATH (or loop.train_set=PATH)", file=sys.stderr)
         return 2

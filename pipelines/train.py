@@ -63,9 +63,11 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.output:  # before the config's imports; a trainer restarted into its own folder resumes there
         writable(args.output)
     from pipelines.config import load_run_config
+    from pipelines.plan import check_memory
 
     overrides = list(args.overrides) + ([f"run.output_dir={args.output}"] if args.output else [])
     run_config = load_run_config(args.config, overrides)
+    check_memory(run_config, roles=("trainer",))
     stop = threading.Event()
 
     def request_stop(signum, _frame):

@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from rlax_core.config import InputError
-from rlax_core.models.config import ModelConfig
+from rlax_core.models.config import PUBLISHED_CONFIGS, ModelConfig
 from rlax_core.models.transformer import Params, forward
 
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -326,6 +326,33 @@ class Model:
 def _find_llama2c_bin(folder: Path) -> Path | None:
     candidates = sorted(p for p in folder.glob("*.bin") if not p.name.startswith("tok"))
     return candidates[0] if len(candidates) == 1 else None
+
+
+def read_model_config(path: str | os.PathLike) -> ModelConfig:
+    """The shape of the checkpoint at ``path`` without its weights (what the memory planner needs).
+
+    A remote checkpoint whose folder is named like a published model (``PUBLISHED_CONFIGS``:
+    ``gs://bucket/models/Qwen2.5-7B``) takes that model's published shape without a network read;
+    any other is read from its ``config.json``.
+    """
+    path = str(path)
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    if "://" in path and not path.startswith("file://"):
+        if name in PUBLISHED_CONFIGS:
+            return PUBLISHED_CONFIGS[name]
+        import fsspec
+
+        with fsspec.open(f"{path.rstrip('/')}/config.json", "r") as handle:
+            return ModelConfig.from_hf(json.load(handle))
+    local = Path(path.removeprefix("file://"))
+    if local.is_file() and local.suffix == ".bin":
+        return llama2c_config(local)
+    if (local / "config.json").is_file():
+        return ModelConfig.from_hf(json.loads((local / "config.json").read_text()))
+    llama2c = _find_llama2c_bin(local) if local.is_dir() else None
+    if llama2c is not None:
+        return llama2c_config(llama2c)
+    raise CheckpointError(f"{path}: neither a config.json (Hugging Face) nor one llama2.c .bin file")
 
 
 def from_pretrained(path: str | os.PathLike, dtype=jnp.float32, *, keep_interleaved_rope: bool = False) -> Model:

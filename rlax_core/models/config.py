@@ -257,6 +257,18 @@ def _rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
         raise ConfigError(f"config.json {key}", str(error)) from None
 
 
+# Published shapes (their Hugging Face config.json) of the models the production recipes name, so the
+# memory planner can size a run without reading a remote checkpoint.
+_QWEN25 = dict(architecture="qwen2", vocab_size=152064, qkv_bias=True, head_dim=128, rope_theta=1000000.0,
+               rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=151643, eos_token_ids=(151643,))
+PUBLISHED_CONFIGS: dict[str, ModelConfig] = {
+    "Qwen2.5-7B": ModelConfig(hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
+                              max_position_embeddings=131072, **_QWEN25),
+    "QwQ-32B": ModelConfig(hidden_size=5120, intermediate_size=27648, num_layers=64, num_heads=40, num_kv_heads=8,
+                           max_position_embeddings=40960, **{**_QWEN25, "eos_token_ids": (151645,)}),
+}
+
+
 def toy_config(**overrides: Any) -> ModelConfig:
     """A tiny random-init Qwen2-shaped model (GQA, q/k/v biases) for CPU tests of every RL path."""
     defaults: dict[str, Any] = dict(

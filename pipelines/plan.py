@@ -1,0 +1,102 @@
+"""``rlax plan``: a run's memory per chip (rollout engine and trainer) against its declared hardware.
+
+    rlax plan --config configs/qwen25_7b_math_dataflow_tpu.yaml
+    rlax plan --recipes --markdown          # the table of docs/memory.md, every recipe in configs/
+
+Reads ``model.path`` (the checkpoint's shape only: ``rlax_core.models.checkpoint.read_model_config``),
+``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.samples_per_prompt`` and
+``hardware`` (``rlax_core.planning.hardware``). Exits 1 with the numbers and the keys to turn when
+a role does not fit. ``rlax rollout``, ``rlax train`` and ``rlax launch`` make the same check when
+they load their config (:func:`check_memory`), before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from rlax_core.planning.memory import MemoryPlan, gib, plan_rollout, plan_trainer, refuse_unless_fits
+
+HELP = "memory per chip of the rollout engine and the trainer against the config's declared hardware"
+ROLES = ("rollout", "trainer")
+
+log = logging.getLogger(__name__)
+
+
+def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
+    """The plans of a ``pipelines.config.RunConfig``'s roles; none when it declares no hardware."""
+    from rlax_core.models.checkpoint import read_model_config
+
+    if config.hardware is None:
+        log.warning("no hardware: section in the config; its memory is not planned")
+        return []
+    model = read_model_config(_template_of(config.model.resolved_path()))
+    name = config.model.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("assets:")
+    plans = []
+    if "rollout" in roles:
+        plans.append(plan_rollout(model, config.engine, config.hardware.rollout, config.model.dtype, name))
+    if "trainer" in roles:
+        plans.append(plan_trainer(model, config.trainer, config.hardware.trainer,
+                                  rows_per_step=config.trainer.groups_per_step * config.loop.samples_per_prompt,
+                                  uses_reference=config.algorithm.uses_reference,
+                                  uses_value_model=config.algorithm.uses_values, name=name))
+    return plans
+
+
+def _template_of(spec: str) -> str:
+    """Where the shape of ``model.path`` is written: the checkpoint itself, or the model template beside
+    a weight store's versions or a checkpoint folder's steps. A remote plain path is not probed."""
+    from rlax_core.training.policy_source import PREFIXES, parse_policy_source
+
+    if spec.partition(":")[0] in PREFIXES or "://" not in spec:
+        return parse_policy_source(spec).template
+    return spec
+
+
+def check_memory(config, roles=ROLES) -> None:
+    """Refuse (``ConfigError``: the numbers and the knobs) a config whose roles do not fit their chips."""
+    refuse_unless_fits(memory_plans(config, roles))
+
+
+def recipe_paths() -> list[Path]:
+    """The run recipes in configs/: those with an engine or a trainer section."""
+    from pipelines.config import CONFIG_DIR
+    from rlax_core.config import read_yaml
+
+    return [path for path in sorted(CONFIG_DIR.glob("*.yaml"))
+            if {"engine", "trainer"} & set(read_yaml(path))]
+
+
+def markdown_table(rows: list[tuple[str, MemoryPlan]]) -> str:
+    lines = ["| recipe | role | model | chips | layout | per chip | total / usable | headroom |",
+             "|---|---|---|---|---|---|---|---|"]
+    for recipe, plan in rows:
+        parts = ", ".join(f"{kind} {gib(size)}" for kind, size in plan.parts.items())
+        lines.append(f"| {recipe} | {plan.role} | {plan.model} | {plan.chips} x {plan.chip} | {plan.layout} | {parts} | "
+                     f"{gib(plan.total)} / {gib(plan.usable)} | {gib(plan.headroom)} |")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipes", action="store_true", help="plan every run recipe in configs/ (not --config)")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table (docs/memory.md)")
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from rlax_core.config import ConfigError
+    from pipelines.config import load_run_config
+
+    if beam_args:
+        raise ConfigError("", f"rlax plan takes no Beam options; unknown arguments: {' '.join(beam_args)}")
+    if args.recipes and args.config:
+        raise ConfigError("", "rlax plan: give --config or --recipes, not both")
+    sources = recipe_paths() if args.recipes else [args.config]
+    rows = [(Path(source).name if source else "(defaults)", plan) for source in sources
+            for plan in memory_plans(load_run_config(source, args.overrides))]
+    print(markdown_table(rows) if args.markdown else "\n".join(f"{name}: {plan.describe()}" for name, plan in rows))
+    failing = [(name, plan) for name, plan in rows if not plan.fits]
+    for name, plan in failing:
+        print(f"{name}: {plan.role} does not fit; turn: {plan.advice()}", file=sys.stderr)
+    return 1 if failing else 0

@@ -1,0 +1,70 @@
+"""Declared hardware: which chips a run's rollout fleet and trainer get, and how much memory each has.
+
+    hardware:
+      rollout: {chip: v5e, chips_per_host: 4, hosts: 16}     # 16 Dataflow workers of a 2x2 v5e slice
+      trainer: {chip: v5p, chips_per_host: 4, hosts: 4}      # a 16-chip v5p slice
+
+``chip`` names a row of ``CHIP_MEMORY_GIB`` (the accelerator's HBM per chip as published by its
+vendor) or is ``cpu``, whose memory per device must be given as ``memory_gib`` (a CPU device is a
+core sharing the host's RAM: give that RAM divided by the devices the host runs). ``memory_gib``
+also overrides a table entry (a chip variant, a share of a chip).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from rlax_core.config import require
+
+GIB = 1024 ** 3
+
+# HBM per chip, GiB.
+CHIP_MEMORY_GIB: dict[str, float] = {
+    "v4": 32.0,
+    "v5e": 16.0,
+    "v5p": 95.0,
+    "v6e": 32.0,
+    "a100-40gb": 40.0,
+    "a100-80gb": 80.0,
+    "h100": 80.0,
+    "h200": 141.0,
+    "l4": 24.0,
+}
+CPU = "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceSpec:
+    """One role's chips: ``hosts`` machines of ``chips_per_host`` chips of one kind."""
+
+    chip: str = CPU
+    chips_per_host: int = 1
+    hosts: int = 1
+    memory_gib: Optional[float] = None  # per chip; required for cpu, overrides the table otherwise
+
+    def __post_init__(self):
+        known = sorted(CHIP_MEMORY_GIB) + [CPU]
+        require(self.chip in known, "chip", f"unknown chip {self.chip!r}; known: {', '.join(known)}")
+        require(self.chips_per_host >= 1, "chips_per_host", "must be at least 1")
+        require(self.hosts >= 1, "hosts", "must be at least 1")
+        require(self.memory_gib is None or self.memory_gib > 0, "memory_gib", "must be > 0")
+        require(self.chip != CPU or self.memory_gib is not None, "memory_gib",
+                "a cpu slice needs memory_gib: the RAM each device (core) may use")
+
+    @property
+    def chips(self) -> int:
+        return self.chips_per_host * self.hosts
+
+    @property
+    def bytes_per_chip(self) -> int:
+        gib = self.memory_gib if self.memory_gib is not None else CHIP_MEMORY_GIB[self.chip]
+        return int(gib * GIB)
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareConfig:
+    """The run's declared hardware, per role; the memory planner checks the config against it."""
+
+    rollout: SliceSpec
+    trainer: SliceSpec

@@ -1,0 +1,190 @@
+"""The memory planner: bytes per chip of a rollout replica and of the trainer, against declared hardware.
+
+    plan = plan_rollout(model_config, engine_config, hardware.rollout, dtype="bfloat16")
+    print(plan.describe())          # weights, incoming weights, KV pool, activations, headroom
+    refuse_unless_fits([plan, plan_trainer(...)])   # ConfigError with the numbers and the knobs
+
+Weights and optimizer state are exact: every parameter's bytes divided by the mesh axes that split
+it, by the same rules and mesh the engine and the trainer place it with (``training.mesh``). The
+KV pool is exact. Activations are the dominant transient buffers of the programs as written,
+counted per chip (formulas below, beside each); XLA may fuse some away, so they are an upper
+estimate. A plan fits when its total stays within ``USABLE_FRACTION`` of the chip's memory: the
+rest is left to XLA's own scratch, the runtime and fragmentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh
+
+from rlax_core.config import ConfigError
+from rlax_core.inference.config import EngineConfig
+from rlax_core.models.config import ModelConfig
+from rlax_core.models.transformer import init_params, param_logical_axes
+from rlax_core.planning.hardware import CPU, GIB, SliceSpec
+from rlax_core.training.config import TrainerConfig
+from rlax_core.training.mesh import MESH_AXES, mesh_shape, spec_for
+
+USABLE_FRACTION = 0.9
+_BYTES = {"float32": 4, "bfloat16": 2}
+_F32 = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per chip by kind for one role; ``knobs`` names the config key that shrinks each kind."""
+
+    role: str
+    model: str
+    chip: str
+    chips: int
+    layout: str  # how the role's chips are used, e.g. "4 replicas x tensor_parallel 4"
+    bytes_per_chip: int
+    parts: dict[str, int]
+    knobs: dict[str, str]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def usable(self) -> int:
+        return int(self.bytes_per_chip * USABLE_FRACTION)
+
+    @property
+    def headroom(self) -> int:
+        return self.usable - self.total
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom >= 0
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{kind} {gib(size)}" for kind, size in self.parts.items())
+        return (f"{self.role}: {self.model} on {self.chips} x {self.chip} ({self.layout}); per chip {parts}; "
+                f"total {gib(self.total)} of {gib(self.usable)} usable ({gib(self.bytes_per_chip)} x "
+                f"{USABLE_FRACTION:g}): headroom {gib(self.headroom)}")
+
+    def advice(self) -> str:
+        """The largest parts and the keys that shrink them."""
+        largest = sorted(self.parts, key=self.parts.get, reverse=True)[:2]
+        return "; ".join(f"{kind} ({gib(self.parts[kind])}): {self.knobs[kind]}" for kind in largest)
+
+
+def gib(size: int) -> str:
+    """A size in GiB, or in MiB below one GiB (a small model's parts would all read 0.00 GiB)."""
+    return f"{size / GIB:.2f} GiB" if abs(size) >= GIB else f"{size / 2**20:.1f} MiB"
+
+
+def _sharded_bytes(model: ModelConfig, dtype: str, mesh_sizes: tuple[int, int, int]) -> int:
+    """Bytes per chip of the model's parameters in ``dtype`` on a data x fsdp x tensor mesh."""
+    mesh = AbstractMesh(mesh_sizes, MESH_AXES)
+    shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+    axes = param_logical_axes(model)
+    total = 0
+    for names, leaf in zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)), jax.tree.leaves(shapes)):
+        spec = spec_for(names, leaf.shape, mesh)
+        split = math.prod(mesh.shape[a] for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry))
+        total += int(np.prod(leaf.shape)) * _BYTES[dtype] // split
+    return total
+
+
+def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
+                 name: str = "model") -> MemoryPlan:
+    """One engine replica's bytes per chip: it spans ``engine.tensor_parallel`` chips of a host."""
+    tp = engine.tensor_parallel
+    if hardware.chips_per_host % tp:
+        raise ConfigError("engine.tensor_parallel", f"{tp} does not divide hardware.rollout.chips_per_host="
+                          f"{hardware.chips_per_host}: a replica spans chips of one host")
+    weights = _sharded_bytes(model, dtype, (1, 1, tp))
+    kv_split = tp if model.num_kv_heads % tp == 0 else 1
+    heads_split = tp if model.num_heads % tp == 0 else 1
+    mlp_split = tp if model.intermediate_size % tp == 0 else 1
+    cache_bytes = _BYTES[engine.cache_dtype]
+    act_bytes = _BYTES[dtype]
+    kv_per_token = 2 * model.num_layers * model.num_kv_heads // kv_split * model.head_dim * cache_bytes
+    kv_pool = kv_per_token * engine.num_pages * engine.page_size
+    # Prefill, one layer at a time: the residual, its norm and the attention output [B, T, E]; q, k, v;
+    # the float32 scores and their exponentials [B, Hq, T, T] (prefill_attention is dense); the MLP's
+    # gate, up and product [B, T, F]. B is the largest prefill batch, T the largest prompt bucket.
+    batch, length = engine.prefill_batch, engine.prefill_buckets[-1]
+    prefill = batch * length * act_bytes * (
+        3 * model.hidden_size + (model.num_heads // heads_split + 2 * model.num_kv_heads // kv_split) * model.head_dim
+        + 3 * model.intermediate_size // mlp_split)
+    prefill += 2 * batch * model.num_heads // heads_split * length * length * _F32
+    # Decode: float32 logits, log-softmax, and the sort keys and indices of top-k / top-p [slots, V].
+    decode = 4 * engine.num_slots * model.vocab_size * _F32
+    if hardware.chip == CPU:  # the dense decode window: every layer's K and V of every slot, whole length
+        decode += kv_per_token * engine.num_slots * engine.pages_per_sequence * engine.page_size
+    replicas = hardware.chips // tp
+    return MemoryPlan(
+        role="rollout", model=name, chip=hardware.chip, chips=hardware.chips,
+        layout=f"{replicas} replica(s) x tensor_parallel {tp}", bytes_per_chip=hardware.bytes_per_chip,
+        parts={"weights": weights, "incoming weights": weights, "KV pool": kv_pool,
+               "activations": max(prefill, decode)},
+        knobs={"weights": "raise engine.tensor_parallel (chips per replica)",
+               "incoming weights": "raise engine.tensor_parallel (a swap holds the next version beside the current)",
+               "KV pool": "lower engine.num_pages (or page_size), or raise engine.tensor_parallel",
+               "activations": "lower engine.max_prefill_batch or the largest prefill bucket (prefill), "
+                              "or engine.num_slots (decode)"})
+
+
+def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec, rows_per_step: int,
+                 uses_reference: bool = False, uses_value_model: bool = False, name: str = "model") -> MemoryPlan:
+    """The trainer's bytes per chip on its data x fsdp x tensor mesh over every trainer chip.
+
+    ``rows_per_step``: sequences in one batch (groups per step x samples per group).
+    """
+    try:
+        sizes = mesh_shape(trainer.mesh, hardware.chips)
+    except ValueError as error:
+        raise ConfigError("trainer.mesh", f"{error} (hardware.trainer declares {hardware.chips} chips)") from None
+    data, fsdp, tensor = sizes
+    dtype = trainer.param_dtype
+    params = _sharded_bytes(model, dtype, sizes)
+    count_share = params // _BYTES[dtype]  # parameters held per chip
+    # The float32 accumulator of micro-batch gradients, plus one micro-batch's gradient in the param dtype.
+    gradients = count_share * (_F32 + _BYTES[dtype])
+    optimizer = 2 * params  # AdamW's two moments, in the parameters' dtype (optax's default)
+    parts = {"parameters": params, "gradients": gradients, "optimizer state": optimizer}
+    if uses_reference:
+        parts["reference policy"] = params
+    if uses_value_model:  # a critic of the policy's size, with its own gradients and optimizer
+        parts["value model"] = params + gradients + optimizer
+    rows = math.ceil(rows_per_step / (trainer.mini_batches * trainer.micro_batches * data * fsdp))
+    length = trainer.max_seq_len
+    heads = model.num_heads // tensor if model.num_heads % tensor == 0 else model.num_heads
+    act = _BYTES[dtype]
+    # Per micro-batch on one chip: the layers' saved inputs [rows, T, E] (all of each layer's
+    # activations without remat), one layer's backward with its float32 scores, probabilities and
+    # their gradient [rows, heads, T, T] (masked_attention is dense), and the float32 logits,
+    # log-softmax and their gradient [rows, T, V / tensor].
+    per_layer = rows * length * act * (model.hidden_size if trainer.remat else
+                                       4 * model.hidden_size + 3 * model.intermediate_size // tensor)
+    attention = 3 * rows * heads * length * length * _F32
+    vocab = model.vocab_size // tensor if model.vocab_size % tensor == 0 else model.vocab_size
+    logits = 3 * rows * length * vocab * _F32
+    parts["activations"] = model.num_layers * per_layer + attention + logits
+    return MemoryPlan(
+        role="trainer", model=name, chip=hardware.chip, chips=hardware.chips,
+        layout=f"mesh data {data} x fsdp {fsdp} x tensor {tensor}, {rows} row(s) per chip per micro-batch",
+        bytes_per_chip=hardware.bytes_per_chip, parts=parts,
+        knobs={"parameters": "raise trainer.mesh.fsdp or trainer.mesh.tensor (or the chips)",
+               "gradients": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
+               "optimizer state": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
+               "reference policy": "raise trainer.mesh.fsdp, or drop algorithm.kl_coef",
+               "value model": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
+               "activations": "raise trainer.micro_batches (rows per chip) or trainer.mesh.tensor, set "
+                              "trainer.remat, or lower trainer.max_seq_len"})
+
+
+def refuse_unless_fits(plans: list[MemoryPlan]) -> None:
+    """A ``ConfigError`` naming every plan that does not fit: its numbers and the knobs to turn."""
+    failing = [plan for plan in plans if not plan.fits]
+    if failing:
+        raise ConfigError("hardware", " | ".join(
+            f"{plan.describe()} -- does not fit; turn: {plan.advice()}" for plan in failing))
