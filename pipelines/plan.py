@@ -4,8 +4,9 @@
     rlax plan --recipes --markdown          # the table of docs/memory.md, every recipe in configs/
 
 Reads ``model.path`` (the checkpoint's shape only: ``rlax_core.models.checkpoint.read_model_config``),
-``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.samples_per_prompt`` and
-``hardware`` (``rlax_core.planning.hardware``). Exits 1 with the numbers and the keys to turn when
+``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.samples_per_prompt``, the engines of
+``filter.generation`` and ``evaluate.generation`` (they run on the rollout workers) and ``hardware``
+(``rlax_core.planning.hardware``). Exits 1 with the numbers and the keys to turn when
 a role does not fit. ``rlax rollout``, ``rlax train`` and ``rlax launch`` make the same check when
 they load their config (:func:`check_memory`), before anything starts.
 """
@@ -13,6 +14,7 @@ they load their config (:func:`check_memory`), before anything starts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from pathlib import Path
 from rlax_core.planning.memory import MemoryPlan, gib, plan_rollout, plan_trainer, refuse_unless_fits
 
 HELP = "memory per chip of the rollout engine and the trainer against the config's declared hardware"
-ROLES = ("rollout", "trainer")
+ROLES = ("rollout", "trainer", "filter", "evaluate")
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +30,35 @@ log = logging.getLogger(__name__)
 def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     """The plans of a ``pipelines.config.RunConfig``'s roles; none when it declares no hardware."""
     from rlax_core.models.checkpoint import read_model_config
+    from pipelines.config import resolve_asset
 
     if config.hardware is None:
         log.warning("no hardware: section in the config; its memory is not planned")
         return []
     model = read_model_config(_template_of(config.model.resolved_path()))
-    name = config.model.path.rstrip("/").rsplit("/", 1)[-1].removeprefix("assets:")
+    name = _name_of(config.model.path)
     plans = []
     if "rollout" in roles:
         plans.append(plan_rollout(model, config.engine, config.hardware.rollout, config.model.dtype, name))
+    # Difficulty filtering and evaluation run an engine on the same kind of workers as the rollouts.
+    generations = [("filter", config.filter.generation, config.filter.generation.model)]
+    generations += [("evaluate", config.evaluate.generation, path) for path in config.evaluate.models]
+    for role, generation, path in generations:
+        if role in roles and path:
+            shape = read_model_config(_template_of(resolve_asset(path)))
+            plans.append(dataclasses.replace(
+                plan_rollout(shape, generation.engine, config.hardware.rollout, generation.dtype, _name_of(path)),
+                role=role))
     if "trainer" in roles:
         plans.append(plan_trainer(model, config.trainer, config.hardware.trainer,
                                   rows_per_step=config.trainer.groups_per_step * config.loop.samples_per_prompt,
                                   uses_reference=config.algorithm.uses_reference,
                                   uses_value_model=config.algorithm.uses_values, name=name))
     return plans
+
+
+def _name_of(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1].removeprefix("assets:")
 
 
 def _template_of(spec: str) -> str:
@@ -61,12 +77,13 @@ def check_memory(config, roles=ROLES) -> None:
 
 
 def recipe_paths() -> list[Path]:
-    """The run recipes in configs/: those with an engine or a trainer section."""
+    """The run recipes in configs/: those with an engine or a trainer section, but base.yaml (the
+    defaults every recipe starts from, not a run of its own)."""
     from pipelines.config import CONFIG_DIR
     from rlax_core.config import read_yaml
 
     return [path for path in sorted(CONFIG_DIR.glob("*.yaml"))
-            if {"engine", "trainer"} & set(read_yaml(path))]
+            if path.name != "base.yaml" and {"engine", "trainer"} & set(read_yaml(path))]
 
 
 def markdown_table(rows: list[tuple[str, MemoryPlan]]) -> str:

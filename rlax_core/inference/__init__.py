@@ -7,8 +7,9 @@
 
 See ``engine`` for scheduling and weight swaps, ``programs`` for the compiled prefill and decode,
 ``sampling`` for keys and log-probs, ``kv_cache`` for the paged cache and the decode window,
-``attention`` / ``pallas_attention`` for the decode attention, ``replicas`` for one engine per
-device (data-parallel generation within a host).
+``attention`` / ``pallas_attention`` for the decode attention (JAX's Pallas kernels on TPU and GPU),
+``replicas`` for one engine per device or per group of devices (data-parallel generation within a
+host), ``sharding`` for one engine over a group (tensor parallel).
 """
 
 from rlax_core.inference.config import EngineConfig, SamplingParams

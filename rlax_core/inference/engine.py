@@ -154,7 +154,7 @@ class Engine:
         self.config = config
         self.model_config = model_config
         self.detokenize = detokenize
-        self.device, self.mesh = device, None
+        self.device, self.mesh, self._relayout = device, None, None
         if config.tensor_parallel > 1:
             if device is not None:
                 raise ValueError("a tensor-parallel Engine takes devices=, not one device")
@@ -491,8 +491,11 @@ class Engine:
         if self.mesh is None:
             return programs.decoding_layout(params if self.device is None else jax.device_put(params, self.device))
         params = jax.device_put(params, stacked_param_shardings(self.model_config, params, self.mesh))
-        unstacked = jax.eval_shape(unstack_layers, params)
-        return programs.tensor_parallel_layout(params, decoding_param_shardings(self.model_config, unstacked, self.mesh))
+        if self._relayout is None:
+            unstacked = jax.eval_shape(unstack_layers, params)
+            self._relayout = programs.tensor_parallel_layout(
+                decoding_param_shardings(self.model_config, unstacked, self.mesh))
+        return self._relayout(params)
 
     def _allocate_cache(self) -> KVCache:
         """Allocated in place, on its device(s): a TPU cache may not fit twice on one chip."""

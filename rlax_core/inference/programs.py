@@ -36,14 +36,15 @@ def decoding_layout(params):
     return fuse_projections(unstack_layers(params))
 
 
-def tensor_parallel_layout(params, shardings):
-    """A tensor-parallel replica's layout: unrolled layers, projections kept apart.
+def tensor_parallel_layout(shardings):
+    """A tensor-parallel replica's relayout program: unrolled layers, projections kept apart, each
+    weight placed by ``shardings``. Build it once per engine: every weight swap runs it.
 
     Fused q/k/v (or gate/up) weights concatenate differently sharded heads (columns) along one
     axis, so an even split of the fusion would hand a device a mix of q and k heads; kept apart,
     each splits by its own rule.
     """
-    return jax.jit(unstack_layers, out_shardings=shardings)(params)
+    return jax.jit(unstack_layers, out_shardings=shardings)
 
 
 def _pin(cache: KVCache, mesh) -> KVCache:
