@@ -111,12 +111,13 @@ def replica_devices(replicas: int, tensor_parallel: int = 1,
                     devices: Sequence[jax.Device] | None = None) -> list[list[jax.Device]]:
     """Device groups of ``tensor_parallel`` each: every one of ``devices`` when given, else
     ``replicas`` groups of the local devices (0: as many as fit); a clear error when there are too few."""
+    where = "this process has" if devices is None else "were given"
     if devices is not None:
         replicas = 0 if len(devices) % tensor_parallel == 0 else len(devices)  # not a whole number: refused below
     devices = list(jax.local_devices() if devices is None else devices)
     count = replicas or len(devices) // tensor_parallel
     if count < 1 or count * tensor_parallel > len(devices):
-        raise ValueError(f"engine.replicas={replicas} x engine.tensor_parallel={tensor_parallel} needs "
-                         f"{max(count, 1) * tensor_parallel} device(s) but {len(devices)} are given; on a CPU host call "
-                         "rlax_core.utils.devices.use_cpu_cores_as_devices() before JAX starts")
+        raise ValueError(f"engine.replicas={replicas} but {where} {len(devices)} device(s), and "
+                         f"engine.tensor_parallel={tensor_parallel} needs {max(count, 1) * tensor_parallel}; on a CPU "
+                         "host call rlax_core.utils.devices.use_cpu_cores_as_devices() before JAX starts")
     return [devices[i * tensor_parallel:(i + 1) * tensor_parallel] for i in range(count)]
