@@ -9,11 +9,12 @@ import jax
 import pytest
 
 from pipelines.cli import main
-from pipelines.config import load_run_config
+from pipelines.config import load_run_config, load_section
 from pipelines.plan import check_memory, markdown_table, memory_plans, recipe_paths
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.engine import Engine
+from rlax_core.models.checkpoint import read_model_config
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import init_params
 from rlax_core.planning.hardware import SliceSpec
@@ -53,6 +54,14 @@ def test_every_recipe_fits_its_declared_hardware():
         assert {plan.role for plan in plans} >= {"rollout", "trainer"}, name
         for plan in plans:
             assert plan.fits, f"{name}: {plan.describe()}"
+
+
+def test_the_gpu_filter_recipes_engine_fits_the_one_l4_of_its_workers():
+    # A section file (FilterConfig keys only) has no hardware: section; its comment names one L4.
+    config = load_section(REPO / "configs" / "filter_dataflow_gpu.yaml", [], "filter")
+    generation = config.filter.generation
+    plan = plan_rollout(read_model_config(generation.model), generation.engine, SliceSpec("l4"), generation.dtype)
+    assert plan.fits, plan.describe()
 
 
 def test_an_oversize_config_is_refused_with_the_numbers_and_the_knob():
