@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 from pipelines.cli import main
-from pipelines.config import load_run_config
-from pipelines.quickstart import QUICKSTART_CONFIG, export_final_model
+from pipelines.config import find_config, load_run_config
+from pipelines.quickstart import QUICKSTART_RECIPE, export_final_model
 from rlax_core.models import from_pretrained
 
 STORIES = Path(__file__).resolve().parents[2] / "pipelines" / "assets" / "stories260K"
@@ -13,7 +13,7 @@ STORIES = Path(__file__).resolve().parents[2] / "pipelines" / "assets" / "storie
 
 def test_the_final_model_folder_is_complete_and_generates_like_the_policy(tmp_path, capsys):
     policy = from_pretrained(STORIES)
-    run_config = load_run_config(str(QUICKSTART_CONFIG), ["loop.stop_token_ids=[13, 1, 2]"])
+    run_config = load_run_config(str(find_config(QUICKSTART_RECIPE)), ["loop.stop_token_ids=[13, 1, 2]"])
     export_final_model(run_config, policy.config, policy.params, tmp_path / "final_model")
     names = {p.name for p in (tmp_path / "final_model").iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.model", "tokenizer_config.json",
