@@ -20,6 +20,7 @@ busy fraction and the staleness histogram.
 
     python benchmarks/rollout_scaling.py > scaling.json
     python benchmarks/fleet_sim.py --scaling scaling.json [--markdown]
+    python benchmarks/fleet_sim.py                  # runs rollout_scaling.py itself first
 
 Prints one JSON object (and, with ``--markdown``, the table as Markdown after it).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -117,7 +119,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scaling", required=True, help="benchmarks/rollout_scaling.py's JSON output")
+    parser.add_argument("--scaling", help="benchmarks/rollout_scaling.py's JSON output (default: run it now)")
     parser.add_argument("--trainer-s-per-group", type=float, default=0.15 / 8,
                         help="trainer seconds per group of a step (default: 0.15 s / 8 groups, docs/training.md)")
     parser.add_argument("--weight-sync-s", type=float, help="skip measuring the weight sync and use this")
@@ -125,10 +127,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps simulated per configuration (a fifth warm up)")
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     args = parser.parse_args()
-    try:
-        scaling = json.loads(Path(args.scaling).read_text())
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"fleet_sim: cannot read the rollout_scaling JSON {args.scaling}: {error}")
+    if args.scaling:
+        try:
+            scaling = json.loads(Path(args.scaling).read_text())
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"fleet_sim: cannot read the rollout_scaling JSON {args.scaling}: {error}")
+    else:
+        print("fleet_sim: measuring with benchmarks/rollout_scaling.py first", file=sys.stderr)
+        done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rollout_scaling.py")], check=True,
+                              stdout=subprocess.PIPE, text=True)
+        scaling = json.loads(done.stdout)
     calibration = calibrate(scaling)
     sync_s = args.weight_sync_s if args.weight_sync_s is not None else measure_weight_sync()
     trainer_step_s = args.trainer_s_per_group * args.groups_per_step
