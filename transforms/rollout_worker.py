@@ -56,6 +56,7 @@ class _Worker:
         self._waiting_lock = threading.Lock()
         self._prompt_ids: dict[str, tuple[int, ...]] = {}  # by example id, tokenized on first use
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.engine_calls = 0  # generate calls made for this process's threads (combined units count once)
 
     def prompt_ids(self, example: dict) -> tuple[int, ...]:
         ids = self._prompt_ids.get(example["id"])
@@ -99,6 +100,7 @@ class _Worker:
                       if loaded is not None and loaded >= oldest]
             requests = [r for b, i in usable for r in b.units[i][0]]
             completions = self.engine.generate(requests) if requests else []
+            self.engine_calls += bool(requests)
         except Exception as error:  # every waiting thread fails with the engine's reason
             for b in combined:
                 b.error, b.done = error, True

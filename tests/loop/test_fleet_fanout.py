@@ -94,3 +94,43 @@ def test_two_workers_share_one_step_and_together_write_each_of_its_groups_once(t
     rows = [row for key in store.list_groups() for row in store.read_group(key).to_pylist()]
     assert len({(row["group_id"], row["sample_idx"]) for row in rows}) == len(rows) == 4 * 2
     assert {row["policy_version"] for row in rows} == {0}
+
+
+@pytest.mark.slow  # builds and compiles an engine
+def test_threads_of_a_worker_share_one_engine_call_and_each_gets_its_own_groups(tmp_path):
+    import threading
+    import time
+
+    from rlax_core.inference.engine import Request
+    from transforms.rollout_worker import _Worker
+
+    spec = _spec(tmp_path)
+    with WeightStore(spec.weights) as weights:
+        weights.publish(0, from_pretrained(MODEL).params)
+    worker = _Worker(spec)
+    examples = spec.examples()
+    units = {name: ([Request(worker.prompt_ids(examples[row]), spec.sampling, prompt_id=f"{name}/{row}", seed=row)],
+                    oldest) for name, row, oldest in [("a", 0, 0), ("b", 1, 0), ("c", 2, 0), ("too-new", 3, 5)]}
+    results = {}
+
+    def generate(name):
+        results[name] = worker.generate([units[name]], version=0)
+
+    with worker.lock:  # the engine is busy: every thread's units wait for its next call
+        threads = [threading.Thread(target=generate, args=(name,)) for name in units]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while len(worker._waiting) < len(units):
+            assert time.monotonic() < deadline, "the threads did not queue their units"
+            time.sleep(0.01)
+    for thread in threads:
+        thread.join(timeout=300)
+        assert not thread.is_alive()
+    assert worker.engine_calls == 1  # four threads, one engine call
+    for name in ("a", "b", "c"):
+        (completions,) = results[name].results
+        assert {c.prompt_id for c in completions} == {units[name][0][0].prompt_id}
+        assert [c.sample_index for c in completions] == list(range(spec.sampling.n))
+        assert {c.weight_version for c in completions} == {0}
+    assert results["too-new"].results == [None] and results["too-new"].loaded == 0  # needs version 5: deferred
