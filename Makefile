@@ -9,7 +9,7 @@ OUTPUT ?= runs/quickstart
 PYTEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup setup-run setup-test quickstart test test-slow test-all test-alone bench lock sdist wheel clean
+.PHONY: setup setup-run setup-test quickstart test test-slow test-all test-alone bench lock lock-accelerators worker-image sdist wheel clean
 
 # The virtual environment, from the lock file; Prism and the GCS emulator built from Go modules.
 $(VENV)/.installed: setup.py requirements/lock.txt
@@ -58,6 +58,21 @@ bench: setup
 # Re-resolve the lock file after changing setup.py's dependencies.
 lock:
 	$(UV) pip compile setup.py --extra test --extra wandb --python-version 3.11 -o requirements/lock.txt
+
+# The accelerator extras, pinned for the worker image (same versions as lock.txt where they meet).
+lock-accelerators:
+	for a in tpu gpu; do $(UV) pip compile setup.py --extra $$a --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_31 -c requirements/lock.txt -o requirements/lock-$$a.txt || exit 1; done
+
+# The Dataflow worker container (docker/Dockerfile): ACCELERATOR=tpu or gpu; WORKER_IMAGE names it.
+ACCELERATOR ?= tpu
+WORKER_IMAGE ?= rlax-worker-$(ACCELERATOR):latest
+worker-image:
+	@docker info >/dev/null 2>&1 || { echo "make worker-image: no Docker here (no docker command, or no daemon" \
+	  "answering); build the image where Docker runs, or with Cloud Build (docs/dataflow.md)" >&2; exit 2; }
+	@test "$(ACCELERATOR)" = tpu -o "$(ACCELERATOR)" = gpu || { echo "make worker-image: ACCELERATOR is tpu or gpu," \
+	  "not '$(ACCELERATOR)'" >&2; exit 2; }
+	docker build -f docker/Dockerfile --build-arg ACCELERATOR=$(ACCELERATOR) -t $(WORKER_IMAGE) .
 
 sdist: $(VENV)/.installed
 	$(PY) -m build --sdist --outdir dist . 2>/dev/null || $(PY) setup.py -q sdist -d dist

@@ -36,7 +36,8 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    "tpu": ["jax[tpu]"],
+    "tpu": ["jax[tpu]"],  # Dataflow TPU workers (docker/Dockerfile, requirements/lock-tpu.txt)
+    "gpu": ["jax[cuda12]"],  # Dataflow GPU workers (docker/Dockerfile, requirements/lock-gpu.txt)
     "test": ["pytest", "pytest-xdist", "pytest-timeout", "hypothesis"],
     # Weights & Biases beside TensorBoard (trainer.wandb.enabled; rlax_core.utils.wandb_logger).
     "wandb": ["wandb"],
