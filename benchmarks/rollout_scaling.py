@@ -94,6 +94,8 @@ class _Tap:
 
 
 def _warm_up_dofn():
+    # Built on first use: this file is also each SDK worker's entry point, which must pin its core
+    # before anything imports JAX (XLA sizes its thread pool to the cores it may use).
     from transforms.rollout import GenerateRollouts
 
     class WarmUp(GenerateRollouts):
