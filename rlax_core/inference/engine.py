@@ -505,7 +505,10 @@ class Engine:
                                      model.num_kv_heads, model.head_dim, dtype)
         if self.mesh is None:
             with jax.default_device(self.device):
-                return allocate()
+                cache = allocate()
+            # Committed where it lies (no copy), as every program's output cache is: an uncommitted first
+            # cache made warm_up()'s first prefill another executable, so the first real call compiled.
+            return jax.tree.map(lambda x: jax.device_put(x, x.sharding), cache)
         pool = kv_pool_sharding(kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads,
                                               model.head_dim), self.mesh)
         pools = (pool,) * model.num_layers

@@ -206,6 +206,20 @@ def test_no_compilation_after_warm_up_across_lengths_fills_and_weight_swaps(engi
     assert COMPILES.count == before, f"{COMPILES.count - before} compilations after warm-up"
 
 
+@pytest.mark.slow
+def test_a_fresh_engine_compiles_nothing_after_warm_up(stories, small_engine_config):
+    # Its own engine: one that earlier tests ran has a program-made cache, which hid the first
+    # prefill's recompilation (found by the rollout worker under load, docs/loop.md).
+    model, tokenizer = stories
+    # On a device, as every ReplicatedEngine replica is: its programs' outputs are committed there.
+    engine = Engine(small_engine_config, model.config, model.params, version=0, device=jax.devices()[0])
+    engine.warm_up(modes=(SamplingMode.GREEDY,))
+    before = COMPILES.count
+    engine.generate([Request(tokenizer.encode("Once upon a time", add_bos=True),
+                             SamplingParams(temperature=0.0, max_new_tokens=5))])
+    assert COMPILES.count == before, f"{COMPILES.count - before} compilations after warm-up"
+
+
 def test_weight_swap_tags_versions_and_never_mixes_them(stories, small_engine_config):
     from rlax_core.models import Model
 
