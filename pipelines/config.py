@@ -55,6 +55,7 @@ class RunSpec:
     name: str = "rlax"
     seed: int = 0
     output_dir: str = "runs/rlax"  # local folder or gs://bucket/prefix
+    metrics_dir: str = ""  # the trainer's and the loop's metrics; default: output_dir/metrics (and output_dir/loop)
 
     def __post_init__(self):
         require(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")
@@ -143,6 +144,16 @@ class RunConfig:
     def rollout_root(self) -> str:
         """The rollout store's folder: rollout groups, written by ``rlax rollout``, read by ``rlax train``."""
         return f"{self.run.output_dir.rstrip('/')}/rollouts"
+
+    def metrics_dir(self) -> str:
+        """The trainer's metrics (``metrics.jsonl`` + TensorBoard), local or gs://."""
+        return self.run.metrics_dir or f"{self.run.output_dir.rstrip('/')}/metrics"
+
+    def loop_metrics_dir(self) -> str:
+        """``rlax launch``'s per-step loop metrics, the trainer's joined with the rollout side's."""
+        if self.run.metrics_dir:
+            return f"{self.run.metrics_dir.rstrip('/')}/loop"
+        return f"{self.run.output_dir.rstrip('/')}/loop"
 
     def weight_store(self) -> WeightStoreConfig:
         """The parameter server's config; by default a folder under the run's output."""

@@ -105,9 +105,7 @@ def rollout_argv(config: str | None, overrides: Sequence[str], train_set: str, b
 
 
 def trainer_metrics_dir(run_config) -> str:
-    from rlax_core.utils.paths import join
-
-    return join(run_config.run.output_dir, "metrics")
+    return run_config.metrics_dir()
 
 
 def log_dir(run_config) -> Path:
@@ -233,6 +231,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="the run's folder (overrides run.output_dir)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run already in the output folder (a folder holding files is refused otherwise)")
+    from pipelines.rehearse import add_arguments as add_rehearsal_arguments
+
+    add_rehearsal_arguments(parser)
 
 
 def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str], *, train_set: str | None = None,
@@ -278,7 +279,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
         for process in (rollout, trainer):
             process.stop(stop_grace_s)
     log.info("launch: %d trainer steps in %.1f s", run_config.trainer.total_steps, time.monotonic() - started)
-    loop_dir = join(output, "loop")
+    loop_dir = run_config.loop_metrics_dir()
     write_loop_metrics(loop_metrics(run_config, run_config.rollout_root()), loop_dir)
     return {
         "metrics": join(loop_dir, "metrics.jsonl"),
@@ -292,6 +293,10 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    if args.rehearse:
+        from pipelines.rehearse import run_from_args
+
+        return run_from_args(args, beam_args)
     from pipelines.run_folder import claim
 
     # Before the config's imports (a minute on a busy machine): the output and input named on the command line.

@@ -53,6 +53,7 @@ def build_spec(run_config, loop: LoopConfig, train_set_size: int):
         run=run_config.run.name,
         run_seed=run_config.run.seed,
         model_path=run_config.model.resolved_path(),
+        model_dtype=run_config.model.dtype,
         train_set=loop.train_set,
         train_set_size=train_set_size,
         rollout_root=run_config.rollout_root(),

@@ -103,7 +103,7 @@ def train(run_config, stop: threading.Event | None = None):
         return run_training(
             model_config=model.config, initial_params=model.params, algorithm=run_config.algorithm,
             config=trainer, store=RolloutStore(run_config.rollout_root(), run_config.run.name),
-            weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=f"{output}/metrics", stop=stop,
+            weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=run_config.metrics_dir(), stop=stop,
             export=hf_export(run_config, model.config))
     finally:
         weights.close()

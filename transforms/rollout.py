@@ -72,6 +72,9 @@ class RolloutSpec:
     rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
     drop_uniform_groups: bool = False  # DAPO dynamic sampling: write only groups with reward variance
     groups_per_unit: int = 1  # prompt groups per work unit: the grain at which the fleet shares a step
+    # The engine's parameter dtype (model.dtype): the base checkpoint loads in it and every published
+    # version is cast to it, whatever dtype the trainer publishes (weights.publish_dtype).
+    model_dtype: str = "float32"
 
     def __post_init__(self):
         if self.groups_per_unit < 1:

@@ -43,11 +43,11 @@ class _Worker:
         from rlax_core.weights.follower import WeightFollower
         from rlax_core.weights.store import WeightStore
 
-        model = from_pretrained(spec.model_path)
+        model = from_pretrained(spec.model_path, dtype=spec.model_dtype)
         self.model_config = model.config
         self.tokenizer = load_tokenizer(spec.model_path)
         self.store = WeightStore(spec.weights)
-        self.follower = WeightFollower(self.store)
+        self.follower = WeightFollower(self.store, dtype=spec.model_dtype)  # the engine's dtype, not the publisher's
         self.engine = ReplicatedEngine(spec.engine, model.config, model.params, version=-1)
         # Compile now, while the worker starts, rather than in the first units' engine calls.
         self.engine.warm_up(modes=(sampling_mode(spec.sampling),))

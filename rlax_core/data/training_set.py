@@ -17,7 +17,7 @@ _cache_lock = threading.Lock()
 
 
 def read_examples(path: str) -> list[dict[str, Any]]:
-    """Example rows from a parquet file, a folder of parquet shards or a JSON-lines file (local or gs://).
+    """Example rows from a parquet file, a folder or glob of parquet shards or a JSON-lines file (local or gs://).
 
     Rows come back sorted by ``id``: the prompt schedule indexes rows, so their order must not depend
     on how shards were written.
@@ -30,7 +30,12 @@ def read_examples(path: str) -> list[dict[str, Any]]:
             rows = [json.loads(line) for line in handle if line.strip()]
     else:
         fs, root = fsspec.core.url_to_fs(path)
-        files = sorted(fs.glob(f"{root.rstrip('/')}/*.parquet")) if fs.isdir(root) else [root]
+        if any(c in root for c in "*?["):
+            files = sorted(fs.glob(root))
+        elif fs.isdir(root):
+            files = sorted(fs.glob(f"{root.rstrip('/')}/*.parquet"))
+        else:
+            files = [root]
         rows = []
         for file in files:
             with fs.open(file, "rb") as handle:
