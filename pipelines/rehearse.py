@@ -137,13 +137,15 @@ def rehearse(config: str, output: str, *, data: Path = DEFAULT_DATA, tokenizer: 
     """Run the recipe's stages in order on this machine; returns where their outputs are."""
     from pipelines.cli import main
     from pipelines.config import load_run_config
-    from pipelines.launch import launch
 
     if not config:
         raise ConfigError("--config", "--rehearse rehearses a recipe: give --config RECIPE")
     run_config = load_run_config(config)
     name = run_config.run.name
-    state = (Path("runs") / "rehearse" / name if is_remote(output) else Path(output)) / "state"
+    if not is_remote(output):
+        output = str(Path(output).resolve())
+    # Absolute: the trainer and the rollout job run from the repository root.
+    state = ((Path("runs") / "rehearse" / name if is_remote(output) else Path(output)) / "state").resolve()
     if state.exists():
         shutil.rmtree(state)  # a rehearsal starts from nothing, as the production run would
     state.mkdir(parents=True)
@@ -154,12 +156,13 @@ def rehearse(config: str, output: str, *, data: Path = DEFAULT_DATA, tokenizer: 
         if main([stage, "--config", config, *overrides]) != 0:
             raise RuntimeError(f"rehearsal of {config}: rlax {stage} failed")
     log.info("rehearse %s: launch (trainer + rollout stream)", name)
-    where = launch(config, overrides, [], timeout_s=timeout_s)
+    if main(["launch", "--config", config, "--timeout-s", str(timeout_s), *overrides]) != 0:
+        raise RuntimeError(f"rehearsal of {config}: rlax launch failed")
     log.info("rehearse %s: evaluate", name)
     if main(["evaluate", "--config", config, *overrides]) != 0:
         raise RuntimeError(f"rehearsal of {config}: rlax evaluate failed")
-    return {"curated": join(output, "curated"), "filtered": join(output, "filtered"), **where,
-            "evaluation": join(output, "eval")}
+    return {"curated": join(output, "curated"), "filtered": join(output, "filtered"),
+            "metrics": join(output, "metrics"), "evaluation": join(output, "eval"), "run state": str(state)}
 
 
 def add_arguments(parser) -> None:

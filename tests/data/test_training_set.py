@@ -45,3 +45,15 @@ def test_a_worker_that_reads_another_row_count_than_the_launcher_stops(tmp_path)
     assert len(_spec(path, 3).examples()) == 3
     with pytest.raises(RuntimeError, match="holds 3 rows, the job was launched with 4"):
         _spec(path, 4).examples()
+
+
+def test_a_glob_of_parquet_shards_reads_every_shard(tmp_path):
+    import pyarrow.parquet as pq
+
+    from rlax_core.data.records import EXAMPLE_SCHEMA, to_table
+
+    rows = story_examples("train", 6)
+    for i in range(2):
+        pq.write_table(to_table(rows[i * 3:(i + 1) * 3], EXAMPLE_SCHEMA), tmp_path / f"examples-{i}.parquet")
+    (tmp_path / "stats.json").write_text("{}")
+    assert len(read_examples(str(tmp_path / "examples-*.parquet"))) == 6
