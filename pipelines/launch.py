@@ -228,7 +228,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-grace-s", type=float, default=30.0, help="SIGTERM-to-SIGKILL grace when stopping")
     parser.add_argument("--max-rollout-restarts", type=int, default=2,
                         help="restart a stalled rollout job this many times, then stop the run with the reason")
-    parser.add_argument("--output", help="the run's folder (overrides run.output_dir)")
+    parser.add_argument("--output", help="the run's folder (overrides run.output_dir); with --rehearse, where the "
+                        "rehearsal's outputs go (local or gs://)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run already in the output folder (a folder holding files is refused otherwise)")
     from pipelines.rehearse import add_arguments as add_rehearsal_arguments

@@ -110,8 +110,8 @@ def rehearsal_overrides(run_config, *, output: str, state: Path, model: Path, da
     generation = (f"{{model: {model}, dtype: float32, samples: 2, temperature: 1.0, max_new_tokens: {NEW_TOKENS}, "
                   f"batch_size: 4, engine: {ENGINE}}}")
     return [
-        f"run.output_dir={state}", f"run.metrics_dir={join(output, 'metrics')}",
-        f"model.path={model}", "model.dtype=float32", f"weights.root={state / 'weights'}",
+        f"run.output_dir={state / 'run'}", f"run.metrics_dir={join(output, 'metrics')}",
+        f"model.path={model}", "model.dtype=float32", f"weights.root={state / 'run' / 'weights'}",
         f"engine={ENGINE}",
         "trainer.param_dtype=float32", "trainer.groups_per_step=2", "trainer.micro_batches=1", "trainer.remat=false",
         f"trainer.max_seq_len={MAX_PROMPT + NEW_TOKENS}", "trainer.total_steps=2", "trainer.checkpoint_every=1",
@@ -169,7 +169,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rehearse", action="store_true",
                         help="run the recipe end to end here: tiny random model, real tokenizer, a few real rows, "
                              "local runners (pipelines/rehearse.py)")
-    parser.add_argument("--output", help="with --rehearse: where its outputs go (local folder or gs://)")
     parser.add_argument("--rows", type=int, default=6, help="with --rehearse: rows per dataset")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="with --rehearse: folder of dataset folders")
     parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="with --rehearse: the real tokenizer")

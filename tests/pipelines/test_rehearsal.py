@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.slow,
 
 def _rehearse(recipe, gcs_emulator, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the run's local working state goes under ./runs/rehearse/
+    # The jobs see this machine as a user's shell does: one CPU device, not the 8 the test session fakes.
+    monkeypatch.setenv("XLA_FLAGS", "")
     bucket_url = gcs_emulator.make_bucket()
     # Beam renames its output shards with GCS batch calls; see gcs_batch_proxy for why they go through it.
     with BatchFixingProxy(gcs_emulator.endpoint) as endpoint:
@@ -49,7 +51,7 @@ def _rehearse(recipe, gcs_emulator, monkeypatch, tmp_path):
     assert curated
     state = tmp_path / "runs" / "rehearse"
     run_name = next(p.name for p in state.iterdir())
-    store = RolloutStore(str(state / run_name / "state" / "rollouts"), run_name)
+    store = RolloutStore(str(state / run_name / "state" / "run" / "rollouts"), run_name)
     rows = [row for key in store.list_groups() for row in store.read_group(key).to_pylist()]
     assert {row["policy_version"] for row in rows} <= {0, 1} and len(rows) >= 2 * 2 * 2  # 2 steps x 2 groups x 2
     return [json.loads(row["reward_info"])["terms"]["task"] for row in rows]
