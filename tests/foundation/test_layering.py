@@ -183,7 +183,7 @@ def test_rlax_train_runs_with_beam_blocked(tmp_path):
         store.write_group(key, rows)
     overrides = [f"run.output_dir={output}", "trainer.total_steps=2", "trainer.groups_per_step=1",
                  "trainer.max_seq_len=16", "trainer.checkpoint_every=1", "trainer.wait_timeout_s=120",
-                 "trainer.poll_s=0.1", "trainer.mesh.fsdp=1"]
+                 "trainer.poll_s=0.1"]
     code = ("import sys\nfrom pipelines.cli import main\n"
             f"code = main(['train', '--config', {str(REPO / 'configs/quickstart.yaml')!r}, *{overrides!r}])\n"
             "assert 'apache_beam' not in sys.modules\nsys.exit(code)\n")
