@@ -1,6 +1,7 @@
 """``rlax train`` as a process: exact resume after SIGKILL, SIGTERM as a preemption notice."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,9 +46,11 @@ def make_run(tmp_path: Path, name: str, model_dir: Path, algorithm=None, trainer
 def model_dir(tmp_path_factory):
     import jax
 
-    config = toy_config()
+    # stories260K's 512-piece tokenizer over a toy model of that vocabulary: the job exports complete folders.
+    config = toy_config(vocab_size=512)
     folder = tmp_path_factory.mktemp("toy_model")
     save_pretrained(Model(config, init_params(config, jax.random.key(0))), folder)
+    shutil.copyfile(REPO / "pipelines/assets/stories260K/tok512.model", folder / "tok512.model")
     return folder
 
 
