@@ -221,7 +221,10 @@ def test_huge_outputs_score_zero(rewarder, body):
                          ids=["loop", "loop_swallowing_alarms", "sleep"])
 def test_a_function_that_never_returns_scores_zero(rewarder, body):
     info = _assert_forgery_fails(rewarder, f"def f(x):\n    {body}\n")
-    assert {v["reason"] for v in info["verdicts"]} <= {"timeout"}, info
+    reasons = [v["reason"] for v in info["verdicts"]]
+    # The first call always meets its time limit. Under load, a later test can instead find the program's
+    # process already gone (its own limits ended it), which reads as "crashed": seen once in a CI-like run.
+    assert reasons[0] == "timeout" and set(reasons) <= {"timeout", "crashed"}, info
 
 
 def test_writing_verdicts_into_other_processes_through_proc_scores_zero(rewarder):
