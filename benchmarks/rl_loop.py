@@ -5,8 +5,14 @@
 Prints one JSON object:
 
 * ``sync_vs_async``: the same run (stories260K, story task, 8 prompts x 8 samples) with k = 0 and
-  k = 1: wall time per trainer step (median after the first, compile-heavy step) and the trainer's
-  idle fraction (time waiting for rollouts / time waiting + training).
+  k = 1: wall time per trainer step (median after the first, compile-heavy step), the trainer's
+  idle fraction (time waiting for rollouts / time waiting + training), the step timeline (median
+  seconds per hop from a publish to the trainer reading the rollouts it allowed,
+  ``rlax_core.utils.timeline``), and both against the isolated GRPO step of
+  ``benchmarks/train_step.py`` (``RlaxGrpo``) measured in the same run, in its own process, set up
+  as the loop's trainer and rollout worker are (one device each, the recipe's KL term and
+  ``trainer.max_seq_len``, layers unrolled, 4 rows per micro-batch); it generates all 64 tokens of
+  every sample where the loop stops at a newline, so its generation is the heavier.
 * ``time_to_target``: training wall time until held-out pass@1 reaches the quickstart's target,
   for RLAX (``rlax launch``, k = 1) and for TRL's GRPOTrainer on the same model (converted to a
   Hugging Face folder), reward (``story_word``), prompts, group size, learning rate and KL. Both
@@ -65,18 +71,62 @@ def _run(folder: Path, steps: int, k: int, train_set: str, extra=()):
     return run_config, where, started
 
 
-def sync_vs_async(workdir: Path, steps: int, train_set: str) -> dict:
-    from rlax_core.utils.metrics import read_metrics
+ISOLATED_STEP = """
+import json, sys
+sys.path[:0] = {paths!r}
+import train_step
+grpo = train_step.RlaxGrpo(warmup=2, kl_coef={kl_coef!r}, max_seq_len={max_seq_len!r})
+grpo.run({steps})
+print(json.dumps(grpo.result()))
+"""
 
-    result = {}
+
+def isolated_step(steps: int) -> dict:
+    """``benchmarks/train_step.py``'s GRPO step (``RlaxGrpo``) in a process of its own, set up as the
+    quickstart recipe's trainer runs (see the module docstring); its ``result()``."""
+    import subprocess
+
+    from pipelines.rl_stream import load_configs
+
+    run_config, _ = load_configs(str(QUICKSTART_CONFIG), [])
+    code = ISOLATED_STEP.format(paths=[str(REPO), str(REPO / "benchmarks")], kl_coef=run_config.algorithm.kl_coef,
+                                max_seq_len=run_config.trainer.max_seq_len, steps=steps)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the isolated GRPO step failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sync_vs_async(workdir: Path, steps: int, train_set: str, extra=(), isolated_steps: int = 8) -> dict:
+    from rlax_core.utils.metrics import read_metrics
+    from rlax_core.utils.timeline import median_hops, step_timeline
+    from transforms.rollout import read_step_metrics
+
+    isolated = isolated_step(isolated_steps)
+    result = {"isolated_step": {"seconds_per_step": isolated["seconds_per_step"],
+                                "generate_seconds": isolated["generate_seconds"],
+                                "update_seconds": isolated["update_seconds"],
+                                "setup": "benchmarks/train_step.py RlaxGrpo configured like the quickstart recipe's "
+                                         "trainer (one device, its KL and max_seq_len, unrolled layers, "
+                                         f"{isolated['update_micro_batches']} micro-batches); 64 forced new tokens",
+                                "kl_coef": isolated["kl_coef"], "update_batch": isolated["update_batch"]},
+              "loop_overrides": list(extra)}
     for k in (0, 1):
-        run_config, _, _ = _run(workdir / f"k{k}", steps, k, train_set)
-        rows = read_metrics(Path(run_config.run.output_dir) / "metrics")[1:]  # drop the compile-heavy first step
-        times = [row["time"] for row in read_metrics(Path(run_config.run.output_dir) / "metrics")]
+        run_config, _, _ = _run(workdir / f"k{k}", steps, k, train_set, extra)
+        all_rows = read_metrics(Path(run_config.run.output_dir) / "metrics")
+        rows = all_rows[1:]  # drop the compile-heavy first step
+        times = [row["time"] for row in all_rows]
         waits = sum(row["train/wait_s"] for row in rows)
         busy = sum(row["train/step_s"] for row in rows)
-        result[f"k={k}"] = {"step_wall_s_median": statistics.median(b - a for a, b in zip(times[1:], times[2:])),
-                            "trainer_idle_fraction": waits / (waits + busy), "steps_timed": len(rows) - 1}
+        wall = statistics.median(b - a for a, b in zip(times[1:], times[2:]))
+        # Schedule steps 0 and 1 are generated while the worker and trainer still compile: not steady state.
+        timeline = [s for s in step_timeline(all_rows, read_step_metrics(run_config.rollout_root(), run_config.run.name))
+                    if s["step"] >= 2]
+        result[f"k={k}"] = {"step_wall_s_median": wall, "vs_isolated_step": wall / isolated["seconds_per_step"],
+                            "trainer_idle_fraction": waits / (waits + busy), "steps_timed": len(rows) - 1,
+                            "train_step_s_median": statistics.median(row["train/step_s"] for row in rows),
+                            "timeline_median_s": {hop: None if v is None else round(v, 4)
+                                                  for hop, v in median_hops(timeline).items()}}
     result["speedup_k1_over_k0"] = result["k=0"]["step_wall_s_median"] / result["k=1"]["step_wall_s_median"]
     return result
 
@@ -186,6 +236,9 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-sync", action="store_true")
     parser.add_argument("--skip-target", action="store_true", help="only the sync vs k=1 comparison")
+    parser.add_argument("--isolated-steps", type=int, default=8, help="timed steps of the isolated GRPO step")
+    parser.add_argument("--loop-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra recipe override for the sync vs k=1 runs (repeatable)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     workdir = Path(tempfile.mkdtemp(prefix="rl_loop_"))
@@ -194,7 +247,8 @@ def main() -> None:
         result: dict = {"target_pass@1": TARGET_PASS_AT_1, "heldout_prompts": len(_heldout()),
                         "samples_per_prompt": HELDOUT_SAMPLES}
         if not args.skip_sync:
-            result["sync_vs_async"] = sync_vs_async(workdir, args.steps, train_set)
+            result["sync_vs_async"] = sync_vs_async(workdir, args.steps, train_set, args.loop_override,
+                                                    args.isolated_steps)
         if args.skip_target:
             print(json.dumps(result, indent=2))
             return

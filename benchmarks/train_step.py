@@ -124,11 +124,13 @@ class RlaxGrpo:
     """Our GRPO step, set up and warmed up once; ``run(steps)`` times more steps (the benchmark
     alternates rounds of ours and TRL's, so that a change in the machine's speed hits both)."""
 
-    def __init__(self, warmup: int):
+    def __init__(self, warmup: int, *, kl_coef: float = 0.0, max_seq_len: int | None = None):
+        """``kl_coef`` > 0 adds GRPO's KL term to the base model (its reference forward included);
+        ``max_seq_len`` pads the update's batch like a loop's ``trainer.max_seq_len`` (default: just fits)."""
         model = from_pretrained(STORIES)
         self.tokenizer = load_tokenizer(STORIES)
         self.prompt_ids = [self.tokenizer.encode(p, add_bos=True) for p in PROMPTS]
-        self.max_seq_len = max(map(len, self.prompt_ids)) + NEW_TOKENS
+        self.max_seq_len = max(max(map(len, self.prompt_ids)) + NEW_TOKENS, max_seq_len or 0)
         self.devices = jax.device_count()
         slots = -(-len(PROMPTS) * NUM_GENERATIONS // self.devices)  # per replica
         engine_config = EngineConfig(num_slots=slots, page_size=16, num_pages=slots * 6 + 1, max_prompt_len=16,
@@ -136,10 +138,15 @@ class RlaxGrpo:
                                      decode_steps_per_call=NEW_TOKENS, replicas=0)  # one per device
         self.engine = ReplicatedEngine(engine_config, model.config, model.params)
         self.micro_batches = max(1, len(PROMPTS) * NUM_GENERATIONS // (self.devices * GRPO_ROWS_PER_MICRO_BATCH))
-        self.trainer = data_parallel_trainer(model.config, dataclasses.replace(get_preset("grpo"), kl_coef=0.0),
-                                             groups_per_step=len(PROMPTS), max_seq_len=self.max_seq_len,
-                                             micro_batches=self.micro_batches)
+        algorithm = dataclasses.replace(get_preset("grpo"), kl_coef=kl_coef)
+        self.trainer = data_parallel_trainer(model.config, algorithm, groups_per_step=len(PROMPTS),
+                                             max_seq_len=self.max_seq_len, micro_batches=self.micro_batches)
         self.state = self.trainer.init_state(model.params)
+        self.ref_params = None
+        if algorithm.uses_reference:  # as the train job holds it (rlax_core.training.job)
+            self.ref_params = jax.device_put(jax.tree.map(lambda x: np.asarray(x, self.trainer.param_dtype),
+                                                          model.params), self.trainer.param_shardings)
+        self.kl_coef = kl_coef
         self.sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, n=NUM_GENERATIONS, ignore_eos=True)
         self.steps_done = 0
         self.timed: dict[str, list[float]] = {"step": [], "generate": [], "update": [], "reward": []}
@@ -169,7 +176,7 @@ class RlaxGrpo:
                 tables.append(to_table(rows, ROLLOUT_SCHEMA))
             batch = make_batch(tables, max_seq_len=self.max_seq_len, row_multiple=self.trainer.row_multiple)
             update_started = time.perf_counter()
-            self.state, metrics = self.trainer.step(self.state, batch)
+            self.state, metrics = self.trainer.step(self.state, batch, self.ref_params)
             jax.block_until_ready((self.state, metrics))
             updated = time.perf_counter()
             # The next update donates (reuses) the state's buffers, so the engine gets its own copy.
@@ -187,7 +194,7 @@ class RlaxGrpo:
         return {"seconds_per_step": seconds, "generate_seconds": generating, "update_seconds": updating,
                 "other_seconds": seconds - generating - updating, "update_batch": [len(PROMPTS) * NUM_GENERATIONS,
                                                                                    self.max_seq_len],
-                "update_micro_batches": self.micro_batches, "devices": self.devices,
+                "update_micro_batches": self.micro_batches, "devices": self.devices, "kl_coef": self.kl_coef,
                 "engine_replicas": len(self.engine.engines), "steps_timed": len(self.timed["step"]),
                 "reward_mean": float(np.mean(self.timed["reward"])),
                 "completion_tokens": len(PROMPTS) * NUM_GENERATIONS * NEW_TOKENS}

@@ -99,6 +99,10 @@ class WorkUnit:
     step: int
     version: int
     slots: tuple[int, ...]
+    # The step's timeline (wall clocks, time.time()): when this process first saw ``version`` in the
+    # side input and when the unit was scheduled (rlax_core.utils.timeline joins them).
+    version_seen_t: float = dataclasses.field(default=0.0, compare=False)
+    scheduled_t: float = dataclasses.field(default=0.0, compare=False)
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -108,6 +112,8 @@ class WorkUnit:
 # generated twice while in flight. Correctness does not rest on it: writes are idempotent.
 _claims: dict[tuple[str, int], float] = {}
 _claims_lock = threading.Lock()
+# (run, version) -> when ScheduleSteps in this process first saw the version in the side input.
+_versions_seen: dict[tuple[str, int], float] = {}
 
 
 def release_claim(run: str, step: int) -> None:
@@ -133,6 +139,7 @@ class ScheduleSteps(beam.DoFn):
     def process(self, _tick, latest_version: Optional[int]) -> Iterable[WorkUnit]:
         if latest_version is None:  # the trainer has not published its first weights yet
             return
+        seen_t = _versions_seen.setdefault((self._spec.run, latest_version), time.time())
         allowed = steps_to_generate(latest_version, self._spec.max_staleness, self._spec.total_steps, set())
         done = complete_steps(self._store, self._spec, allowed)
         now = time.monotonic()
@@ -143,8 +150,10 @@ class ScheduleSteps(beam.DoFn):
                 if claimed is not None and now - claimed < self._claim_timeout_s:
                     continue
                 _claims[key] = now
+            scheduled_t = time.time()
             for slots in work_units(self._spec.prompts_per_step, self._spec.groups_per_unit):
-                yield WorkUnit(step=step, version=latest_version, slots=slots)
+                yield WorkUnit(step=step, version=latest_version, slots=slots, version_seen_t=seen_t,
+                               scheduled_t=scheduled_t)
 
 
 def complete_steps(store: RolloutStore, spec: RolloutSpec, candidates: Iterable[int]) -> set[int]:
@@ -255,7 +264,9 @@ class GenerateRollouts(beam.DoFn):
                 yield place.with_value({
                     "key": (key.step, key.prompt_index), "example": example, "rows": group_rows,
                     "texts": [worker.tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in samples],
-                    "generate_seconds": batch.seconds / groups, "worker": worker.name})
+                    "generate_seconds": batch.seconds / groups, "worker": worker.name,
+                    "timeline": {"scheduled_version": unit.version, "version_seen_t": unit.version_seen_t,
+                                 "scheduled_t": unit.scheduled_t, **batch.timeline}})
 
 
 # ----------------------------------------------------------------------------- reward, assembly, write
@@ -285,7 +296,7 @@ class ScoreRollouts(beam.DoFn):
         results = self._rewarder.score_many(samples)
         rows = [{**row, "reward": float(reward), "reward_info": json.dumps(info, sort_keys=True)}
                 for row, (reward, info) in zip(group["rows"], results)]
-        yield {**group, "rows": rows}
+        yield {**group, "rows": rows, "timeline": {**group["timeline"], "scored_t": time.time()}}
 
 
 class AssembleGroups(beam.DoFn):
@@ -318,7 +329,7 @@ class WriteGroups(beam.DoFn):
     def process(self, group: dict):
         step, slot = group["key"]
         self._store.write_group(GroupKey(step, slot), group["rows"])
-        yield step, group_summary(group, written=True)
+        yield step, group_summary({**group, "timeline": {**group["timeline"], "written_t": time.time()}}, written=True)
 
 
 def group_summary(group: dict, *, written: bool) -> dict:
@@ -333,6 +344,7 @@ def group_summary(group: dict, *, written: bool) -> dict:
         "versions": [row["policy_version"] for row in rows],
         "generate_seconds": group["generate_seconds"],
         "worker": group["worker"],
+        "timeline": group["timeline"],
     }
 
 
@@ -353,7 +365,26 @@ def step_metrics(step: int, summaries: list[dict]) -> dict:
         "response_length_mean": sum(lengths) / len(lengths),
         "rollout_seconds": seconds,
         "rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else None,
+        **step_timeline_clocks([s["timeline"] for s in summaries]),
     }
+
+
+# How a step's groups' clocks combine into the step's: it starts with its first group and ends with its last.
+_FIRST = ("version_seen_t", "scheduled_t", "generate_call_t")
+_LAST = ("swap_s", "generated_t", "scored_t", "written_t")
+
+
+def step_timeline_clocks(clocks: list[dict]) -> dict:
+    """The step's ``timeline/...`` metrics from its groups' clocks (format: rlax_core.utils.timeline)."""
+    row = {"timeline/scheduled_version": min(c["scheduled_version"] for c in clocks)}
+    swapped = [c["swap_version"] for c in clocks if c.get("swap_version") is not None]
+    if swapped:
+        row["timeline/swap_version"] = max(swapped)
+    for name in _FIRST + _LAST:
+        values = [c[name] for c in clocks if c.get(name) is not None]
+        if values:
+            row[f"timeline/{name}"] = (min if name in _FIRST else max)(values)
+    return row
 
 
 class MarkStepGenerated(beam.DoFn):
@@ -371,7 +402,7 @@ class MarkStepGenerated(beam.DoFn):
         by_slot = {s["slot"]: s for s in summaries}  # a retried bundle may deliver a slot twice
         if len(by_slot) < self._spec.prompts_per_step:
             return
-        metrics = step_metrics(step, list(by_slot.values()))
+        metrics = {**step_metrics(step, list(by_slot.values())), "timeline/marked_t": time.time()}
         fs, folder = fsspec.core.url_to_fs(f"{self._spec.rollout_root}/{self._spec.run}-metrics")
         fs.makedirs(folder, exist_ok=True)
         fs.pipe_file(f"{folder}/step_{step:08d}.json", json.dumps(metrics, sort_keys=True).encode())

@@ -93,9 +93,10 @@ class _Worker:
         return batch
 
     def _run(self, combined: list["_Batch"], own: "_Batch") -> None:
-        started = time.monotonic()
+        started, call_t = time.monotonic(), time.time()
         try:
             loaded, own.refused = self.follow(max(b.version for b in combined))
+            swapped_t = time.time()
             usable = [(b, i) for b in combined for i, (_, oldest) in enumerate(b.units)
                       if loaded is not None and loaded >= oldest]
             requests = [r for b, i in usable for r in b.units[i][0]]
@@ -106,9 +107,11 @@ class _Worker:
                 b.error, b.done = error, True
             return
         seconds = time.monotonic() - started
+        timeline = {"generate_call_t": call_t, "swap_s": swapped_t - call_t, "swap_version": loaded,
+                    "generated_t": time.time()}
         position = 0
         for b in combined:
-            b.loaded, b.results = loaded, [None] * len(b.units)
+            b.loaded, b.results, b.timeline = loaded, [None] * len(b.units), timeline
         for b, i in usable:  # each unit is charged its share of the call, so per-step sums stay true
             size = sum(r.sampling.n for r in b.units[i][0])
             b.results[i] = completions[position:position + size]
@@ -130,4 +133,5 @@ class _Batch:
     loaded: Optional[int] = None  # the version the engine generated with (None: no usable weights)
     refused: int = 0  # weight versions the follower refused while this thread held the engine
     seconds: float = 0.0  # this thread's share of the engine call
+    timeline: dict = dataclasses.field(default_factory=dict)  # the engine call's wall clocks (time.time())
     error: Optional[BaseException] = None

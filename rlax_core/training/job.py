@@ -159,6 +159,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
     step = int(state.step)
     publisher = _Publisher(weights)
     publisher.publish(step, state.params)
+    published = step  # the newest version handed to the publisher: its commit time goes in the next row
 
     if export is not None and is_chief:
         for folder in export.template_dirs:
@@ -170,14 +171,14 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
     last_saved = resumed_from
     try:
         for _ in progress(range(step, config.total_steps), desc="train", total=config.total_steps - step, unit="step"):
-            waited = time.monotonic()
+            waited, wait_start_t = time.monotonic(), time.time()
             dropped_before = len(ledger.dropped)
             # A version readers refused (damaged after its commit) is repaired from the params in hand:
             # with k = 0 no rollout of this step can be made before it loads.
             groups = reader.next_groups(ledger, step, stop, while_waiting=lambda: publisher.heal(step, state.params))
             if groups is None:
                 break
-            started = time.monotonic()
+            started, read_t = time.monotonic(), time.time()
             batch = make_batch([table for _, table in groups], max_seq_len=config.max_seq_len,
                                row_multiple=trainer.row_multiple, pad_id=model_config.pad_token_id or 0)
             state, step_metrics = trainer.step(state, batch, ref_params)
@@ -185,7 +186,9 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             step = int(state.step)
             ledger.consumed.extend(key for key, _ in groups)
             elapsed = time.monotonic() - started
+            publish_t = None
             if step % config.publish_every == 0:
+                publish_t = time.time()
                 publisher.publish(step, state.params)
             if step % config.checkpoint_every == 0 or step == config.total_steps:
                 checkpointer.save(step, state, ledger)
@@ -202,10 +205,13 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
                     "train/dropped_stale": len(ledger.dropped) - dropped_before,
                     "train/dropped_stale_total": len(ledger.dropped),
                     "train/groups_consumed_total": len(ledger.consumed),
+                    **_timeline(wait_start_t, read_t, publish_t, published, publisher.commit_time(published)),
                 }
                 metrics.write(step, row)
                 if wandb is not None:
                     wandb.write(step, row)
+            if publish_t is not None:
+                published = step
             if stop.is_set():
                 break
         preempted = step < config.total_steps
@@ -223,6 +229,19 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         if wandb is not None:
             wandb.close()
     return JobResult(step=step, preempted=preempted, resumed_from=resumed_from)
+
+
+def _timeline(wait_start_t: float, read_t: float, publish_t: float | None, previous_version: int,
+              previous_commit_t: float | None) -> dict:
+    """This step's wall clocks for the loop's step timeline (``rlax_core.utils.timeline``): when it
+    waited and read, when it handed its version over, and when the version published before it was
+    committed (a whole step ago, so its commit is known unless a newer one superseded it)."""
+    row = {"timeline/wait_start_t": wait_start_t, "timeline/read_t": read_t}
+    if publish_t is not None:
+        row["timeline/publish_t"] = publish_t
+    if previous_commit_t is not None:
+        row["timeline/commit_version"], row["timeline/commit_t"] = previous_version, previous_commit_t
+    return row
 
 
 def _export(export: HFExport, step: int, model_config: ModelConfig, params: Any) -> None:
@@ -256,6 +275,12 @@ class _Publisher:
         self.store = store
         self.multi_host = jax.process_count() > 1
         self.async_publisher = AsyncPublisher(store) if store is not None and not self.multi_host else None
+        self._sync_commits: dict[int, float] = {}
+
+    def commit_time(self, version: int | None) -> float | None:
+        """Wall clock of ``version``'s commit by this run (None: not committed yet, superseded, or long ago)."""
+        commits = self.async_publisher.commit_times if self.async_publisher is not None else self._sync_commits
+        return commits.get(version)
 
     def publish(self, version: int, params: Any) -> None:
         if self.store is None or self.store.is_committed(version):
@@ -266,6 +291,8 @@ class _Publisher:
             self.async_publisher.submit(version, params)
         else:
             self.store.publish(version, params)
+            self._sync_commits = {v: t for v, t in self._sync_commits.items() if v >= version - 1}
+            self._sync_commits[version] = time.time()
         if jax.process_index() == 0:
             self.store.gc()
 

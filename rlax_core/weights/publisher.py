@@ -20,6 +20,7 @@ from rlax_core.weights.errors import VersionExistsError
 from rlax_core.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
+COMMIT_TIMES_KEPT = 16
 
 
 def stage_params(params: Mapping[str, Any], publish_dtype: str | None = None) -> tuple[Any, list]:
@@ -70,6 +71,9 @@ class AsyncPublisher:
         self._error: BaseException | None = None
         self._closed = False
         self.last_committed: int | None = None
+        # version -> wall clock (time.time()) of its commit, for the newest COMMIT_TIMES_KEPT versions:
+        # the loop's step timeline (rlax_core.utils.timeline) joins it with the rollout side's clocks.
+        self.commit_times: dict[int, float] = {}
         self.superseded = 0
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
         self._thread.start()
@@ -138,6 +142,9 @@ class AsyncPublisher:
             try:
                 self.store.publish(version, staged[0])
                 self.last_committed = version
+                self.commit_times[version] = time.time()
+                for old in sorted(self.commit_times)[:-COMMIT_TIMES_KEPT]:
+                    del self.commit_times[old]
             except VersionExistsError:
                 # After a restart from an older checkpoint the trainer reaches steps it already
                 # published; the committed version stays (immutable) and readers keep using it.

@@ -18,6 +18,8 @@ from pipelines.runners import cached_prism_binary
 from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.utils.metrics import read_metrics
+from rlax_core.utils.timeline import HOPS, step_timeline
+from transforms.rollout import read_step_metrics
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
@@ -78,6 +80,15 @@ def test_synchronous_launch_trains_only_on_rollouts_of_the_current_version(tmp_p
     assert Path(where["metrics"]).exists()
     loop_rows = [json.loads(line) for line in Path(where["metrics"]).read_text().splitlines()]
     assert all(row.get("staleness/0") == PROMPTS * SAMPLES for row in loop_rows if row["step"] < STEPS)
+    # The step timeline: both jobs' metrics carry their clocks, and they join into every hop of each step
+    # (version 0 is published before the trainer's first metrics row: its publish hop is unknown).
+    timeline = step_timeline(read_metrics(Path(run_config.run.output_dir) / "metrics"),
+                             read_step_metrics(run_config.rollout_root(), run_config.run.name))
+    assert [(s["step"], s["version"]) for s in timeline] == [(step, step) for step in range(STEPS)]
+    for s in timeline:
+        missing = [hop for hop in HOPS if s[hop] is None and not (hop == "publish_s" and s["step"] == 0)]
+        assert missing == [], f"step {s['step']}: no clocks for {missing}"
+        assert all(s[hop] >= 0 for hop in ("schedule_s", "dispatch_s", "swap_s", "generate_s", "reward_s", "write_s"))
 
 
 def _wait(condition, timeout_s, what):
