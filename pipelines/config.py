@@ -56,6 +56,10 @@ class RunSpec:
     seed: int = 0
     output_dir: str = "runs/rlax"  # local folder or gs://bucket/prefix
     metrics_dir: str = ""  # the trainer's and the loop's metrics; default: output_dir/metrics (and output_dir/loop)
+    # JAX's persistent compilation cache (rlax_core.utils.compile_cache), shared by the run's processes
+    # and by later runs: the folder ("" = $RLAX_COMPILATION_CACHE_DIR or ~/.cache/rlax/jax), or off.
+    compilation_cache: bool = True
+    compilation_cache_dir: str = ""
 
     def __post_init__(self):
         require(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")

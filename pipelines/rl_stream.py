@@ -66,6 +66,8 @@ def build_spec(run_config, loop: LoopConfig, train_set_size: int):
         rewards=loop.rewards,
         drop_uniform_groups=loop.drop_uniform_groups,
         groups_per_unit=loop.groups_per_unit,
+        compilation_cache=run_config.run.compilation_cache,
+        compilation_cache_dir=run_config.run.compilation_cache_dir,
     )
 
 
@@ -113,6 +115,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         overrides.append(f"loop.max_runtime_s={args.max_runtime_s}")
     run_config, loop = load_configs(args.config, overrides)
     check_memory(run_config, roles=("rollout",))
+    from rlax_core.utils.compile_cache import enable_compilation_cache
+
+    # The in-process (loopback) workers compile here; remote ones configure their own from the spec.
+    enable_compilation_cache(run_config.run.compilation_cache_dir, enabled=run_config.run.compilation_cache)
     if not loop.train_set:
         print("rlax rollout: say which prompts to train on: --train-set PATH (or loop.train_set=PATH)", file=sys.stderr)
         return 2

@@ -68,6 +68,9 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     overrides = list(args.overrides) + ([f"run.output_dir={args.output}"] if args.output else [])
     run_config = load_run_config(args.config, overrides)
     check_memory(run_config, roles=("trainer",))
+    from rlax_core.utils.compile_cache import enable_compilation_cache
+
+    enable_compilation_cache(run_config.run.compilation_cache_dir, enabled=run_config.run.compilation_cache)
     stop = threading.Event()
 
     def request_stop(signum, _frame):

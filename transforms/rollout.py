@@ -75,6 +75,10 @@ class RolloutSpec:
     # The engine's parameter dtype (model.dtype): the base checkpoint loads in it and every published
     # version is cast to it, whatever dtype the trainer publishes (weights.publish_dtype).
     model_dtype: str = "float32"
+    # JAX's persistent compilation cache on the worker (rlax_core.utils.compile_cache): on or off, and
+    # its folder ("" = the worker machine's default).
+    compilation_cache: bool = True
+    compilation_cache_dir: str = ""
 
     def __post_init__(self):
         if self.groups_per_unit < 1:

@@ -32,10 +32,12 @@ class _Worker:
     """
 
     def __init__(self, spec):  # a transforms.rollout.RolloutSpec
+        from rlax_core.utils.compile_cache import enable_compilation_cache
         from rlax_core.utils.devices import use_cpu_cores_as_devices
 
         if spec.engine.replicas != 1:
             use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
+        enable_compilation_cache(spec.compilation_cache_dir, enabled=spec.compilation_cache)
         from rlax_core.inference.engine import _mode_of as sampling_mode
         from rlax_core.inference.replicas import ReplicatedEngine
         from rlax_core.models import from_pretrained
