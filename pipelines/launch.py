@@ -171,9 +171,12 @@ def stall_reason(process: Process) -> str:
     return (stalls[-1] if stalls else (lines[-1] if lines else "no log")).strip()
 
 
-def loop_metrics(run_config, rollout_root: str) -> list[dict[str, Any]]:
-    """The loop's per-step metrics: trainer rows joined with the rollout side's, by step."""
+def loop_metrics(run_config, rollout_root: str, launch_stamps: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The loop's per-step metrics: trainer rows joined with the rollout side's, by step. Step 0's row
+    also holds every process's start-up stamps (``startup/...``, ``rlax_core.utils.startup``) and
+    the launcher's own (``launch_stamps``: hop -> wall-clock time)."""
     from rlax_core.data.rollout_store import RolloutStore
+    from rlax_core.utils import startup
     from rlax_core.utils.metrics import read_metrics
     from transforms.rollout import read_step_metrics
 
@@ -189,7 +192,8 @@ def loop_metrics(run_config, rollout_root: str) -> list[dict[str, Any]]:
     for step in sorted(set(trainer_rows) | set(rollout_rows)):
         row: dict[str, Any] = {"step": step}
         trained = trainer_rows.get(step, {})
-        row.update({f"trainer/{k}": v for k, v in trained.items() if k not in ("step", "time")})
+        row.update({f"trainer/{k}": v for k, v in trained.items()
+                    if k not in ("step", "time") and not k.startswith(startup.PREFIX)})
         row.update({f"rollout/{k}": v for k, v in rollout_rows.get(step, {}).items() if k != "step"})
         staleness = collections.Counter(step - v for v in versions_by_step.get(step, []))
         for lag, count in sorted(staleness.items()):
@@ -202,6 +206,13 @@ def loop_metrics(run_config, rollout_root: str) -> list[dict[str, Any]]:
                 row["loop/step_wall_s"] = trained["time"] - previous_time
             previous_time = trained["time"]
         rows.append(row)
+    stamps = {k: v for row in trainer_rows.values() for k, v in row.items() if k.startswith(startup.PREFIX)}
+    stamps.update(startup.read_stamps(rollout_root, run_config.run.name))
+    stamps.update({startup.key(hop): at for hop, at in (launch_stamps or {}).items()})
+    if stamps:
+        if not rows or rows[0]["step"] != 0:
+            rows.insert(0, {"step": 0})
+        rows[0].update(stamps)
     return rows
 
 
@@ -245,6 +256,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     The output folder (``run.output_dir``) must be new or empty unless ``resume``: then the trainer
     resumes from its newest checkpoint and the rollout pipeline skips the steps already written.
     """
+    launched_at = time.time()
     from rlax_core.config import ConfigError
     from rlax_core.utils.paths import join
     from pipelines.config import find_config
@@ -271,6 +283,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     logs = log_dir(run_config)
     trainer = start("trainer", trainer_argv(config, run_overrides), logs)
     rollout = start("rollout", rollout_argv(config, overrides, loop.train_set, beam_args), logs)
+    spawned_at = time.time()
     started = time.monotonic()
     try:
         wait_for_trainer(trainer, rollout, total_steps=run_config.trainer.total_steps,
@@ -281,7 +294,8 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
             process.stop(stop_grace_s)
     log.info("launch: %d trainer steps in %.1f s", run_config.trainer.total_steps, time.monotonic() - started)
     loop_dir = run_config.loop_metrics_dir()
-    write_loop_metrics(loop_metrics(run_config, run_config.rollout_root()), loop_dir)
+    rows = loop_metrics(run_config, run_config.rollout_root(), {"launch": launched_at, "launch_spawned": spawned_at})
+    write_loop_metrics(rows, loop_dir)
     return {
         "metrics": join(loop_dir, "metrics.jsonl"),
         "trainer_metrics": trainer_metrics_dir(run_config),

@@ -105,7 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from rlax_core.utils import startup
     from pipelines.plan import check_memory
+
+    startup.mark_process_start("rollout")
     from pipelines.runners import merge_beam_args
 
     overrides = list(args.overrides)
@@ -126,6 +129,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     examples = read_examples(loop.train_set)
     spec = build_spec(run_config, loop, len(examples))
+    startup.mark("rollout_imports")
     # Unless the config or the command line names a runner, pipeline_options picks Prism (a live one).
     runner_args = merge_beam_args(run_config.beam.args("rollout"), beam_args)
     if not any(a.startswith(("--job_server_timeout", "--job-server-timeout")) for a in runner_args):

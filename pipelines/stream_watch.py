@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rlax_core.utils import startup
 from rlax_core.utils.metrics import MetricsWriter
 from transforms.rollout_schedule import steps_to_generate
 from transforms.worker_heartbeat import busy_workers
@@ -217,9 +218,12 @@ def run_stream(runner_args: Sequence[str], spec, loop, build: Callable[[Any, Any
         with prism as server:
             if server is not None:
                 args.append(f"--job_endpoint={server.endpoint}")
+                startup.mark("prism_up")
             pipeline = beam.Pipeline(options=pipeline_options(args, streaming=True))
             build(pipeline, spec, loop)
             result = pipeline.run()
+            startup.mark("job_submitted")
+            startup.write_stamps(spec.rollout_root, spec.run, "driver")
             # The impulses stop at max_runtime_s; the job then drains. Allow it that long to do so.
             code = drive(result, StreamWatch(spec, loop, metrics_dir), deadline_s=loop.max_runtime_s + 120)
             _quiet_harness_shutdown()

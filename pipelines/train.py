@@ -56,7 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.config import ConfigError
+    from rlax_core.utils import startup
     from pipelines.run_folder import writable
+
+    startup.mark_process_start("trainer")
 
     if beam_args:
         raise ConfigError("", f"rlax train takes no Beam options; unknown arguments: {' '.join(beam_args)}")
@@ -94,10 +97,13 @@ def train(run_config, stop: threading.Event | None = None):
     from rlax_core.data.rollout_store import RolloutStore
     from rlax_core.models import from_pretrained
     from rlax_core.training.job import run_training
+    from rlax_core.utils import startup
     from rlax_core.weights import WeightStore
 
+    startup.mark("trainer_imports")
     output = run_config.run.output_dir.rstrip("/")
     model = from_pretrained(run_config.model.resolved_path(), dtype=jnp.float32)
+    startup.mark("trainer_model")
     weights = WeightStore(run_config.weight_store())
     try:
         trainer = run_config.trainer

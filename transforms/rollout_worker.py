@@ -18,6 +18,7 @@ import time
 from typing import Optional
 
 from rlax_core.tasks.prompts import prompt_ids
+from rlax_core.utils import startup
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class _Worker:
         from rlax_core.utils.compile_cache import enable_compilation_cache
         from rlax_core.utils.devices import use_cpu_cores_as_devices
 
+        startup.mark("worker_start")
         if spec.engine.replicas != 1:
             use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
         enable_compilation_cache(spec.compilation_cache_dir, enabled=spec.compilation_cache)
@@ -48,11 +50,15 @@ class _Worker:
         model = from_pretrained(spec.model_path, dtype=spec.model_dtype)
         self.model_config = model.config
         self.tokenizer = load_tokenizer(spec.model_path)
+        startup.mark("worker_model")
         self.store = WeightStore(spec.weights)
         self.follower = WeightFollower(self.store, dtype=spec.model_dtype)  # the engine's dtype, not the publisher's
         self.engine = ReplicatedEngine(spec.engine, model.config, model.params, version=-1)
         # Compile now, while the worker starts, rather than in the first units' engine calls.
         self.engine.warm_up(modes=(sampling_mode(spec.sampling),))
+        startup.mark("engine_compiled")
+        self._spec = spec
+        startup.write_stamps(spec.rollout_root, spec.run, "worker")
         self.lock = threading.Lock()  # one generate at a time per process: the engine is not reentrant
         self._waiting: list[_Batch] = []
         self._waiting_lock = threading.Lock()
@@ -102,8 +108,13 @@ class _Worker:
             usable = [(b, i) for b in combined for i, (_, oldest) in enumerate(b.units)
                       if loaded is not None and loaded >= oldest]
             requests = [r for b, i in usable for r in b.units[i][0]]
+            if loaded is not None:
+                startup.mark("worker_first_weights")
             completions = self.engine.generate(requests) if requests else []
             self.engine_calls += bool(requests)
+            if self.engine_calls == 1 and requests:
+                startup.mark("worker_first_generated")
+                startup.write_stamps(self._spec.rollout_root, self._spec.run, "worker")
         except Exception as error:  # every waiting thread fails with the engine's reason
             for b in combined:
                 b.error, b.done = error, True

@@ -39,6 +39,7 @@ from rlax_core.training.ledger import DataLedger
 from rlax_core.training.mesh import initialize_distributed, make_mesh
 from rlax_core.training.step import Trainer
 from rlax_core.utils.logging import progress
+from rlax_core.utils import startup
 from rlax_core.utils.metrics import MetricsWriter
 from rlax_core.utils.wandb_logger import WandbLogger
 from rlax_core.weights import AsyncPublisher, WeightStore, is_fresh_enough
@@ -158,6 +159,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
                                     trainer.param_shardings)
     step = int(state.step)
     publisher = _Publisher(weights)
+    startup.mark("trainer_publish")
     publisher.publish(step, state.params)
     published = step  # the newest version handed to the publisher: its commit time goes in the next row
 
@@ -179,10 +181,12 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             if groups is None:
                 break
             started, read_t = time.monotonic(), time.time()
+            startup.mark("trainer_first_read", read_t)
             batch = make_batch([table for _, table in groups], max_seq_len=config.max_seq_len,
                                row_multiple=trainer.row_multiple, pad_id=model_config.pad_token_id or 0)
             state, step_metrics = trainer.step(state, batch, ref_params)
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+            startup.mark("trainer_compiled")  # the first step compiled what no warm-up did
             step = int(state.step)
             ledger.consumed.extend(key for key, _ in groups)
             elapsed = time.monotonic() - started
@@ -207,7 +211,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
                     "train/groups_consumed_total": len(ledger.consumed),
                     **_timeline(wait_start_t, read_t, publish_t, published, publisher.commit_time(published)),
                 }
-                metrics.write(step, row)
+                metrics.write(step, {**row, **startup.take()})  # the process's start-up, in its first row
                 if wandb is not None:
                     wandb.write(step, row)
             if publish_t is not None:

@@ -18,6 +18,7 @@ from pipelines.runners import cached_prism_binary
 from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.utils.metrics import read_metrics
+from rlax_core.utils.startup import HOPS as STARTUP_HOPS, startup_timeline
 from rlax_core.utils.timeline import HOPS, step_timeline
 from transforms.rollout import read_step_metrics
 
@@ -89,6 +90,22 @@ def test_synchronous_launch_trains_only_on_rollouts_of_the_current_version(tmp_p
         missing = [hop for hop in HOPS if s[hop] is None and not (hop == "publish_s" and s["step"] == 0)]
         assert missing == [], f"step {s['step']}: no clocks for {missing}"
         assert all(s[hop] >= 0 for hop in ("schedule_s", "dispatch_s", "swap_s", "generate_s", "reward_s", "write_s"))
+    _check_startup_stamps(loop_rows[0])
+
+
+def _check_startup_stamps(row):
+    """Step 0's loop row holds every start-up hop of the three processes, each after what it waits for."""
+    assert row["step"] == 0
+    timeline = startup_timeline(row)
+    assert set(timeline) == set(STARTUP_HOPS)
+    after = [("launch", "trainer_process"), ("trainer_process", "trainer_imports"), ("trainer_imports", "trainer_model"),
+             ("trainer_model", "trainer_publish"), ("launch", "rollout_process"),
+             ("rollout_process", "rollout_imports"), ("rollout_imports", "job_submitted"),
+             ("prism_up", "job_submitted"), ("worker_start", "worker_model"), ("worker_model", "engine_compiled"),
+             ("engine_compiled", "worker_first_weights"), ("trainer_publish", "worker_first_weights"),
+             ("worker_first_weights", "worker_first_generated"), ("worker_first_generated", "trainer_first_read")]
+    for before, hop in after:
+        assert timeline[before] <= timeline[hop], f"{hop} stamped before {before}: {timeline}"
 
 
 def _wait(condition, timeout_s, what):
