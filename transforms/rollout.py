@@ -139,25 +139,38 @@ class ScheduleSteps(beam.DoFn):
 
     def setup(self):
         self._store = self._spec.store()
+        # Steps found complete in the store stay complete (groups are never removed): the store is
+        # listed only on a tick that has a step neither known complete nor in flight, about once
+        # per new version, rather than on every tick.
+        self._complete: set[int] = set()
 
     def process(self, _tick, latest_version: Optional[int]) -> Iterable[WorkUnit]:
         if latest_version is None:  # the trainer has not published its first weights yet
             return
         seen_t = _versions_seen.setdefault((self._spec.run, latest_version), time.time())
-        allowed = steps_to_generate(latest_version, self._spec.max_staleness, self._spec.total_steps, set())
-        done = complete_steps(self._store, self._spec, allowed)
+        allowed = steps_to_generate(latest_version, self._spec.max_staleness, self._spec.total_steps,
+                                    self._complete)
         now = time.monotonic()
-        for step in (s for s in allowed if s not in done):
+        with _claims_lock:
+            unclaimed = [s for s in allowed if not self._in_flight(s, now)]
+        if not unclaimed:
+            return
+        self._complete |= complete_steps(self._store, self._spec, unclaimed)
+        for step in (s for s in unclaimed if s not in self._complete):
             key = (self._spec.run, step)
             with _claims_lock:
-                claimed = _claims.get(key)
-                if claimed is not None and now - claimed < self._claim_timeout_s:
+                if self._in_flight(step, now):
                     continue
                 _claims[key] = now
             scheduled_t = time.time()
             for slots in work_units(self._spec.prompts_per_step, self._spec.groups_per_unit):
                 yield WorkUnit(step=step, version=latest_version, slots=slots, version_seen_t=seen_t,
                                scheduled_t=scheduled_t)
+
+    def _in_flight(self, step: int, now: float) -> bool:
+        """Whether ``step`` was handed to generation less than ``claim_timeout_s`` ago (hold ``_claims_lock``)."""
+        claimed = _claims.get((self._spec.run, step))
+        return claimed is not None and now - claimed < self._claim_timeout_s
 
 
 def complete_steps(store: RolloutStore, spec: RolloutSpec, candidates: Iterable[int]) -> set[int]:

@@ -17,7 +17,7 @@ from rlax_core.models import from_pretrained
 from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.weights.config import WeightStoreConfig
 from rlax_core.weights.store import WeightStore
-from transforms.rollout import RolloutSpec, RolloutStream, ScheduleSteps, WorkUnit, read_step_metrics
+from transforms.rollout import RolloutSpec, RolloutStream, ScheduleSteps, WorkUnit, read_step_metrics, release_claim
 from transforms.rollout_schedule import work_units
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +63,43 @@ def test_the_schedule_emits_each_allowed_step_as_units_of_groups(tmp_path):
         units = p | beam.Create([0.0]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
         expected = [WorkUnit(step, 1, slots) for step in (1, 2) for slots in [(0, 1, 2), (3,)]]
         assert_that(units, lambda got: _check(sorted(got, key=lambda u: (u.step, u.slots)) == expected, got))
+
+
+class _CountingStore(RolloutStore):
+    """The real store, counting its listings."""
+
+    listings = 0
+
+    def list_groups(self):
+        type(self).listings += 1
+        return super().list_groups()
+
+
+def test_the_schedule_lists_the_store_only_for_steps_neither_known_complete_nor_in_flight(tmp_path):
+    spec = _spec(tmp_path, run=f"listings-{tmp_path.name}", prompts_per_step=2, total_steps=4, max_staleness=1)
+    schedule = ScheduleSteps(spec)
+    schedule.setup()
+    schedule._store = store = _CountingStore(spec.rollout_root, spec.run)
+
+    def tick(version):
+        before = store.listings
+        steps = sorted({unit.step for unit in schedule.process(0.0, version)})
+        return steps, store.listings - before
+
+    assert tick(0) == ([0, 1], 1)
+    assert tick(0) == ([], 0)  # both in flight: no listing
+    for step in (0, 1):
+        for slot in range(2):
+            rows = [dict(example_id="e", group_id=store.group_id(GroupKey(step, slot)), sample_idx=0,
+                         policy_version=0, seed=0, prompt_ids=[1], completion_ids=[2], behavior_logprobs=[-1.0],
+                         finish_reason="stop", reward=1.0, reward_info="{}")]
+            store.write_group(GroupKey(step, slot), rows)
+        release_claim(spec.run, step)  # as MarkStepGenerated does
+    assert tick(0) == ([], 1)  # finds both complete
+    assert tick(0) == ([], 0)  # and remembers it
+    assert tick(1) == ([2], 1)  # a new version: only its new step is looked up
+    for step in (2, 3):
+        release_claim(spec.run, step)
 
 
 def test_a_spec_refuses_units_of_no_groups(tmp_path):
