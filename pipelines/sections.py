@@ -86,9 +86,12 @@ class LoopConfig:
     rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
     drop_uniform_groups: bool = False  # DAPO dynamic sampling
     groups_per_unit: int = 1  # prompt groups per work unit: every worker of the fleet shares every step
-    poll_interval_s: float = 1.0  # how often the side input re-reads the latest version
+    poll_interval_s: float = 1.0  # how often the side input re-reads the latest version (and the schedule ticks)
     max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
-    stall_polls: int = 300  # polls with steps waiting and no group written: the stream has stalled
+    # How often the driver reads the rollout store to see the run end or the stream stall; apart from
+    # poll_interval_s so that a short side-input refresh does not shorten the stall window or add listings.
+    watch_interval_s: float = 1.0
+    stall_polls: int = 300  # watch polls with steps waiting and no group written: the stream has stalled
 
     def __post_init__(self):
         require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
@@ -97,4 +100,5 @@ class LoopConfig:
         require(self.groups_per_unit >= 1, "groups_per_unit", "at least 1")
         require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
         require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
+        require(self.watch_interval_s > 0, "watch_interval_s", "> 0")
         require(self.stall_polls >= 1, "stall_polls", "at least 1")

@@ -2,7 +2,8 @@
 generated, and says so, loudly, when the stream stops making progress.
 
 The driver submits the streaming pipeline and then watches the rollout store, once per
-``loop.poll_interval_s``:
+``loop.watch_interval_s`` (not the side input's ``loop.poll_interval_s``: a short refresh must not
+shorten the stall window):
 
 * every schedule step ``0 .. trainer.total_steps - 1`` complete in the store: cancel the job, exit 0;
 * steps the newest weight version allows are waiting (``steps_to_generate``), no worker is busy (a
@@ -108,14 +109,14 @@ class StreamWatch:
             self._write()
         if self.idle_polls and self.idle_polls % max(1, self.loop.stall_polls // 4) == 0 and not self.stalled:
             log.warning("rollout stream: no group written for %d polls (%.0f s) while steps %s wait (weights "
-                        "version %s)", self.idle_polls, self.idle_polls * self.loop.poll_interval_s, now.waiting,
+                        "version %s)", self.idle_polls, self.idle_polls * self.loop.watch_interval_s, now.waiting,
                         now.latest_version)
         return now
 
     def stall_reason(self) -> str:
         p = self.progress
         return (f"rollout stream stalled: no rollout group written for {self.idle_polls} polls "
-                f"({self.idle_polls * self.loop.poll_interval_s:.0f} s, loop.stall_polls={self.loop.stall_polls}) "
+                f"({self.idle_polls * self.loop.watch_interval_s:.0f} s, loop.stall_polls={self.loop.stall_polls}) "
                 f"while steps {p.waiting} wait for generation with weights version {p.latest_version} "
                 f"({p.groups_written} groups and {p.steps_generated} of {self.spec.total_steps} steps generated)")
 
@@ -178,7 +179,7 @@ def drive(result, watch: StreamWatch, *, deadline_s: float) -> int:
                             progress.steps_generated, spec.total_steps)
                 _cancel(result)
                 return 0
-            time.sleep(loop.poll_interval_s)
+            time.sleep(loop.watch_interval_s)
     except BaseException:
         _cancel(result, timeout_s=10)
         raise

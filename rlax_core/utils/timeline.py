@@ -27,8 +27,9 @@ write_s        scored -> the last group file written
 read_s         written (or the trainer ready, if later) -> the trainer has every group of ``s``
 =============  ==============================================================================
 
-plus ``commit_to_read_s`` (committed -> read: the whole path a synchronous run waits through) and the
-trainer's ``train_s`` / ``wait_s`` of the step that consumed ``s``.
+plus ``commit_to_read_s`` (committed -> read: the whole path a synchronous run waits through), the
+trainer's ``train_s`` / ``wait_s`` of the step that consumed ``s``, and its ``after_train_s``: from the
+end of that update to the start of the next wait (weight hand-over, checkpoint, metrics).
 """
 
 from __future__ import annotations
@@ -84,16 +85,19 @@ def step_timeline(trainer_rows: Iterable[Mapping[str, Any]],
             "commit_to_read_s": _diff(read_t, commit_t),
             "train_s": consumer.get("train/step_s"),
             "wait_s": consumer.get("train/wait_s"),
+            "after_train_s": _diff(rows.get(step + 2, {}).get("timeline/wait_start_t"),
+                                   None if read_t is None or consumer.get("train/step_s") is None
+                                   else read_t + consumer["train/step_s"]),
         })
     return timeline
 
 
 def median_hops(timeline: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
-    """The median of each hop (and of ``commit_to_read_s``, ``train_s``, ``wait_s``) over the steps
-    that have it; None for a hop no step has."""
+    """The median of each hop (and of ``commit_to_read_s``, ``train_s``, ``wait_s``, ``after_train_s``)
+    over the steps that have it; None for a hop no step has."""
     steps = list(timeline)
     medians: dict[str, float | None] = {}
-    for hop in (*HOPS, "commit_to_read_s", "train_s", "wait_s"):
+    for hop in (*HOPS, "commit_to_read_s", "train_s", "wait_s", "after_train_s"):
         values = [s[hop] for s in steps if s.get(hop) is not None]
         medians[hop] = statistics.median(values) if values else None
     return medians

@@ -20,6 +20,7 @@ CONFIG = str(REPO / "configs" / "quickstart.yaml")
 def _watch(tmp_path, stall_polls=3):
     overrides = [f"run.output_dir={tmp_path / 'run'}", "trainer.total_steps=2", "trainer.groups_per_step=2",
                  "trainer.max_staleness=0", f"loop.stall_polls={stall_polls}", "loop.poll_interval_s=0.01",
+                 "loop.watch_interval_s=0.01",
                  f"loop.train_set={tmp_path / 'unused.jsonl'}"]
     run_config, loop = load_configs(CONFIG, overrides)
     spec = build_spec(run_config, loop, 8)
@@ -131,3 +132,12 @@ def test_a_busy_worker_is_slow_work_not_a_stall(tmp_path):
     finally:
         watch.close()
     assert busy_workers(spec.rollout_root, spec.run, fresh_s=0.0) == []
+
+
+@pytest.mark.parametrize("field", ["watch_interval_s", "poll_interval_s"])
+def test_the_watch_and_refresh_intervals_are_checked_on_construction(field):
+    from pipelines.sections import LoopConfig
+    from rlax_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        LoopConfig(**{field: 0})

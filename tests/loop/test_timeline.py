@@ -38,6 +38,14 @@ def test_synchronous_steps_join_into_every_hop():
     assert step["read_s"] == 0.5  # written at 103.0, trainer waiting since 100: read at 103.5
     assert step["commit_to_read_s"] == 3.0
     assert step["train_s"] == 0.5 and step["wait_s"] == 3.5
+    assert step["after_train_s"] is None  # no row 3 yet: its wait has not started
+
+
+def test_after_the_update_runs_to_the_next_wait():
+    rows = [_trainer_row(2, wait_start=100.0, read=103.5, publish=104.0, commit=(1, 100.5)),
+            _trainer_row(3, wait_start=104.25, read=105.0, publish=106.0, commit=(2, 104.5))]
+    (step,) = step_timeline(rows, [_rollout_step(1, 1, 100.5)])
+    assert step["after_train_s"] == 0.25  # read at 103.5, trained for 0.5 s, waiting again at 104.25
 
 
 def test_the_read_hop_starts_when_the_trainer_is_ready_if_the_groups_were_there_first():
