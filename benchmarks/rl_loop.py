@@ -79,17 +79,25 @@ def sync_vs_async(workdir: Path, steps: int, train_set: str, extra=(), isolated_
     from rlax_core.utils.timeline import median_hops, step_timeline
     from transforms.rollout import read_step_metrics
 
-    isolated = isolated_step(isolated_steps)
-    result = {"isolated_step": {"seconds_per_step": isolated["seconds_per_step"],
-                                "generate_seconds": isolated["generate_seconds"],
-                                "update_seconds": isolated["update_seconds"],
+    import os
+
+    load_before = os.getloadavg()[0]
+    # Before and after the loop's runs, so that a change in the machine's load during the run hits both.
+    before = isolated_step(isolated_steps)
+    loops = {}
+    for k in (0, 1):
+        loops[k] = _run(workdir / f"k{k}", steps, k, train_set, extra)[0]
+    after = isolated_step(isolated_steps)
+    isolated = {key: (before[key] + after[key]) / 2 for key in ("seconds_per_step", "generate_seconds", "update_seconds")}
+    result = {"isolated_step": {**isolated, "seconds_per_step_before_and_after": [before["seconds_per_step"],
+                                                                                  after["seconds_per_step"]],
                                 "setup": "benchmarks/train_step.py RlaxGrpo configured like the quickstart recipe's "
                                          "trainer (one device, its KL and max_seq_len, unrolled layers, "
-                                         f"{isolated['update_micro_batches']} micro-batches); 64 forced new tokens",
-                                "kl_coef": isolated["kl_coef"], "update_batch": isolated["update_batch"]},
-              "loop_overrides": list(extra)}
-    for k in (0, 1):
-        run_config, _, _ = _run(workdir / f"k{k}", steps, k, train_set, extra)
+                                         f"{before['update_micro_batches']} micro-batches); 64 forced new tokens",
+                                "kl_coef": before["kl_coef"], "update_batch": before["update_batch"]},
+              "loop_overrides": list(extra),
+              "load_average_1min_before_and_after": [load_before, os.getloadavg()[0]]}
+    for k, run_config in loops.items():
         all_rows = read_metrics(Path(run_config.run.output_dir) / "metrics")
         rows = all_rows[1:]  # drop the compile-heavy first step
         times = [row["time"] for row in all_rows]
