@@ -313,7 +313,7 @@ class ScoreRollouts(beam.DoFn):
         results = self._rewarder.score_many(samples)
         rows = [{**row, "reward": float(reward), "reward_info": json.dumps(info, sort_keys=True)}
                 for row, (reward, info) in zip(group["rows"], results)]
-        yield {**group, "rows": rows, "timeline": {**group["timeline"], "scored_t": time.time()}}
+        yield {**group, "rows": rows, "timeline": {**group.get("timeline", {}), "scored_t": time.time()}}
 
 
 class AssembleGroups(beam.DoFn):
@@ -346,7 +346,8 @@ class WriteGroups(beam.DoFn):
     def process(self, group: dict):
         step, slot = group["key"]
         self._store.write_group(GroupKey(step, slot), group["rows"])
-        yield step, group_summary({**group, "timeline": {**group["timeline"], "written_t": time.time()}}, written=True)
+        yield step, group_summary({**group, "timeline": {**group.get("timeline", {}), "written_t": time.time()}},
+                                  written=True)
 
 
 def group_summary(group: dict, *, written: bool) -> dict:
@@ -361,7 +362,7 @@ def group_summary(group: dict, *, written: bool) -> dict:
         "versions": [row["policy_version"] for row in rows],
         "generate_seconds": group["generate_seconds"],
         "worker": group["worker"],
-        "timeline": group["timeline"],
+        "timeline": group.get("timeline", {}),  # a group made outside GenerateRollouts may carry none
     }
 
 
@@ -392,8 +393,12 @@ _LAST = ("swap_s", "generated_t", "scored_t", "written_t")
 
 
 def step_timeline_clocks(clocks: list[dict]) -> dict:
-    """The step's ``timeline/...`` metrics from its groups' clocks (format: rlax_core.utils.timeline)."""
-    row = {"timeline/scheduled_version": min(c["scheduled_version"] for c in clocks)}
+    """The step's ``timeline/...`` metrics from its groups' clocks (format: rlax_core.utils.timeline);
+    clocks a group lacks are left out."""
+    row = {}
+    scheduled = [c["scheduled_version"] for c in clocks if c.get("scheduled_version") is not None]
+    if scheduled:
+        row["timeline/scheduled_version"] = min(scheduled)
     swapped = [c["swap_version"] for c in clocks if c.get("swap_version") is not None]
     if swapped:
         row["timeline/swap_version"] = max(swapped)

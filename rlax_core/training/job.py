@@ -171,6 +171,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
     wandb = WandbLogger(config.wandb, metrics_dir=metrics_dir) if is_chief and config.wandb.enabled else None
     reader = BatchReader(store, config)
     last_saved = resumed_from
+    warned_padding = False
     try:
         for _ in progress(range(step, config.total_steps), desc="train", total=config.total_steps - step, unit="step"):
             waited, wait_start_t = time.monotonic(), time.time()
@@ -184,6 +185,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             startup.mark("trainer_first_read", read_t)
             batch = make_batch([table for _, table in groups], max_seq_len=config.max_seq_len,
                                row_multiple=trainer.row_multiple, pad_id=model_config.pad_token_id or 0)
+            if not warned_padding:
+                warned_padding = _warn_if_mostly_padding(batch, trainer)
             state, step_metrics = trainer.step(state, batch, ref_params)
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
             startup.mark("trainer_compiled")  # the first step compiled what no warm-up did
@@ -233,6 +236,19 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         if wandb is not None:
             wandb.close()
     return JobResult(step=step, preempted=preempted, resumed_from=resumed_from)
+
+
+def _warn_if_mostly_padding(batch: Mapping[str, np.ndarray], trainer: Trainer) -> bool:
+    """Log once when the batch is padded to over twice its rows (every padded row costs a real one's
+    compute): more device shards x mini-batches x micro-batches than the step has rows. True if it did."""
+    rows, padded = int(np.sum(batch["sample_mask"] > 0)), len(batch["sample_mask"])
+    if padded < 2 * rows:
+        return False
+    log.warning("train: a step's %d rows are padded to %d (%d device shards x %d mini-batches x %d micro-batches "
+                "= rows in multiples of %d); lower trainer.micro_batches or raise trainer.groups_per_step",
+                rows, padded, trainer.batch_shards, trainer.config.mini_batches, trainer.config.micro_batches,
+                trainer.row_multiple)
+    return True
 
 
 def _timeline(wait_start_t: float, read_t: float, publish_t: float | None, previous_version: int,

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+CONFTEST_XLA_FLAGS = "--xla_force_host_platform_device_count=8"  # what tests/conftest.py sets when unset
 CLOUD = "# needs a Google Cloud project"
 
 # README command (start of line) -> options appended to it in this test.
@@ -86,6 +87,8 @@ def test_every_readme_command_runs_in_a_fresh_clone(tmp_path):
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, timeout=300)
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "VIRTUAL_ENV", "RLAX_SHARED_DIR") and not key.startswith("PYTEST")}
+    # The tests' simulated mesh is no reader's: the quickstart runs on the machine's cores.
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(CONFTEST_XLA_FLAGS, "").strip()
     # The reader's shell after the README's first block (`source .venv/bin/activate`): rlax on PATH.
     env["PATH"] = f"{clone / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
     blocks = readme_blocks((clone / "README.md").read_text())

@@ -88,3 +88,8 @@ def test_a_consumer_row_without_its_clocks_leaves_the_read_hop_unknown(missing):
     del row[missing]
     (step,) = step_timeline([row], [_rollout_step(1, 1, 100.5)])
     assert step["read_s"] is None
+
+
+def test_groups_without_clocks_give_a_step_without_timeline_metrics():
+    # A group made outside GenerateRollouts (a test, a replayed store) carries no clocks.
+    assert step_timeline_clocks([{}, {"scored_t": 4.0}]) == {"timeline/scored_t": 4.0}

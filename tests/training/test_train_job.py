@@ -171,3 +171,19 @@ def test_a_resumed_run_writes_each_step_once_in_metrics(tmp_path):
     result = life()
     assert (result.resumed_from, result.step) == (2, 3)
     assert [row["step"] for row in read_metrics(tmp_path / "metrics")] == [1, 2, 3]
+
+
+def test_a_batch_padded_to_over_twice_its_rows_is_warned_about_once(caplog):
+    from types import SimpleNamespace
+
+    from rlax_core.training.job import _warn_if_mostly_padding
+
+    trainer = SimpleNamespace(batch_shards=2, row_multiple=32,
+                              config=SimpleNamespace(mini_batches=1, micro_batches=16))
+    full = {"sample_mask": np.ones(32, np.float32)}
+    padded = {"sample_mask": np.concatenate([np.ones(4, np.float32), np.zeros(28, np.float32)])}
+    with caplog.at_level("WARNING", logger="rlax_core.training.job"):
+        assert not _warn_if_mostly_padding(full, trainer)
+        assert caplog.records == []
+        assert _warn_if_mostly_padding(padded, trainer)
+    assert "4 rows are padded to 32" in caplog.text and "trainer.micro_batches" in caplog.text
