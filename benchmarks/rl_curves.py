@@ -108,8 +108,14 @@ def rlax_curve(folder: Path, steps: int, every: int, k: int, train_path: str, se
     return curve
 
 
-def trl_curve(folder: Path, steps: int, every: int, train_path: str, seed: int = 0) -> list[dict]:
-    """TRL's GRPOTrainer on the same model, reward, prompts and hyper-parameters; evaluated like RLAX."""
+# RLAX's loss aggregation -> TRL's loss_type with the same token weights (TRL's "grpo" divides each
+# sequence by its own length, "dapo" every token by the batch's token count, "dr_grpo" by a constant).
+TRL_LOSS_TYPE = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_sum_norm": "dr_grpo"}
+
+
+def trl_curve(folder: Path, steps: int, every: int, train_path: str, seed: int = 0, extra=()) -> list[dict]:
+    """TRL's GRPOTrainer on the same model, reward, prompts and hyper-parameters (the recipe with the
+    RLAX runs' ``extra`` overrides); evaluated like RLAX."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -120,7 +126,7 @@ def trl_curve(folder: Path, steps: int, every: int, train_path: str, seed: int =
     from rlax_core.models import from_pretrained, save_pretrained
     from rlax_core.rewards import RewardConfig, Rewarder
 
-    recipe = load_run_config(str(QUICKSTART_CONFIG), [])
+    recipe = load_run_config(str(QUICKSTART_CONFIG), list(extra))
     optimizer, algorithm = recipe.trainer.optimizer, recipe.algorithm
     hf_dir = folder / "hf_model"
     save_pretrained(from_pretrained(str(MODEL_PATH)), hf_dir)  # the user's starting point: not timed
@@ -148,6 +154,7 @@ def trl_curve(folder: Path, steps: int, every: int, train_path: str, seed: int =
     config = GRPOConfig(
         output_dir=str(folder / "out"), learning_rate=optimizer.learning_rate, beta=algorithm.kl_coef,
         epsilon=algorithm.clip_eps_low, epsilon_high=algorithm.clip_eps_high, num_generations=samples,
+        loss_type=TRL_LOSS_TYPE[algorithm.loss_aggregation], scale_rewards="group",
         per_device_train_batch_size=groups * samples, gradient_accumulation_steps=1,
         max_completion_length=recipe.engine.max_new_tokens, temperature=recipe.loop.temperature,
         lr_scheduler_type=optimizer.schedule, warmup_steps=optimizer.warmup_steps, max_grad_norm=optimizer.max_grad_norm,
@@ -207,7 +214,7 @@ def main() -> None:
                 runs.setdefault(f"rlax_k{k}", {})[seed] = curve
             if not args.skip_trl:
                 runs.setdefault("trl", {})[seed] = trl_curve(workdir / f"trl_s{seed}", args.steps, args.eval_every,
-                                                             path, seed)
+                                                             path, seed, args.set)
         result = {"overrides": args.set, "target_pass@1": TARGET_PASS_AT_1,
                   "runs": {name: {"seeds": by_seed, "mean": mean_curve(list(by_seed.values())),
                                   "time_to_target_s": {s: time_to_target(c) for s, c in by_seed.items()}}
