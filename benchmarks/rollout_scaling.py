@@ -138,7 +138,7 @@ def run_fleet(workers: int, cores: list[int], spec, work: Path) -> dict:
         # out of it, so generation starts once all workers are ready and runs on all of them at once.
         tick = (p | "Workers" >> beam.Create(range(workers)) | "OnePerWorker" >> beam.Reshuffle()
                 | "WarmUp" >> beam.ParDo(_WarmUp(spec, shared)) | "AllReady" >> beam.combiners.Count.Globally()
-                | "Tick" >> beam.Map(lambda _: 0.0))
+                | "Tick" >> beam.Map(lambda _: None))  # a tick without a version: the side input names it
         _ = (tick
              | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
              | "Redistribute" >> beam.Reshuffle()

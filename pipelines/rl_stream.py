@@ -2,10 +2,10 @@
 
     rlax rollout --config configs/quickstart.yaml --train-set runs/quickstart/filtered loop.samples_per_prompt=8
 
-Two clocks drive it (``transforms.live_side_input``): ``PollEveryInterval`` reads the weight store's
-newest committed version, the slowly updating side input; ``TicksEveryInterval`` is the main input.
-On each tick the prompt schedule emits the steps that version allows, the engine (one per worker
-process) generates them with the latest weights, the task's verifier scores them, and every group is
+One watcher drives it (``transforms.live_side_input.WatchValue``): it reads the weight store's newest
+committed version every ``loop.poll_interval_s`` and emits it, as the slowly updating side input and
+as a tick of the main input, when it changes (and every ``loop.heartbeat_s``). On each tick the
+prompt schedule emits the steps that version allows, the engine (one per worker process) generates them with the latest weights, the task's verifier scores them, and every group is
 written to the rollout store under its idempotent name. Locally it runs on Prism (the default
 streaming runner, see ``pipelines.runners``); on Dataflow the same pipeline runs with
 ``--runner DataflowRunner --streaming --enable_streaming_engine`` and accelerator workers
@@ -88,14 +88,13 @@ class _LatestVersion:
 
 def build(pipeline, spec, loop: LoopConfig, start: float | None = None):
     """Wire the streaming pipeline onto ``pipeline``; returns the PCollection of finished steps."""
-    from transforms.live_side_input import PollEveryInterval, TicksEveryInterval
+    from transforms.live_side_input import WatchValue
     from transforms.rollout import RolloutStream
 
     start = time.time() if start is None else start
     stop = start + loop.max_runtime_s
-    latest = pipeline | "LatestVersion" >> PollEveryInterval(_LatestVersion(spec.weights), loop.poll_interval_s,
-                                                              start=start, stop=stop)
-    ticks = pipeline | "Ticks" >> TicksEveryInterval(loop.poll_interval_s, start=start, stop=stop)
+    ticks, latest = pipeline | "LatestVersion" >> WatchValue(
+        _LatestVersion(spec.weights), loop.poll_interval_s, heartbeat_s=loop.heartbeat_s, start=start, stop=stop)
     return (ticks, latest) | "RolloutStream" >> RolloutStream(spec)
 
 

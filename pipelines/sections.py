@@ -86,7 +86,10 @@ class LoopConfig:
     rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
     drop_uniform_groups: bool = False  # DAPO dynamic sampling
     groups_per_unit: int = 1  # prompt groups per work unit: every worker of the fleet shares every step
-    poll_interval_s: float = 1.0  # how often the side input re-reads the latest version (and the schedule ticks)
+    # How often the stream reads the weight store's newest version: a new one is seen and scheduled
+    # within about this long (transforms.live_side_input). Listing a bucket costs; a local folder little.
+    poll_interval_s: float = 1.0
+    heartbeat_s: float = 1.0  # the schedule also ticks this often without a new version (re-offers deferred steps)
     max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
     # How often the driver reads the rollout store to see the run end or the stream stall; apart from
     # poll_interval_s so that a short side-input refresh does not shorten the stall window or add listings.
@@ -99,6 +102,7 @@ class LoopConfig:
         require(0 < self.top_p <= 1, "top_p", "in (0, 1]")
         require(self.groups_per_unit >= 1, "groups_per_unit", "at least 1")
         require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
+        require(self.heartbeat_s > 0, "heartbeat_s", "> 0")
         require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
         require(self.watch_interval_s > 0, "watch_interval_s", "> 0")
         require(self.stall_polls >= 1, "stall_polls", "at least 1")

@@ -144,9 +144,13 @@ class ScheduleSteps(beam.DoFn):
         # per new version, rather than on every tick.
         self._complete: set[int] = set()
 
-    def process(self, _tick, latest_version: Optional[int]) -> Iterable[WorkUnit]:
-        if latest_version is None:  # the trainer has not published its first weights yet
+    def process(self, tick_version: Optional[int], side_version: Optional[int]) -> Iterable[WorkUnit]:
+        # A tick carries the version that made it; the side input of its window holds the same once
+        # the runner has materialized it (Prism sometimes hands it over before that, as None).
+        known = [v for v in (tick_version, side_version) if v is not None]
+        if not known:  # the trainer has not published its first weights yet
             return
+        latest_version = max(known)
         seen_t = _versions_seen.setdefault((self._spec.run, latest_version), time.time())
         allowed = steps_to_generate(latest_version, self._spec.max_staleness, self._spec.total_steps,
                                     self._complete)
@@ -378,6 +382,8 @@ def step_metrics(step: int, summaries: list[dict]) -> dict:
         "groups": len(summaries),
         "groups_dropped_uniform": sum(not s["written"] for s in summaries),
         "workers": len({s["worker"] for s in summaries}),  # SDK processes that generated the step
+        # Engine calls that generated it (one clock per call): more than one per worker splits its batch.
+        "engine_calls": len({(s["worker"], s["timeline"].get("generate_call_t")) for s in summaries}),
         "reward_mean": sum(rewards) / len(rewards),
         "pass_rate": sum(passes) / len(passes),
         "response_length_mean": sum(lengths) / len(lengths),

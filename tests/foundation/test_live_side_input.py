@@ -1,9 +1,9 @@
-"""The base of the RL stream: a slowly updating side input refreshes live on the local runner.
+"""The base of the RL stream: a side input that refreshes live, on a change, on the local runner.
 
-A periodic impulse re-reads a file (standing in for the weight store's ``latest()``); the main input
-ticks on its own clock. The test rewrites the file mid-run and checks that later main elements see
-the new value, that elements ran while the pipeline was live (not all at the end), and that the
-pipeline ends by itself when both impulses stop.
+A watcher re-reads a file (standing in for the weight store's ``latest()``). The test rewrites the
+file mid-run and checks that main elements see the new value while the pipeline is live (not all at
+the end), that a change makes a tick by itself (the heartbeat is longer than the run), that an
+unchanged value ticks only on the heartbeat, and that the pipeline ends by itself when the watch stops.
 """
 
 import json
@@ -12,16 +12,17 @@ import time
 from pathlib import Path
 
 import apache_beam as beam
+import pytest
 
 from pipelines.runners import cached_prism_binary, pipeline_options
-from transforms.live_side_input import PollEveryInterval, TicksEveryInterval
+from transforms.live_side_input import WatchValue
 
 RUN_SECONDS = 12
-TICK = 1.0
+POLL_S = 0.05
 
 
 class _ReadFile:
-    """Picklable ``read()`` for PollEveryInterval."""
+    """Picklable ``read()`` for WatchValue."""
 
     def __init__(self, path: str):
         self.path = path
@@ -38,7 +39,7 @@ class _Record(beam.DoFn):
 
     def process(self, tick, side_value):
         with open(self._path, "a") as sink:
-            sink.write(json.dumps({"tick": float(tick), "wall": time.time(), "value": side_value}) + "\n")
+            sink.write(json.dumps({"tick": tick, "wall": time.time(), "value": side_value}) + "\n")
         yield side_value
 
 
@@ -48,7 +49,7 @@ def _read_log(log_file: Path) -> list[dict]:
     return [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
 
 
-def test_side_input_refreshes_live_and_pipeline_stops(tmp_path):
+def _run(tmp_path, heartbeat_s: float, flip: bool) -> tuple[list[dict], list[float], float]:
     # Without Prism, Beam would fall back to a runner that replays side inputs, and the test would fail
     # for the wrong reason; say what is missing instead.
     assert cached_prism_binary() is not None, "Prism is not built: run `make setup` (scripts/setup_prism.sh)"
@@ -56,7 +57,7 @@ def test_side_input_refreshes_live_and_pipeline_stops(tmp_path):
     value_file.write_text("v1")
     start = time.time()
     stop = start + RUN_SECONDS
-    flipped_at = []
+    flipped_at: list[float] = []
 
     def flip_when_v1_seen():
         deadline = time.time() + RUN_SECONDS + 60
@@ -65,27 +66,45 @@ def test_side_input_refreshes_live_and_pipeline_stops(tmp_path):
                 value_file.write_text("v2")
                 flipped_at.append(time.time())
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
 
     flipper = threading.Thread(target=flip_when_v1_seen, daemon=True)
-    flipper.start()
+    if flip:
+        flipper.start()
     pipeline = beam.Pipeline(options=pipeline_options([], streaming=True))
-    latest = pipeline | "LatestValue" >> PollEveryInterval(_ReadFile(str(value_file)), TICK, start=start, stop=stop)
-    (pipeline
-     | "Ticks" >> TicksEveryInterval(TICK, start=start, stop=stop)
-     # A tick may come before the first poll (under load it did): None then, as in transforms.rollout.
-     | "Record" >> beam.ParDo(_Record(str(log_file)), side_value=beam.pvalue.AsSingleton(latest, default_value=None)))
+    ticks, latest = pipeline | "Watch" >> WatchValue(_ReadFile(str(value_file)), POLL_S, heartbeat_s=heartbeat_s,
+                                                     start=start, stop=stop)
+    _ = ticks | "Record" >> beam.ParDo(_Record(str(log_file)),
+                                       side_value=beam.pvalue.AsSingleton(latest, default_value=None))
     result = pipeline.run()
     result.wait_until_finish(duration=(RUN_SECONDS + 120) * 1000)
-    flipper.join(timeout=1)
-
+    if flip:
+        flipper.join(timeout=1)
     assert str(result.state).endswith("DONE"), f"pipeline did not stop by itself: {result.state}"
-    seen = sorted(_read_log(log_file), key=lambda row: row["tick"])
-    values = [row["value"] for row in seen]
-    assert flipped_at, f"no main element saw the first value: {values}"
-    assert "v2" in values, f"the side input never refreshed: {values}"
-    first_v2 = values.index("v2")
-    assert all(v == "v2" for v in values[first_v2:]), f"a stale value came back after the refresh: {values}"
-    # Live, not replayed at the end: the first value was seen well before the impulses stopped.
-    assert flipped_at[0] < stop - 3 * TICK, "main elements only ran after the impulses had stopped"
-    assert len(seen) >= RUN_SECONDS / TICK - 3, f"too few main elements: {len(seen)}"
+    return sorted(_read_log(log_file), key=lambda row: row["wall"]), flipped_at, stop
+
+
+def test_a_changed_value_ticks_live_by_itself_and_the_pipeline_stops(tmp_path):
+    # The heartbeat is far longer than the run: only the first read and the change can make ticks.
+    seen, flipped_at, stop = _run(tmp_path, heartbeat_s=10 * RUN_SECONDS, flip=True)
+    ticks = [row["tick"] for row in seen]
+    assert flipped_at, f"no main element saw the first value: {ticks}"
+    assert ticks == ["v1", "v2"], f"a value ticked without a change or a heartbeat, or the change made none: {ticks}"
+    _side_input_is_the_ticks_window_value(seen)
+    # Live, not replayed at the end: the change was seen before the watch stopped.
+    assert seen[-1]["wall"] < stop, "the change ticked only at the end"
+
+
+def _side_input_is_the_ticks_window_value(seen: list[dict]) -> None:
+    # Prism may hand a main element its window's side input before materializing it (None then);
+    # transforms.rollout.ScheduleSteps falls back on the tick's own value.
+    assert all(row["value"] in (row["tick"], None) for row in seen), f"a tick read another window's value: {seen}"
+
+
+@pytest.mark.parametrize("heartbeat_s", [2.0])
+def test_an_unchanged_value_ticks_once_per_heartbeat(tmp_path, heartbeat_s):
+    seen, _, _ = _run(tmp_path, heartbeat_s=heartbeat_s, flip=False)
+    assert {row["tick"] for row in seen} == {"v1"}
+    _side_input_is_the_ticks_window_value(seen)
+    # A tick at the start and one per heartbeat after it (the last may fall past the stop).
+    assert RUN_SECONDS / heartbeat_s - 1 <= len(seen) <= RUN_SECONDS / heartbeat_s + 1, [r["wall"] for r in seen]

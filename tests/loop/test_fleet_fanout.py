@@ -60,7 +60,7 @@ def test_the_schedule_emits_each_allowed_step_as_units_of_groups(tmp_path):
     spec = _spec(tmp_path, groups_per_unit=3)
     with TestPipeline(runner="BundleBasedDirectRunner") as p:
         version = p | "Version" >> beam.Create([1])
-        units = p | beam.Create([0.0]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
+        units = p | beam.Create([None]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
         expected = [WorkUnit(step, 1, slots) for step in (1, 2) for slots in [(0, 1, 2), (3,)]]
         assert_that(units, lambda got: _check(sorted(got, key=lambda u: (u.step, u.slots)) == expected, got))
 
@@ -83,7 +83,7 @@ def test_the_schedule_lists_the_store_only_for_steps_neither_known_complete_nor_
 
     def tick(version):
         before = store.listings
-        steps = sorted({unit.step for unit in schedule.process(0.0, version)})
+        steps = sorted({unit.step for unit in schedule.process(None, version)})
         return steps, store.listings - before
 
     assert tick(0) == ([0, 1], 1)
@@ -116,7 +116,7 @@ def test_two_workers_share_one_step_and_together_write_each_of_its_groups_once(t
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     options = PipelineOptions(direct_num_workers=2, direct_running_mode="multi_processing")
     pipeline = beam.Pipeline(runner="FnApiRunner", options=options)
-    ticks = pipeline | "Tick" >> beam.Create([0.0])
+    ticks = pipeline | "Tick" >> beam.Create([None])  # a tick without a version: the side input names it
     latest = pipeline | "Latest" >> beam.Create([0])
     (ticks, latest) | RolloutStream(spec)
     result = pipeline.run()
@@ -171,3 +171,16 @@ def test_threads_of_a_worker_share_one_engine_call_and_each_gets_its_own_groups(
         assert [c.sample_index for c in completions] == list(range(spec.sampling.n))
         assert {c.weight_version for c in completions} == {0}
     assert results["too-new"].results == [None] and results["too-new"].loaded == 0  # needs version 5: deferred
+
+
+def test_a_tick_carries_its_version_when_the_side_input_is_not_there_yet(tmp_path):
+    spec = _spec(tmp_path, run=f"tick-{tmp_path.name}", prompts_per_step=1, total_steps=4, max_staleness=1)
+    schedule = ScheduleSteps(spec)
+    schedule.setup()
+    assert list(schedule.process(None, None)) == []  # nothing published yet
+    assert sorted(unit.step for unit in schedule.process(2, None)) == [2, 3]  # the tick's version
+    for step in (2, 3):
+        release_claim(spec.run, step)
+    assert sorted(unit.step for unit in schedule.process(1, 2)) == [2, 3]  # the newer of the two
+    for step in (2, 3):
+        release_claim(spec.run, step)

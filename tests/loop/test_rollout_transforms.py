@@ -109,7 +109,7 @@ def test_writing_a_group_twice_leaves_one_group(spec):
 def test_schedule_emits_only_steps_the_version_allows(spec):
     with TestPipeline(runner=RUNNER) as p:
         version = p | "Version" >> beam.Create([2])
-        steps = p | beam.Create([0.0]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
+        steps = p | beam.Create([None]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
         # one work unit per prompt group (groups_per_unit = 1), two groups per step
         assert_that(steps | beam.Map(lambda s: s.step), lambda got: _check(sorted(got) == [2, 2, 3, 3], got))
 
