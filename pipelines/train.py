@@ -113,7 +113,8 @@ def train(run_config, stop: threading.Event | None = None):
             model_config=model.config, initial_params=model.params, algorithm=run_config.algorithm,
             config=trainer, store=RolloutStore(run_config.rollout_root(), run_config.run.name),
             weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=run_config.metrics_dir(), stop=stop,
-            export=hf_export(run_config, model.config))
+            export=hf_export(run_config, model.config),
+            rollouts_per_step=trainer.groups_per_step * run_config.loop.samples_per_prompt)
     finally:
         weights.close()
 

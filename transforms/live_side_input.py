@@ -5,8 +5,8 @@ as a side input, and schedules work on a main-input clock. ``WatchValue(read, po
 makes both from one watcher:
 
 ``latest``
-    the value, once per fixed window of ``poll_s`` seconds in which it was emitted (use it with
-    ``beam.pvalue.AsSingleton``);
+    the value, once per fixed window of ``poll_s`` seconds in which it was emitted (read it with
+    ``beam.pvalue.AsList``: a streaming runner may fire a window's pane more than once);
 ``ticks``
     one element per emission, in the same window as its value, so a main element reads the value
     that made it.
@@ -41,10 +41,11 @@ from apache_beam.utils.timestamp import Timestamp
 
 FOREVER = 9223372036854.775  # Beam's maximum timestamp in seconds
 _NOTHING = object()  # no value emitted yet
-# Per watch, its last emission (value, wall clock), for this process: each resumed bundle of the watch
+_MARGIN_S = 0.001  # past a window's end by more than Beam's microsecond rounding of it
+# Per watch, its last emission (value, wall clock, its window's end), for this process: each resumed bundle of the watch
 # may run in a new DoFn instance. A watch resumed in another process emits its value once more, which
 # is harmless: ticks are idempotent and values are per window.
-_emitted: dict[str, tuple[Any, float]] = {}
+_emitted: dict[str, tuple[Any, float, float]] = {}
 
 
 class _WatchSpan(core.RestrictionProvider):
@@ -71,8 +72,9 @@ class _Watch(beam.DoFn):
         self._read, self._poll_s, self._heartbeat_s = read, poll_s, heartbeat_s
         self._id = uuid.uuid4().hex  # which watch's last emission ``_emitted`` holds
 
-    def _last(self) -> tuple[Any, float]:
-        return _emitted.get(self._id, (_NOTHING, 0.0))
+    def _last(self) -> tuple[Any, float, float]:
+        """(value, wall clock, end of its window) of the last emission."""
+        return _emitted.get(self._id, (_NOTHING, 0.0, 0.0))
 
     @beam.DoFn.unbounded_per_element()
     def process(self, element, tracker=beam.DoFn.RestrictionParam(_WatchSpan()),
@@ -84,14 +86,16 @@ class _Watch(beam.DoFn):
             if not tracker.try_claim(claimed):
                 return  # past the stop time: the watch, and the stream it drives, ends
             value = self._read()
-            last, last_emitted_t = self._last()
-            if value != last or now - last_emitted_t >= self._heartbeat_s:
-                _emitted[self._id] = (value, now)
+            last, last_emitted_t, last_window_end = self._last()
+            if now >= last_window_end + _MARGIN_S and (value != last or now - last_emitted_t >= self._heartbeat_s):
+                window_end = (math.floor(now / self._poll_s) + 1) * self._poll_s
+                _emitted[self._id] = (value, now, window_end)
                 yield window.TimestampedValue(value, now)
                 # Hold the bundle until the emission's window has closed: the watermark reported
-                # below then releases that window downstream without waiting for another bundle.
-                window_end = (math.floor(now / self._poll_s) + 1) * self._poll_s
-                time.sleep(max(0.0, window_end - time.time()))
+                # below then releases that window downstream without waiting for another bundle,
+                # and no later emission can fall into it.
+                while time.time() < window_end + _MARGIN_S:
+                    time.sleep(window_end + _MARGIN_S - time.time())
                 break
             time.sleep(self._poll_s)
         current = watermark.current_watermark()

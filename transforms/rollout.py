@@ -111,6 +111,18 @@ class WorkUnit:
 
 # ----------------------------------------------------------------------------- schedule
 
+# The side input as the stream hands it over: every value of the element's window (a streaming
+# runner may fire a window's pane more than once), or one value (None: none yet).
+SideVersion = Optional[int] | list[int]
+
+
+def newest(side: SideVersion) -> Optional[int]:
+    """The newest version in the side input's value(s), or None."""
+    if isinstance(side, (list, tuple)):
+        return max(side, default=None)
+    return side
+
+
 # Steps handed to generation in this process and not yet written, with when: the schedule re-emits
 # a step only when its claim is older than ``claim_timeout_s`` (a lost bundle), so a step is not
 # generated twice while in flight. Correctness does not rest on it: writes are idempotent.
@@ -144,10 +156,10 @@ class ScheduleSteps(beam.DoFn):
         # per new version, rather than on every tick.
         self._complete: set[int] = set()
 
-    def process(self, tick_version: Optional[int], side_version: Optional[int]) -> Iterable[WorkUnit]:
+    def process(self, tick_version: Optional[int], side_version: SideVersion) -> Iterable[WorkUnit]:
         # A tick carries the version that made it; the side input of its window holds the same once
         # the runner has materialized it (Prism sometimes hands it over before that, as None).
-        known = [v for v in (tick_version, side_version) if v is not None]
+        known = [v for v in (tick_version, newest(side_version)) if v is not None]
         if not known:  # the trainer has not published its first weights yet
             return
         latest_version = max(known)
@@ -214,8 +226,9 @@ class GenerateRollouts(beam.DoFn):
     def start_bundle(self):
         self._pending: list[tuple[WorkUnit, int, WindowedValue]] = []
 
-    def process(self, unit: WorkUnit, latest_version: Optional[int], window=beam.DoFn.WindowParam,
+    def process(self, unit: WorkUnit, latest_version: SideVersion, window=beam.DoFn.WindowParam,
                 timestamp=beam.DoFn.TimestampParam):
+        latest_version = newest(latest_version)
         version = unit.version if latest_version is None else max(unit.version, latest_version)
         self._pending.append((unit, version, WindowedValue(None, timestamp, [window])))
         if sum(len(u.slots) for u, _, _ in self._pending) * self._spec.sampling.n >= self._capacity:
@@ -462,7 +475,7 @@ class RolloutStream(beam.PTransform):
     def expand(self, ticks_and_version):
         ticks, latest = ticks_and_version
         spec = self._spec
-        version = beam.pvalue.AsSingleton(latest, default_value=None)
+        version = beam.pvalue.AsList(latest)  # not AsSingleton: a second pane of a window must not fail the stream
         scored = (
             ticks
             | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)

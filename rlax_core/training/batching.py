@@ -15,6 +15,15 @@ import numpy as np
 import pyarrow as pa
 
 
+def batch_shapes(rollouts: int, *, max_seq_len: int, row_multiple: int = 1) -> dict[str, tuple[tuple[int, ...], type]]:
+    """(shape, dtype) of each array of the batch ``make_batch`` builds from ``rollouts`` rows."""
+    size, T = -(-rollouts // row_multiple) * row_multiple, max_seq_len
+    return {"tokens": ((size, T), np.int32), "attention_mask": ((size, T), np.int32),
+            "loss_mask": ((size, T - 1), np.float32), "behavior_logprobs": ((size, T - 1), np.float32),
+            "rewards": ((size,), np.float32), "group_ids": ((size,), np.int32), "sample_mask": ((size,), np.float32),
+            "policy_versions": ((size,), np.int32)}
+
+
 def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: int = 1,
                pad_id: int = 0) -> dict[str, np.ndarray]:
     """Arrays ``tokens, attention_mask [B, T]``, ``loss_mask, behavior_logprobs [B, T-1]`` and
@@ -23,18 +32,10 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
     if not rows:
         raise ValueError("a batch needs at least one rollout")
     group_index = {gid: i for i, gid in enumerate(dict.fromkeys(row["group_id"] for row in rows))}
-    size = -(-len(rows) // row_multiple) * row_multiple
     T = max_seq_len
-    batch = {
-        "tokens": np.full((size, T), pad_id, np.int32),
-        "attention_mask": np.zeros((size, T), np.int32),
-        "loss_mask": np.zeros((size, T - 1), np.float32),
-        "behavior_logprobs": np.zeros((size, T - 1), np.float32),
-        "rewards": np.zeros((size,), np.float32),
-        "group_ids": np.full((size,), -1, np.int32),
-        "sample_mask": np.zeros((size,), np.float32),
-        "policy_versions": np.zeros((size,), np.int32),
-    }
+    fill = {"tokens": pad_id, "group_ids": -1}
+    batch = {name: np.full(shape, fill.get(name, 0), dtype)
+             for name, (shape, dtype) in batch_shapes(len(rows), max_seq_len=T, row_multiple=row_multiple).items()}
     for i, row in enumerate(rows):
         prompt, completion = row["prompt_ids"], row["completion_ids"]
         n_prompt, n_completion = len(prompt), len(completion)

@@ -137,8 +137,10 @@ class BatchReader:
 
 def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: AlgorithmConfig,
                  config: TrainerConfig, store: RolloutStore, weights: WeightStore | None, checkpoint_dir: str,
-                 metrics_dir: str, stop: threading.Event | None = None, export: HFExport | None = None) -> JobResult:
-    """Train until ``config.total_steps`` (or ``stop``); see the module docstring."""
+                 metrics_dir: str, stop: threading.Event | None = None, export: HFExport | None = None,
+                 rollouts_per_step: int | None = None) -> JobResult:
+    """Train until ``config.total_steps`` (or ``stop``); see the module docstring. ``rollouts_per_step``
+    (groups x samples per group), when known, lets the update compile before the first rollouts arrive."""
     stop = stop or threading.Event()
     initialize_distributed(config.mesh)
     mesh = make_mesh(config.mesh)
@@ -167,6 +169,10 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         for folder in export.template_dirs:
             export_hf(folder, model_config, None, tokenizer_source=export.tokenizer_source,
                       generation=export.generation)
+    if rollouts_per_step and step < config.total_steps:
+        # While the rollout workers start: the first step then runs at once when its groups land.
+        trainer.compile_step(state, rollouts_per_step, ref_params)
+        startup.mark("trainer_compiled")
     metrics = MetricsWriter(metrics_dir, resumed_from=step) if is_chief else None
     wandb = WandbLogger(config.wandb, metrics_dir=metrics_dir) if is_chief and config.wandb.enabled else None
     reader = BatchReader(store, config)

@@ -225,6 +225,19 @@ class Trainer:
             batch = self.put_batch(batch)
         return batch, ref_params if self.algorithm.uses_reference else None
 
+    def compile_step(self, state: TrainState, rollouts: int, ref_params: Any | None = None) -> None:
+        """Compile :meth:`step` for a batch of ``rollouts`` rows (as ``make_batch`` pads them) without
+        running it: a job that knows its batch compiles while it waits for the first rollouts, and
+        the first step then only runs. The state is read for its shapes alone (not donated)."""
+        from rlax_core.training.batching import batch_shapes
+
+        if self.algorithm.uses_reference and ref_params is None:
+            raise ValueError(f"{self.algorithm.name}: kl_coef > 0 needs ref_params (the reference policy)")
+        shapes = batch_shapes(rollouts, max_seq_len=self.config.max_seq_len, row_multiple=self.row_multiple)
+        batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
+                 for name, (shape, dtype) in shapes.items()}
+        self._step.lower(state, batch, ref_params if self.algorithm.uses_reference else None).compile()
+
     def step(self, state: TrainState, batch: dict[str, np.ndarray] | dict[str, jax.Array],
              ref_params: Any | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
         """One batch: ``ppo_epochs x mini_batches`` optimizer updates. ``ref_params`` are required when

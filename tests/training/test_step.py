@@ -151,3 +151,18 @@ def test_gfpo_learns_from_its_retained_completions_as_grpo_does_from_them_alone(
     np.testing.assert_allclose(float(metrics_a["loss"]), float(metrics_b["loss"]), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(float(metrics_a["grad_norm"]), float(metrics_b["grad_norm"]), rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), state_a.params, state_b.params)
+
+
+def test_a_step_compiled_ahead_leaves_the_state_and_the_update_as_they_were(tmp_path):
+    batch = batch_from_store(tmp_path, groups=2, samples=3, row_multiple=2)
+    ahead, plain = trainer(micro_batches=2), trainer(micro_batches=2)
+    params = plain.init_state().params
+    state = ahead.init_state(params)
+    ahead.compile_step(state, rollouts=6)  # lowered and compiled for the batch's shapes, nothing run
+    assert int(state.step) == 0  # read for its shapes only: not donated, still usable
+    state_a, metrics_a = ahead.step(state, batch)
+    state_b, metrics_b = plain.step(plain.init_state(params), batch)
+    assert float(metrics_a["loss"]) == float(metrics_b["loss"])
+    jax.tree.map(np.testing.assert_array_equal, state_a.params, state_b.params)
+    with pytest.raises(ValueError, match="ref_params"):
+        trainer(algorithm=get_preset("grpo")).compile_step(state_b, rollouts=6)
