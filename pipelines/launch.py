@@ -118,11 +118,13 @@ def log_dir(run_config) -> Path:
 
 def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, metrics_dir: str, timeout_s: float,
                      poll_s: float = 2.0, max_rollout_restarts: int = 0) -> None:
-    """Until the trainer exits 0; raise if either process fails or the timeout passes.
+    """Until the trainer exits 0; raise if the trainer fails, or the timeout passes.
 
-    A rollout job that exits because its stream stalled (``EXIT_STALLED``) is restarted, at most
-    ``max_rollout_restarts`` times; after that the run stops with the stall's reason. One that exits 0
-    has generated every step.
+    A rollout job that exits because its stream stalled (``EXIT_STALLED``) or failed (any other
+    non-zero exit: a worker error, a crashed local runner) is restarted, at most
+    ``max_rollout_restarts`` times in all: its writes are idempotent and a restarted stream skips what
+    is in the store, so nothing is generated twice. After that the run stops with the last reason.
+    One that exits 0 has generated every step.
     """
     from pipelines.stream_watch import EXIT_STALLED
 
@@ -148,16 +150,17 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
                                    f"{trainer.tail()}")
             return
         rollout_code = rollout.popen.poll()
-        if rollout_code == EXIT_STALLED:
-            reason = stall_reason(rollout)
+        if rollout_code is not None and rollout_code != 0:
+            stalled = rollout_code == EXIT_STALLED
+            reason = (stall_reason(rollout) if stalled else
+                      f"the rollout pipeline exited with code {rollout_code}; last lines of {rollout.log_path}:\n"
+                      f"{rollout.tail()}")
             if rollout.restarts >= max_rollout_restarts:
-                raise RuntimeError(f"the rollout pipeline stalled {rollout.restarts + 1} time(s), giving up: {reason}")
+                what = "stalled" if stalled else "failed"
+                raise RuntimeError(f"the rollout pipeline {what} {rollout.restarts + 1} time(s), giving up: {reason}")
             log.error("launch: %s; restarting the rollout job (restart %d of at most %d)", reason,
                       rollout.restarts + 1, max_rollout_restarts)
             rollout.restart()
-        elif rollout_code is not None and rollout_code != 0:
-            raise RuntimeError(f"the rollout pipeline exited with code {rollout.popen.returncode}; last lines of "
-                               f"{rollout.log_path}:\n{rollout.tail()}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the trainer did not finish {total_steps} steps within {timeout_s:.0f} s "
                                f"({steps} done); see {trainer.log_path} and {rollout.log_path}")

@@ -199,6 +199,12 @@ def complete_steps(store: RolloutStore, spec: RolloutSpec, candidates: Iterable[
 # ----------------------------------------------------------------------------- generation
 
 
+def acquire_worker(shared: Shared, spec: RolloutSpec) -> _Worker:
+    """This process's rollout worker (engine, tokenizer, weights), built on first use: every DoFn
+    instance holding ``shared`` (or an unpickled copy of it) in this process gets the same one."""
+    return shared.acquire(lambda: _Worker(spec), tag=f"rollout-worker-{spec.run}")
+
+
 class GenerateRollouts(beam.DoFn):
     """Work units -> one RolloutGroup per prompt slot (G samples each), stamped with its version.
 
@@ -216,7 +222,7 @@ class GenerateRollouts(beam.DoFn):
     def setup(self):
         spec = self._spec
         with Busy(spec.rollout_root, spec.run, "starting: loading and compiling the engine"):
-            self._worker = self._shared.acquire(lambda: _Worker(spec), tag=f"rollout-worker-{spec.run}")
+            self._worker = acquire_worker(self._shared, spec)
         self._examples = spec.examples()
         self._capacity = spec.engine.num_slots * len(self._worker.engine.engines)  # sequences per engine call
         self._versions_refused = beam.metrics.Metrics.counter("rollout", "weight_versions_refused")
@@ -468,9 +474,12 @@ StepSummary = beam.typehints.KV[int, dict]
 class RolloutStream(beam.PTransform):
     """ticks (main input) + latest version (side input PCollection) -> rollout groups in the store."""
 
-    def __init__(self, spec: RolloutSpec):
+    def __init__(self, spec: RolloutSpec, shared: Shared | None = None):
+        """``shared``: the handle of the workers' engines (``acquire_worker``); a driver that runs its
+        workers in its own process may build the engine through it before the job starts."""
         super().__init__()
         self._spec = spec
+        self._shared = shared or Shared()
 
     def expand(self, ticks_and_version):
         ticks, latest = ticks_and_version
@@ -480,7 +489,7 @@ class RolloutStream(beam.PTransform):
             ticks
             | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
             | "Redistribute" >> beam.Reshuffle()
-            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, Shared()), version)
+            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, self._shared), version)
             | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec))
         )
         assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(

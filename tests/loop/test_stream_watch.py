@@ -59,8 +59,9 @@ def test_waiting_for_the_trainer_is_not_a_stall_but_waiting_steps_without_progre
     assert rows[-1]["stream/steps_generated"] == 2 and rows[-1]["stream/stalled"] == 0
 
 
-def _stalling_rollout(tmp_path, stalls_before_success):
-    """A rollout job that stalls (exit EXIT_STALLED, the stall line in its log) on its first runs."""
+def _stalling_rollout(tmp_path, stalls_before_success, exit_code=EXIT_STALLED):
+    """A rollout job that stalls (exit EXIT_STALLED, the stall line in its log), or fails with
+    ``exit_code``, on its first runs."""
     counter = tmp_path / "runs"
     script = textwrap.dedent(f"""
         import sys
@@ -70,7 +71,7 @@ def _stalling_rollout(tmp_path, stalls_before_success):
         counter.write_text(str(runs))
         if runs <= {stalls_before_success}:
             print("ERROR rollout stream stalled: no rollout group written for 3 polls, run", runs, flush=True)
-            sys.exit({EXIT_STALLED})
+            sys.exit({exit_code})
     """)
     return start_command("rollout", [sys.executable, "-c", script], tmp_path / "logs"), counter
 
@@ -99,6 +100,28 @@ def test_launch_restarts_a_stalled_rollout_job(tmp_path):
         rollout.stop(5)
         trainer.stop(5)
     assert rollout.restarts == 2 and runs.read_text() == "3"
+
+
+def test_launch_restarts_a_failed_rollout_job_and_gives_up_with_its_log_after_the_budget(tmp_path):
+    rollout, runs = _stalling_rollout(tmp_path, stalls_before_success=1, exit_code=1)  # a crashed runner, say
+    trainer = _trainer(tmp_path, runs, until_runs=2)
+    try:
+        wait_for_trainer(trainer, rollout, total_steps=1, metrics_dir=tmp_path / "metrics", timeout_s=120,
+                         poll_s=0.1, max_rollout_restarts=1)
+    finally:
+        rollout.stop(5)
+        trainer.stop(5)
+    assert rollout.restarts == 1 and runs.read_text() == "2"
+
+    rollout, runs = _stalling_rollout(tmp_path / "again", stalls_before_success=5, exit_code=1)
+    trainer = _trainer(tmp_path / "again", runs, until_runs=99)
+    try:
+        with pytest.raises(RuntimeError, match=r"failed 2 time\(s\), giving up: .*exited with code 1"):
+            wait_for_trainer(trainer, rollout, total_steps=1, metrics_dir=tmp_path / "metrics", timeout_s=120,
+                             poll_s=0.1, max_rollout_restarts=1)
+    finally:
+        rollout.stop(5)
+        trainer.stop(5)
 
 
 def test_launch_stops_the_run_with_the_reason_when_the_rollout_keeps_stalling(tmp_path):
