@@ -90,51 +90,36 @@ def _trainer(tmp_path, runs_file, until_runs):
     return start_command("trainer", [sys.executable, "-c", script], tmp_path / "logs")
 
 
-def test_launch_restarts_a_stalled_rollout_job(tmp_path):
-    rollout, runs = _stalling_rollout(tmp_path, stalls_before_success=2)
-    trainer = _trainer(tmp_path, runs, until_runs=3)
+def _launch_until_done(tmp_path, failures: int, until_runs: int, restarts: int, exit_code=EXIT_STALLED):
+    """``wait_for_trainer`` over a rollout job that fails ``failures`` times and a trainer that ends
+    once the rollout job has run ``until_runs`` times; returns (rollout process, its run counter)."""
+    rollout, runs = _stalling_rollout(tmp_path, stalls_before_success=failures, exit_code=exit_code)
+    trainer = _trainer(tmp_path, runs, until_runs=until_runs)
     try:
         wait_for_trainer(trainer, rollout, total_steps=1, metrics_dir=tmp_path / "metrics", timeout_s=120,
-                         poll_s=0.1, max_rollout_restarts=2)
+                         poll_s=0.1, max_rollout_restarts=restarts)
     finally:
         rollout.stop(5)
         trainer.stop(5)
+    return rollout, runs
+
+
+def test_launch_restarts_a_stalled_rollout_job(tmp_path):
+    rollout, runs = _launch_until_done(tmp_path, failures=2, until_runs=3, restarts=2)
     assert rollout.restarts == 2 and runs.read_text() == "3"
 
 
 def test_launch_restarts_a_failed_rollout_job_and_gives_up_with_its_log_after_the_budget(tmp_path):
-    rollout, runs = _stalling_rollout(tmp_path, stalls_before_success=1, exit_code=1)  # a crashed runner, say
-    trainer = _trainer(tmp_path, runs, until_runs=2)
-    try:
-        wait_for_trainer(trainer, rollout, total_steps=1, metrics_dir=tmp_path / "metrics", timeout_s=120,
-                         poll_s=0.1, max_rollout_restarts=1)
-    finally:
-        rollout.stop(5)
-        trainer.stop(5)
+    rollout, runs = _launch_until_done(tmp_path, failures=1, until_runs=2, restarts=1, exit_code=1)  # a crashed runner
     assert rollout.restarts == 1 and runs.read_text() == "2"
-
-    rollout, runs = _stalling_rollout(tmp_path / "again", stalls_before_success=5, exit_code=1)
-    trainer = _trainer(tmp_path / "again", runs, until_runs=99)
-    try:
-        with pytest.raises(RuntimeError, match=r"failed 2 time\(s\), giving up: .*exited with code 1"):
-            wait_for_trainer(trainer, rollout, total_steps=1, metrics_dir=tmp_path / "metrics", timeout_s=120,
-                             poll_s=0.1, max_rollout_restarts=1)
-    finally:
-        rollout.stop(5)
-        trainer.stop(5)
+    with pytest.raises(RuntimeError, match=r"failed 2 time\(s\), giving up: .*exited with code 1"):
+        _launch_until_done(tmp_path / "again", failures=5, until_runs=99, restarts=1, exit_code=1)
 
 
 def test_launch_stops_the_run_with_the_reason_when_the_rollout_keeps_stalling(tmp_path):
-    rollout, runs = _stalling_rollout(tmp_path, stalls_before_success=5)
-    trainer = _trainer(tmp_path, runs, until_runs=99)
-    try:
-        with pytest.raises(RuntimeError, match=r"stalled 2 time\(s\), giving up: .*no rollout group written .* run 2"):
-            wait_for_trainer(trainer, rollout, total_steps=1, metrics_dir=tmp_path / "metrics", timeout_s=120,
-                             poll_s=0.1, max_rollout_restarts=1)
-    finally:
-        rollout.stop(5)
-        trainer.stop(5)
-    assert runs.read_text() == "2"
+    with pytest.raises(RuntimeError, match=r"stalled 2 time\(s\), giving up: .*no rollout group written .* run 2"):
+        _launch_until_done(tmp_path, failures=5, until_runs=99, restarts=1)
+    assert (tmp_path / "runs").read_text() == "2"
 
 
 def test_a_busy_worker_is_slow_work_not_a_stall(tmp_path):
