@@ -86,10 +86,8 @@ class _LatestVersion:
         return self._store.latest()
 
 
-def build(pipeline, spec, loop: LoopConfig, start: float | None = None, shared=None):
-    """Wire the streaming pipeline onto ``pipeline``; returns the PCollection of finished steps.
-    ``shared``: the engines' ``Shared`` handle (``transforms.rollout.acquire_worker``), if the caller
-    holds one."""
+def build(pipeline, spec, loop: LoopConfig, start: float | None = None):
+    """Wire the streaming pipeline onto ``pipeline``; returns the PCollection of finished steps."""
     from transforms.live_side_input import WatchValue
     from transforms.rollout import RolloutStream
 
@@ -97,35 +95,7 @@ def build(pipeline, spec, loop: LoopConfig, start: float | None = None, shared=N
     stop = start + loop.max_runtime_s
     ticks, latest = pipeline | "LatestVersion" >> WatchValue(
         _LatestVersion(spec.weights), loop.poll_interval_s, heartbeat_s=loop.heartbeat_s, start=start, stop=stop)
-    return (ticks, latest) | "RolloutStream" >> RolloutStream(spec, shared)
-
-
-def build_engine_in_background(spec):
-    """Start building this process's rollout worker (engine compile included) in a thread; returns the
-    ``Shared`` handle to build the pipeline with. For workers that run in this process (local Prism's
-    loopback environment): the engine compiles while Prism starts and the job is submitted, and the
-    first bundle finds it built (or waits for the build)."""
-    import threading
-
-    from apache_beam.utils.shared import Shared
-
-    from transforms.rollout import acquire_worker
-    from transforms.worker_heartbeat import Busy
-
-    shared = Shared()
-
-    def build_it():
-        try:
-            with Busy(spec.rollout_root, spec.run, "starting: loading and compiling the engine (ahead of the job)"):
-                _PREBUILT.append(acquire_worker(shared, spec))  # held: Shared keeps only weak references
-        except Exception:  # noqa: BLE001 - the worker's own setup builds it again and fails loudly there
-            log.exception("rollout: building the engine ahead of the job failed; the worker builds it")
-
-    threading.Thread(target=build_it, name="engine-prebuild", daemon=True).start()
-    return shared
-
-
-_PREBUILT: list = []  # the engine build_engine_in_background made, kept alive for the process's life
+    return (ticks, latest) | "RolloutStream" >> RolloutStream(spec)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,10 +149,4 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         return print_dry_run("rollout", options, lambda pipeline: build(pipeline, spec, loop))
 
     metrics_dir = None if "://" in run_config.run.output_dir else Path(run_config.run.output_dir) / "stream_metrics"
-    from pipelines.runners import runs_workers_in_process
-
-    wire = build
-    if runs_workers_in_process(runner_args):
-        shared = build_engine_in_background(spec)
-        wire = lambda pipeline, spec, loop: build(pipeline, spec, loop, shared=shared)  # noqa: E731
-    return run_stream(runner_args, spec, loop, wire, metrics_dir=metrics_dir)
+    return run_stream(runner_args, spec, loop, build, metrics_dir=metrics_dir)

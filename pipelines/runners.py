@@ -90,14 +90,6 @@ def runs_on_local_prism(args: Sequence[str]) -> bool:
     return runner_name(args, streaming=True) in ("PrismRunner", "prism") and not _has_flag(args, "--job_endpoint")
 
 
-def runs_workers_in_process(args: Sequence[str]) -> bool:
-    """Whether a streaming pipeline with ``args`` runs its SDK workers in this process: a local Prism
-    with Beam's default (loopback) environment for Python."""
-    given = [tokens for key, tokens in _flag_groups(args) if key == "environment_type"]
-    environment = (given[-1][-1].split("=", 1)[-1] if given else "LOOPBACK").upper()
-    return runs_on_local_prism(args) and environment == "LOOPBACK"
-
-
 def pipeline_options(config_args: Sequence[str], command_line_args: Sequence[str] = (), *, streaming: bool = False,
                      **defaults) -> PipelineOptions:
     """Beam options of one command's job: the config's flags and the command line's (which win, key by

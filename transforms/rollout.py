@@ -474,12 +474,9 @@ StepSummary = beam.typehints.KV[int, dict]
 class RolloutStream(beam.PTransform):
     """ticks (main input) + latest version (side input PCollection) -> rollout groups in the store."""
 
-    def __init__(self, spec: RolloutSpec, shared: Shared | None = None):
-        """``shared``: the handle of the workers' engines (``acquire_worker``); a driver that runs its
-        workers in its own process may build the engine through it before the job starts."""
+    def __init__(self, spec: RolloutSpec):
         super().__init__()
         self._spec = spec
-        self._shared = shared or Shared()
 
     def expand(self, ticks_and_version):
         ticks, latest = ticks_and_version
@@ -489,7 +486,7 @@ class RolloutStream(beam.PTransform):
             ticks
             | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
             | "Redistribute" >> beam.Reshuffle()
-            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, self._shared), version)
+            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, Shared()), version)
             | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec))
         )
         assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(

@@ -53,16 +53,3 @@ def test_no_runner_named_means_the_local_default_for_batch_and_for_streaming():
     assert pipeline_options(BeamSpec().args("curate")).view_as(StandardOptions).runner == "DirectRunner"
     assert pipeline_options(BeamSpec().args("rollout"), streaming=True).view_as(StandardOptions).runner == "PrismRunner"
 
-
-@pytest.mark.parametrize("args, in_process", [
-    ([], True),  # local Prism, Beam's loopback environment for Python
-    (["--environment_type=LOOPBACK"], True),
-    (["--environment_type", "EXTERNAL", "--environment_config=localhost:5000"], False),
-    (["--environment_type=DOCKER"], False),
-    (["--runner=DataflowRunner"], False),
-    (["--job_endpoint=localhost:8099"], False),  # someone else's Prism
-])
-def test_workers_run_in_this_process_only_on_a_local_prism_with_loopback(args, in_process):
-    from pipelines.runners import runs_workers_in_process
-
-    assert runs_workers_in_process(args) is in_process
