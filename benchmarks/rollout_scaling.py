@@ -133,7 +133,7 @@ def run_fleet(workers: int, cores: list[int], spec, work: Path) -> dict:
     shared = Shared()  # one handle for both stages: the warm-up's engine is the one that generates
     started = time.time()
     with beam.Pipeline(runner=runner, options=options) as p:
-        version = beam.pvalue.AsSingleton(p | "Version" >> beam.Create([0]))
+        version = beam.pvalue.AsList(p | "Version" >> beam.Create([0]))
         # Stage 1 builds and compiles every worker's engine; the tick that schedules the steps comes
         # out of it, so generation starts once all workers are ready and runs on all of them at once.
         tick = (p | "Workers" >> beam.Create(range(workers)) | "OnePerWorker" >> beam.Reshuffle()

@@ -5,8 +5,9 @@
 One watcher drives it (``transforms.live_side_input.WatchValue``): it reads the weight store's newest
 committed version every ``loop.poll_interval_s`` and emits it, as the slowly updating side input and
 as a tick of the main input, when it changes (and every ``loop.heartbeat_s``). On each tick the
-prompt schedule emits the steps that version allows, the engine (one per worker process) generates them with the latest weights, the task's verifier scores them, and every group is
-written to the rollout store under its idempotent name. Locally it runs on Prism (the default
+prompt schedule emits the steps that version allows, the engine (one per worker process) generates
+them with the latest weights, the task's verifier scores them, and every group is written to the
+rollout store under its idempotent name. Locally it runs on Prism (the default
 streaming runner, see ``pipelines.runners``); on Dataflow the same pipeline runs with
 ``--runner DataflowRunner --streaming --enable_streaming_engine`` and accelerator workers
 (``configs/qwen25_7b_math_dataflow_tpu.yaml`` documents the options).

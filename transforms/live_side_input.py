@@ -42,9 +42,9 @@ from apache_beam.utils.timestamp import Timestamp
 FOREVER = 9223372036854.775  # Beam's maximum timestamp in seconds
 _NOTHING = object()  # no value emitted yet
 _MARGIN_S = 0.001  # past a window's end by more than Beam's microsecond rounding of it
-# Per watch, its last emission (value, wall clock, its window's end), for this process: each resumed bundle of the watch
-# may run in a new DoFn instance. A watch resumed in another process emits its value once more, which
-# is harmless: ticks are idempotent and values are per window.
+# Per watch, its last emission (value, wall clock, its window's end), for this process: each resumed
+# bundle of the watch may run in a new DoFn instance. A watch resumed in another process emits its
+# value once more, which is harmless: ticks are idempotent and values are per window.
 _emitted: dict[str, tuple[Any, float, float]] = {}
 
 

@@ -111,16 +111,9 @@ class WorkUnit:
 
 # ----------------------------------------------------------------------------- schedule
 
-# The side input as the stream hands it over: every value of the element's window (a streaming
-# runner may fire a window's pane more than once), or one value (None: none yet).
-SideVersion = Optional[int] | list[int]
-
-
-def newest(side: SideVersion) -> Optional[int]:
-    """The newest version in the side input's value(s), or None."""
-    if isinstance(side, (list, tuple)):
-        return max(side, default=None)
-    return side
+# The side input as the stream hands it over (``AsList``): every version in the element's window, as
+# a streaming runner may fire a window's pane more than once; empty before the first publish.
+SideVersions = list[int]
 
 
 # Steps handed to generation in this process and not yet written, with when: the schedule re-emits
@@ -156,10 +149,10 @@ class ScheduleSteps(beam.DoFn):
         # per new version, rather than on every tick.
         self._complete: set[int] = set()
 
-    def process(self, tick_version: Optional[int], side_version: SideVersion) -> Iterable[WorkUnit]:
+    def process(self, tick_version: Optional[int], side_versions: SideVersions) -> Iterable[WorkUnit]:
         # A tick carries the version that made it; the side input of its window holds the same once
-        # the runner has materialized it (Prism sometimes hands it over before that, as None).
-        known = [v for v in (tick_version, newest(side_version)) if v is not None]
+        # the runner has materialized it (Prism sometimes hands it over before that, empty).
+        known = [*side_versions, *([] if tick_version is None else [tick_version])]
         if not known:  # the trainer has not published its first weights yet
             return
         latest_version = max(known)
@@ -232,10 +225,9 @@ class GenerateRollouts(beam.DoFn):
     def start_bundle(self):
         self._pending: list[tuple[WorkUnit, int, WindowedValue]] = []
 
-    def process(self, unit: WorkUnit, latest_version: SideVersion, window=beam.DoFn.WindowParam,
+    def process(self, unit: WorkUnit, side_versions: SideVersions, window=beam.DoFn.WindowParam,
                 timestamp=beam.DoFn.TimestampParam):
-        latest_version = newest(latest_version)
-        version = unit.version if latest_version is None else max(unit.version, latest_version)
+        version = max([unit.version, *side_versions])
         self._pending.append((unit, version, WindowedValue(None, timestamp, [window])))
         if sum(len(u.slots) for u, _, _ in self._pending) * self._spec.sampling.n >= self._capacity:
             yield from self._generate_pending()

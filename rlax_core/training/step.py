@@ -218,12 +218,19 @@ class Trainer:
 
         return {name: put(np.asarray(x)) for name, x in batch.items()}
 
-    def _check_inputs(self, batch, ref_params):
-        if self.algorithm.uses_reference and ref_params is None:
+    def _reference(self, ref_params):
+        """``ref_params`` as the update takes them: required with a KL term, dropped without one."""
+        if not self.algorithm.uses_reference:
+            return None
+        if ref_params is None:
             raise ValueError(f"{self.algorithm.name}: kl_coef > 0 needs ref_params (the reference policy)")
+        return ref_params
+
+    def _check_inputs(self, batch, ref_params):
+        ref_params = self._reference(ref_params)
         if isinstance(next(iter(batch.values())), np.ndarray):
             batch = self.put_batch(batch)
-        return batch, ref_params if self.algorithm.uses_reference else None
+        return batch, ref_params
 
     def compile_step(self, state: TrainState, rollouts: int, ref_params: Any | None = None) -> None:
         """Compile :meth:`step` for a batch of ``rollouts`` rows (as ``make_batch`` pads them) without
@@ -231,12 +238,11 @@ class Trainer:
         the first step then only runs. The state is read for its shapes alone (not donated)."""
         from rlax_core.training.batching import batch_shapes
 
-        if self.algorithm.uses_reference and ref_params is None:
-            raise ValueError(f"{self.algorithm.name}: kl_coef > 0 needs ref_params (the reference policy)")
+        ref_params = self._reference(ref_params)
         shapes = batch_shapes(rollouts, max_seq_len=self.config.max_seq_len, row_multiple=self.row_multiple)
         batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                  for name, (shape, dtype) in shapes.items()}
-        self._step.lower(state, batch, ref_params if self.algorithm.uses_reference else None).compile()
+        self._step.lower(state, batch, ref_params).compile()
 
     def step(self, state: TrainState, batch: dict[str, np.ndarray] | dict[str, jax.Array],
              ref_params: Any | None = None) -> tuple[TrainState, dict[str, jax.Array]]:

@@ -60,7 +60,7 @@ def test_the_schedule_emits_each_allowed_step_as_units_of_groups(tmp_path):
     spec = _spec(tmp_path, groups_per_unit=3)
     with TestPipeline(runner="BundleBasedDirectRunner") as p:
         version = p | "Version" >> beam.Create([1])
-        units = p | beam.Create([None]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
+        units = p | beam.Create([None]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsList(version))
         expected = [WorkUnit(step, 1, slots) for step in (1, 2) for slots in [(0, 1, 2), (3,)]]
         assert_that(units, lambda got: _check(sorted(got, key=lambda u: (u.step, u.slots)) == expected, got))
 
@@ -83,7 +83,7 @@ def test_the_schedule_lists_the_store_only_for_steps_neither_known_complete_nor_
 
     def tick(version):
         before = store.listings
-        steps = sorted({unit.step for unit in schedule.process(None, version)})
+        steps = sorted({unit.step for unit in schedule.process(None, [version])})
         return steps, store.listings - before
 
     assert tick(0) == ([0, 1], 1)
@@ -177,8 +177,8 @@ def test_a_tick_carries_its_version_when_the_side_input_is_not_there_yet(tmp_pat
     spec = _spec(tmp_path, run=f"tick-{tmp_path.name}", prompts_per_step=1, total_steps=4, max_staleness=1)
     schedule = ScheduleSteps(spec)
     schedule.setup()
-    assert list(schedule.process(None, None)) == []  # nothing published yet
-    assert sorted(unit.step for unit in schedule.process(2, None)) == [2, 3]  # the tick's version
+    assert list(schedule.process(None, [])) == []  # nothing published yet
+    assert sorted(unit.step for unit in schedule.process(2, [])) == [2, 3]  # the tick's version
     for step in (2, 3):
         release_claim(spec.run, step)
     # The newest of the tick's and the side input's (a window fired twice hands over both panes).

@@ -60,7 +60,7 @@ def _generate(spec, step, version):
     with TestPipeline(runner=RUNNER) as p:
         version_side = p | "Version" >> beam.Create([version])
         groups = (p | beam.Create([WorkUnit(step, version, (0, 1))])
-                  | beam.ParDo(GenerateRollouts(spec, Shared()), beam.pvalue.AsSingleton(version_side))
+                  | beam.ParDo(GenerateRollouts(spec, Shared()), beam.pvalue.AsList(version_side))
                   | beam.ParDo(ScoreRollouts(spec)))
         assert_that(groups | beam.Map(lambda g: len(g["rows"])), lambda sizes: _check(sizes == [3, 3], sizes))
         groups | beam.ParDo(_AppendJson(path))
@@ -109,7 +109,7 @@ def test_writing_a_group_twice_leaves_one_group(spec):
 def test_schedule_emits_only_steps_the_version_allows(spec):
     with TestPipeline(runner=RUNNER) as p:
         version = p | "Version" >> beam.Create([2])
-        steps = p | beam.Create([None]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsSingleton(version))
+        steps = p | beam.Create([None]) | beam.ParDo(ScheduleSteps(spec), beam.pvalue.AsList(version))
         # one work unit per prompt group (groups_per_unit = 1), two groups per step
         assert_that(steps | beam.Map(lambda s: s.step), lambda got: _check(sorted(got) == [2, 2, 3, 3], got))
 
@@ -154,7 +154,7 @@ def test_a_corrupted_newest_version_is_skipped_and_generation_goes_on_with_the_l
     p = TestPipeline(runner=RUNNER)
     version_side = p | "Version" >> beam.Create([2])
     (p | beam.Create([WorkUnit(2, 2, (0, 1))])
-       | beam.ParDo(GenerateRollouts(healing, Shared()), beam.pvalue.AsSingleton(version_side))
+       | beam.ParDo(GenerateRollouts(healing, Shared()), beam.pvalue.AsList(version_side))
        | beam.Map(lambda g: {"key": g["key"], "versions": [r["policy_version"] for r in g["rows"]]})
        | beam.ParDo(_AppendJson(collected)))
     result = p.run()

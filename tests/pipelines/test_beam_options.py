@@ -52,4 +52,3 @@ def test_worker_accelerator_as_a_beam_option_is_refused_with_the_way_to_say_it()
 def test_no_runner_named_means_the_local_default_for_batch_and_for_streaming():
     assert pipeline_options(BeamSpec().args("curate")).view_as(StandardOptions).runner == "DirectRunner"
     assert pipeline_options(BeamSpec().args("rollout"), streaming=True).view_as(StandardOptions).runner == "PrismRunner"
-
