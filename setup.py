@@ -42,7 +42,7 @@ EXTRAS_REQUIRE = {
     # Weights & Biases beside TensorBoard (trainer.wandb.enabled; rlax_core.utils.wandb_logger).
     "wandb": ["wandb"],
     # Side-by-side benchmarks only: never imported by the library.
-    "bench": ["torch", "transformers", "trl"],
+    "bench": ["torch", "transformers", "trl", "peft"],
 }
 
 setup(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rlax_core.config import require
+from rlax_core.models.lora import LoraConfig
 from rlax_core.utils.wandb_logger import WandbConfig
 
 
@@ -101,6 +102,9 @@ class TrainerConfig:
     # compile time then grows with depth. The state keeps the stacked layout either way.
     scan_layers: bool = True
     value_model: ValueModelConfig = field(default_factory=ValueModelConfig)  # used by value-based estimators
+    # LoRA (rank > 0): the trainer learns adapters on a frozen base (rlax_core.models.lora), holds
+    # optimizer state for the adapters only, and the reference policy is the base itself.
+    lora: LoraConfig = field(default_factory=LoraConfig)
     # The job.
     total_steps: int = 100
     max_staleness: int = 1  # accept rollouts of weight version >= step - max_staleness

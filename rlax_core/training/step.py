@@ -32,11 +32,19 @@ Usage::
     trainer = Trainer(model_config, algorithm, trainer_config, mesh)
     state = trainer.init_state(params)              # sharded over the mesh (with a critic for PPO)
     state, metrics = trainer.step(state, batch)     # batch: numpy arrays from batching.make_batch
+
+LoRA (``trainer.lora.rank > 0``): ``init_state(params)`` keeps ``params`` as the frozen base (the
+trainer's ``base``, an input of every update that is never donated or written) and the state's
+``params`` are the adapters alone, so the optimizer state, the gradients, the checkpoints and the
+published versions are the adapters'. The policy's forward takes ``lora.merge(base, adapters)``; the
+reference policy of a KL term is the base itself, so it needs no ``ref_params``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import functools
 
 import flax.struct
 import jax
@@ -46,6 +54,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.config import ModelConfig
+from rlax_core.models.lora import adapter_logical_axes, init_adapters, merge
 from rlax_core.models.transformer import forward, param_logical_axes, stack_layers, unstack_layers
 from rlax_core.rl.advantages import compute_advantages, trained_mask, value_targets
 from rlax_core.rl.aggregation import masked_mean, token_weights
@@ -65,7 +74,7 @@ class TrainState:
     """Everything a checkpoint must hold to continue bit for bit."""
 
     step: jax.Array  # int32: batches trained; each took ppo_epochs x mini_batches optimizer updates
-    params: Any
+    params: Any  # the policy's trainable parameters: all of them, or with LoRA the adapters
     opt_state: Any
     rng: jax.Array  # uint32 key data (raw, so that any checkpoint format can hold it)
     value_params: Any = None  # PPO's critic (value_model.py); None without a value-based estimator
@@ -140,15 +149,21 @@ class Trainer:
         # pi_old must be computed apart from the training forward when a later update needs it (the
         # weights have moved by then) or when the rewards need it before any update (the KL penalty).
         self.needs_old_logprobs = self.updates_per_batch > 1 or self.kl_in_reward
+        self.lora = config.lora
+        self.base = None  # the frozen base of a LoRA policy (load_base / init_state)
 
+        abstract_base = jax.eval_shape(
+            lambda: jax.tree.map(lambda x: x.astype(self.param_dtype), self._init_base(jax.random.key(0))))
+        self.base_shardings = tree_shardings(abstract_base, param_logical_axes(model_config), mesh)
         abstract_params = jax.eval_shape(
-            lambda: jax.tree.map(lambda x: x.astype(self.param_dtype), self._init_params(jax.random.key(0))))
-        self.param_shardings = tree_shardings(abstract_params, param_logical_axes(model_config), mesh)
+            lambda: self._cast_trainable(self._init_params(jax.random.key(0))))
+        self.param_shardings = (tree_shardings(abstract_params, adapter_logical_axes(self.lora), mesh)
+                                if self.lora.enabled else self.base_shardings)
         opt_shardings = self._optimizer_shardings(self.optimizer, abstract_params, self.param_shardings)
         value_shardings = value_opt_shardings = None
         if self.uses_value_model:
             self.value_optimizer = make_optimizer(config.value_model.optimizer)
-            abstract_value = jax.eval_shape(init_value_params, abstract_params)
+            abstract_value = jax.eval_shape(init_value_params, abstract_base)
             value_shardings = tree_shardings(abstract_value, value_logical_axes(model_config), mesh)
             value_opt_shardings = self._optimizer_shardings(self.value_optimizer, abstract_value, value_shardings)
         self.value_param_shardings = value_shardings
@@ -167,16 +182,44 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
-    def _init_params(self, rng):
+    def _init_base(self, rng):
         from rlax_core.models.transformer import init_params
 
         return init_params(self.model_config, rng, jnp.float32)
 
-    def _build_state(self, params, rng) -> TrainState:
-        params = jax.tree.map(lambda x: x.astype(self.param_dtype), params)
+    def _init_params(self, rng):
+        """Fresh trainable parameters: the whole model, or with LoRA the adapters."""
+        if self.lora.enabled:
+            return init_adapters(self.model_config, self.lora, rng)
+        return self._init_base(rng)
+
+    def _cast_trainable(self, params):
+        # Adapters stay float32 whatever the base's dtype: they are small, and bfloat16 would round
+        # away the low-rank updates; the merged kernels take the base's dtype.
+        dtype = jnp.float32 if self.lora.enabled else self.param_dtype
+        return jax.tree.map(lambda x: x.astype(dtype), params)
+
+    def load_base(self, params: Any) -> None:
+        """Hold ``params`` (host or device arrays) as the frozen base of a LoRA policy, sharded by the
+        model's rules in the trainer's parameter dtype."""
+        if not self.lora.enabled:
+            raise ValueError("load_base: trainer.lora.rank is 0 (full fine-tuning has no frozen base)")
+        params = jax.device_put(params, self.base_shardings)
+        self.base = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(self.param_dtype), p),
+                            out_shardings=self.base_shardings)(params)
+
+    def policy_params(self, params: Any) -> Any:
+        """The complete policy for the state's ``params``: the merged base and adapters with LoRA."""
+        return self._policy(params, self.base)
+
+    def _policy(self, params, base):
+        return merge(base, params, self.lora) if self.lora.enabled else params
+
+    def _build_state(self, params, rng, base=None) -> TrainState:
+        params = self._cast_trainable(params)
         value_params = value_opt_state = None
         if self.uses_value_model:
-            value_params = init_value_params(params)
+            value_params = init_value_params(base if self.lora.enabled else params)
             value_opt_state = _init_float32(self.value_optimizer, value_params)
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=_init_float32(self.optimizer, params),
                           rng=jax.random.key_data(rng), value_params=value_params, value_opt_state=value_opt_state)
@@ -185,11 +228,16 @@ class Trainer:
         """A fresh state: ``params`` (e.g. a pretrained model) or a random init from ``seed``.
 
         With a value-based estimator the critic starts as a copy of these parameters' backbone with
-        a zero value head (``value_model.py``).
+        a zero value head (``value_model.py``). With LoRA, ``params`` (random from ``seed`` when None)
+        become the frozen base and the state starts from fresh adapters drawn from ``seed``.
         """
         seed = self.config.seed if seed is None else seed
         rng = jax.random.key(seed)
         init_rng, state_rng = jax.random.split(rng)
+        if self.lora.enabled:
+            self.load_base(self._init_base(init_rng) if params is None else params)
+            return jax.jit(lambda base: self._build_state(self._init_params(init_rng), state_rng, base),
+                           out_shardings=self.state_shardings)(self.base)
         if params is None:
             return jax.jit(lambda: self._build_state(self._init_params(init_rng), state_rng),
                            out_shardings=self.state_shardings)()
@@ -198,7 +246,8 @@ class Trainer:
 
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and shardings of the state, without materialising it (the restore target)."""
-        abstract = jax.eval_shape(lambda: self._build_state(self._init_params(jax.random.key(0)), jax.random.key(0)))
+        abstract = jax.eval_shape(lambda: self._build_state(self._init_params(jax.random.key(0)), jax.random.key(0),
+                                                            self._init_base(jax.random.key(0))))
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             abstract, self.state_shardings)
 
@@ -219,14 +268,22 @@ class Trainer:
         return {name: put(np.asarray(x)) for name, x in batch.items()}
 
     def _reference(self, ref_params):
-        """``ref_params`` as the update takes them: required with a KL term, dropped without one."""
+        """``ref_params`` as the update takes them: required with a KL term (LoRA: the base by default),
+        dropped without one."""
         if not self.algorithm.uses_reference:
             return None
+        if ref_params is None and self.lora.enabled:
+            return self.base
         if ref_params is None:
             raise ValueError(f"{self.algorithm.name}: kl_coef > 0 needs ref_params (the reference policy)")
         return ref_params
 
+    def _require_base(self):
+        if self.lora.enabled and self.base is None:
+            raise ValueError("LoRA: no frozen base; call init_state(params) or load_base(params) first")
+
     def _check_inputs(self, batch, ref_params):
+        self._require_base()
         ref_params = self._reference(ref_params)
         if isinstance(next(iter(batch.values())), np.ndarray):
             batch = self.put_batch(batch)
@@ -238,11 +295,12 @@ class Trainer:
         the first step then only runs. The state is read for its shapes alone (not donated)."""
         from rlax_core.training.batching import batch_shapes
 
+        self._require_base()
         ref_params = self._reference(ref_params)
         shapes = batch_shapes(rollouts, max_seq_len=self.config.max_seq_len, row_multiple=self.row_multiple)
         batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                  for name, (shape, dtype) in shapes.items()}
-        self._step.lower(state, batch, ref_params).compile()
+        self._step.lower(state, batch, ref_params, self.base).compile()
 
     def step(self, state: TrainState, batch: dict[str, np.ndarray] | dict[str, jax.Array],
              ref_params: Any | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -254,14 +312,14 @@ class Trainer:
     def step_with_update_metrics(self, state: TrainState, batch, ref_params: Any | None = None):
         """As :meth:`step`, plus the metrics of each update: arrays ``[ppo_epochs, mini_batches]``."""
         batch, ref_params = self._check_inputs(batch, ref_params)
-        return self._step(state, batch, ref_params)
+        return self._step(state, batch, ref_params, self.base)
 
     def prepare_batch(self, state: TrainState, batch, ref_params: Any | None = None) -> dict[str, jax.Array]:
         """What :meth:`step` computes once for this batch before its first update (see the module
         docstring): ``advantages``, and as the algorithm needs them ``old_logprobs``, ``ref_logprobs``,
         ``kl``, ``old_values``, ``returns``; all [B, T-1]."""
         batch, ref_params = self._check_inputs(batch, ref_params)
-        return self._prepare(state, batch, ref_params)
+        return self._prepare(state, batch, ref_params, self.base)
 
     def _unrolled(self, params):
         """Weights (policy or critic) in the layout the forward pass runs: unrolled layers when
@@ -296,11 +354,13 @@ class Trainer:
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
             x, NamedSharding(self.mesh, PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1))))), arrays)
 
-    def _prepare_batch(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any) -> dict[str, jax.Array]:
+    def _prepare_batch(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any,
+                       base: Any = None) -> dict[str, jax.Array]:
         algorithm, config = self.algorithm, self.config
         mask = batch["loss_mask"]
 
-        policy, reference, critic = (self._unrolled(p) for p in (state.params, ref_params, state.value_params))
+        policy, reference, critic = (self._unrolled(p) for p in (self._policy(state.params, base), ref_params,
+                                                                   state.value_params))
 
         def score(micro):
             out = {}
@@ -330,9 +390,9 @@ class Trainer:
             prepared["returns"] = value_targets(algorithm, batch["rewards"], mask, values, kl=kl)
         return prepared
 
-    def _policy_loss(self, params, micro):
+    def _policy_loss(self, params, micro, base=None):
         algorithm, config = self.algorithm, self.config
-        logprobs, entropy = self._logprobs(params, micro, remat=config.remat)
+        logprobs, entropy = self._logprobs(self._policy(params, base), micro, remat=config.remat)
         old_logprobs = micro["old_logprobs"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(logprobs)
         if algorithm.entropy_coef == 0:
             entropy = jax.lax.stop_gradient(entropy)
@@ -348,11 +408,12 @@ class Trainer:
         loss, metrics = value_loss(self.algorithm, values, old_values, micro["returns"], micro["loss_mask"])
         return loss * micro["share"], metrics
 
-    def _update(self, carry, slice_):
+    def _update(self, carry, slice_, base=None):
         """One optimizer update (policy, and critic) on one slice of the batch, over its micro-batches."""
         algorithm, config = self.algorithm, self.config
         params, opt_state, value_params, value_opt_state = carry
         forward_params, forward_value_params = self._unrolled(params), self._unrolled(value_params)
+        forward_base = self._unrolled(base)
         slice_["slice_weights"] = token_weights(slice_["loss_mask"], algorithm.loss_aggregation,
                                                 algorithm.loss_max_length)
 
@@ -361,7 +422,8 @@ class Trainer:
             # This micro-batch's part of the slice's loss (see the module docstring).
             own = jnp.sum(token_weights(micro["loss_mask"], algorithm.loss_aggregation, algorithm.loss_max_length))
             micro["share"] = jnp.sum(micro["slice_weights"]) / jnp.maximum(own, 1e-30)
-            (loss, metrics), grads = jax.value_and_grad(self._policy_loss, has_aux=True)(forward_params, micro)
+            (loss, metrics), grads = jax.value_and_grad(self._policy_loss, has_aux=True)(forward_params, micro,
+                                                                                         forward_base)
             policy_sum, value_sum = grad_sums
             policy_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), policy_sum, grads)
             metrics = {**metrics, "loss": loss}
@@ -391,9 +453,9 @@ class Trainer:
             metrics["value_grad_norm"] = optax.global_norm(value_grads)
         return (params, opt_state, value_params, value_opt_state), metrics
 
-    def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any):
+    def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any, base: Any):
         config = self.config
-        prepared = self._prepare_batch(state, batch, ref_params)
+        prepared = self._prepare_batch(state, batch, ref_params, base)
         inputs = dict(tokens=batch["tokens"], attention_mask=batch["attention_mask"], loss_mask=prepared["policy_mask"],
                       behavior_logprobs=batch["behavior_logprobs"], advantages=prepared["advantages"])
         for name in ("old_logprobs", "ref_logprobs", "old_values", "returns"):
@@ -402,7 +464,7 @@ class Trainer:
         slices = split_micro_batches(inputs, config.mini_batches)
 
         def epoch(carry, _):
-            return jax.lax.scan(self._update, carry, slices)
+            return jax.lax.scan(functools.partial(self._update, base=base), carry, slices)
 
         carry = (state.params, state.opt_state, state.value_params, state.value_opt_state)
         (params, opt_state, value_params, value_opt_state), per_update = jax.lax.scan(

@@ -1,0 +1,156 @@
+"""LoRA: low-rank adapters on the transformer's projections, as a pytree beside the frozen base.
+
+For a target projection with kernel ``W`` (our layout: ``[in..., out...]``) the adapted kernel is::
+
+    W' = W + (alpha / rank) * A @ B        A [in..., rank] (random normal), B [rank, out...] (zeros)
+
+so a fresh adapter leaves the model unchanged. The adapters form a tree shaped like the parameters
+they adapt, holding only the targets (``{"layers": {"attn": {"q_proj": {"lora_a", "lora_b"}}, ...}}``),
+with the same stacked or unstacked layer layout. ``merge(base, adapters, config)`` returns complete
+parameters that every forward of ``transformer.py`` takes unchanged, so the trainer differentiates
+through it (the base is an input it never updates), the engine merges once per weight version, and the
+Hugging Face exports read it.
+
+Why by hand and not through ``qwix`` (Google's LoRA/QLoRA library, which Tunix uses): the model's public
+API is pure functions over a params dict used in three layouts (stacked layers for training, unrolled
+and q/k/v-fused for decoding), and every consumer (trainer, engine, weight store, exports) passes that
+dict around. qwix adapts a Flax module by intercepting its calls and keeps the adapters as module
+variables of one layout; adopting it would tie the adapters to the call path of one layout and rewrite
+how the engine and the store hold weights. The arithmetic here is one contraction per target.
+
+``dropout`` is part of the config for PEFT parity, but only 0 is accepted: LoRA dropout masks the
+adapter's *input* per token, which a merged kernel cannot express (it would need the x @ A @ B path).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from rlax_core.config import require
+from rlax_core.models.config import ModelConfig
+
+Params = dict[str, Any]
+
+# target name -> (its path inside a layer, its kernel's input and output logical axes)
+TARGETS: Mapping[str, tuple[tuple[str, str], tuple[str, ...], tuple[str, ...]]] = {
+    "q": (("attn", "q_proj"), ("embed",), ("heads", "head_dim")),
+    "k": (("attn", "k_proj"), ("embed",), ("kv_heads", "head_dim")),
+    "v": (("attn", "v_proj"), ("embed",), ("kv_heads", "head_dim")),
+    "o": (("attn", "o_proj"), ("heads", "head_dim"), ("embed",)),
+    "gate": (("mlp", "gate_proj"), ("embed",), ("mlp",)),
+    "up": (("mlp", "up_proj"), ("embed",), ("mlp",)),
+    "down": (("mlp", "down_proj"), ("mlp",), ("embed",)),
+}
+RANK_AXIS = "lora_rank"  # no partition rule names it: the rank dimension is replicated
+_A_STDDEV_GAIN = 1.0  # A ~ normal(0, 1 / sqrt(in_features)): PEFT's kaiming-uniform has the same variance scale
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """``trainer.lora``: rank 0 (the default) is full fine-tuning."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+
+    def __post_init__(self):
+        require(self.rank >= 0, "rank", "must be >= 0 (0: full fine-tuning)")
+        require(self.alpha > 0, "alpha", "must be > 0")
+        require(self.dropout == 0.0, "dropout",
+                "only 0 is supported: adapters are merged into the kernels, which cannot drop the adapter's input")
+        require(len(self.targets) > 0, "targets", f"name at least one of {', '.join(TARGETS)}")
+        unknown = [t for t in self.targets if t not in TARGETS]
+        require(not unknown, "targets", f"unknown {unknown}; choose from {', '.join(TARGETS)}")
+        require(len(set(self.targets)) == len(self.targets), "targets", "lists a target twice")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "LoraConfig":
+        return cls(rank=int(raw["rank"]), alpha=float(raw["alpha"]), dropout=float(raw.get("dropout", 0.0)),
+                   targets=tuple(raw["targets"]))
+
+
+def _dims(model: ModelConfig) -> dict[str, int]:
+    return {"embed": model.hidden_size, "heads": model.num_heads, "kv_heads": model.num_kv_heads,
+            "head_dim": model.head_dim, "mlp": model.intermediate_size}
+
+
+def adapter_shapes(model: ModelConfig, lora: LoraConfig) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """target -> (A's shape, B's shape) of the stacked layout (leading ``layers`` axis)."""
+    dims, layers = _dims(model), model.num_layers
+    return {t: ((layers, *(dims[a] for a in TARGETS[t][1]), lora.rank), (layers, lora.rank, *(dims[a] for a in TARGETS[t][2])))
+            for t in lora.targets}
+
+
+def init_adapters(model: ModelConfig, lora: LoraConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
+    """Fresh adapters in the stacked layout: A random, B zero (the adapted model equals the base)."""
+    layer: Params = {}
+    for (target, (a_shape, b_shape)), key in zip(adapter_shapes(model, lora).items(),
+                                                 jax.random.split(rng, len(lora.targets))):
+        fan_in = math.prod(a_shape[1:-1])
+        a = jax.random.normal(key, a_shape, jnp.float32) * (_A_STDDEV_GAIN / math.sqrt(fan_in))
+        (module, proj) = TARGETS[target][0]
+        layer.setdefault(module, {})[proj] = {"lora_a": a.astype(dtype), "lora_b": jnp.zeros(b_shape, dtype)}
+    return {"layers": layer}
+
+
+def adapter_logical_axes(lora: LoraConfig) -> Params:
+    """The adapters' tree with logical axis names as leaves: A keeps the kernel's input axes and B its
+    output axes, so both shard by the rules that shard the kernel they adapt."""
+    layer: Params = {}
+    for target in lora.targets:
+        (module, proj), inputs, outputs = TARGETS[target]
+        layer.setdefault(module, {})[proj] = {"lora_a": ("layers", *inputs, RANK_AXIS),
+                                              "lora_b": ("layers", RANK_AXIS, *outputs)}
+    return {"layers": layer}
+
+
+def delta(lora_a: jax.Array, lora_b: jax.Array, scale: float, kernel_ndim: int) -> jax.Array:
+    """scale * A @ B in float32, shaped like the kernel (any leading layer axis kept)."""
+    lead = lora_a.ndim + lora_b.ndim - 2 - kernel_ndim  # 1 for stacked layers, 0 for one layer
+    n_in, n_out = lora_a.ndim - 1 - lead, lora_b.ndim - 1 - lead
+    letters = "abcdefgh"
+    lead_s, in_s, out_s = letters[:lead], letters[lead:lead + n_in], letters[lead + n_in:lead + n_in + n_out]
+    return scale * jnp.einsum(f"{lead_s}{in_s}r,{lead_s}r{out_s}->{lead_s}{in_s}{out_s}",
+                              lora_a.astype(jnp.float32), lora_b.astype(jnp.float32))
+
+
+def merge(base: Params, adapters: Params, lora: LoraConfig) -> Params:
+    """The base with each adapted kernel replaced by W + scale * A @ B (in W's dtype).
+
+    ``base`` and ``adapters`` must share the layer layout (both stacked, or both unstacked). Only
+    the adapted kernels are new arrays; every other leaf is the base's own.
+    """
+    merged = dict(base)
+    for layer_key, layer_adapters in adapters.items():
+        layer = {module: dict(value) if isinstance(value, Mapping) else value
+                 for module, value in base[layer_key].items()}
+        for module, projections in layer_adapters.items():
+            for proj, ab in projections.items():
+                weights = dict(layer[module][proj])
+                kernel = weights["kernel"]
+                weights["kernel"] = (kernel.astype(jnp.float32)
+                                     + delta(ab["lora_a"], ab["lora_b"], lora.scale, kernel.ndim)).astype(kernel.dtype)
+                layer[module][proj] = weights
+        merged[layer_key] = layer
+    return merged
+
+
+def count_adapter_parameters(model: ModelConfig, lora: LoraConfig) -> int:
+    return sum(math.prod(a) + math.prod(b) for a, b in adapter_shapes(model, lora).values())

@@ -1,0 +1,143 @@
+"""LoRA in the trainer: the update differentiates the adapted model and moves only the adapters."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlax_core.config import ConfigError
+from rlax_core.models.config import toy_config
+from rlax_core.models.lora import LoraConfig, adapter_shapes, init_adapters, merge
+from rlax_core.models.transformer import forward, init_params
+from rlax_core.rl.config import AlgorithmConfig
+from rlax_core.rl.objective import policy_loss
+from rlax_core.training.checkpoint import Checkpointer
+from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig
+from rlax_core.training.ledger import DataLedger
+from rlax_core.training.mesh import make_mesh
+from rlax_core.training.step import Trainer, token_logprobs
+
+from test_step import batch_from_store
+
+MODEL = toy_config()
+LORA = LoraConfig(rank=4, alpha=8.0)
+# Adam's first step is -lr * g / (|g| + eps): with lr = eps = 1e4 it is -g / (1 + |g| / 1e4), so the
+# adapters' change after one update reads back their gradient to about 1e-4 relative.
+GRADIENT_READOUT = OptimizerConfig(learning_rate=1e4, eps=1e4, max_grad_norm=None)
+
+
+def lora_trainer(lora=LORA, optimizer=GRADIENT_READOUT, mesh=MeshConfig(fsdp=1), **overrides):
+    config = TrainerConfig(max_seq_len=16, mesh=mesh, optimizer=optimizer, lora=lora, **overrides)
+    devices = jax.devices()[: max(1, mesh.data) * max(1, mesh.fsdp) * max(1, mesh.tensor)]
+    return Trainer(MODEL, AlgorithmConfig(), config, make_mesh(config.mesh, devices))
+
+
+def random_adapters(seed=1):
+    """Adapters with B != 0 too (fresh ones have B = 0, where A's gradient is exactly zero)."""
+    keys = iter(jax.random.split(jax.random.key(seed), 64))
+    return jax.tree.map(lambda x: 0.05 * jax.random.normal(next(keys), x.shape), init_adapters(MODEL, LORA, next(keys)))
+
+
+def hand_merged(base, adapters):
+    """W + alpha / rank * A @ B, layer by layer, written out for each target without lora.py."""
+    merged = jax.tree.map(lambda x: x, base)
+    for module, projections in adapters["layers"].items():
+        for proj, ab in projections.items():
+            kernel = base["layers"][module][proj]["kernel"]
+            layers = []
+            for i in range(MODEL.num_layers):
+                a, b = ab["lora_a"][i], ab["lora_b"][i]
+                a2, b2 = a.reshape(-1, LORA.rank), b.reshape(LORA.rank, -1)
+                layers.append(kernel[i] + (LORA.alpha / LORA.rank) * (a2 @ b2).reshape(kernel.shape[1:]))
+            merged["layers"][module][proj]["kernel"] = jnp.stack(layers)
+    return merged
+
+
+def test_config_is_validated_on_construction():
+    assert not LoraConfig().enabled and LoraConfig(rank=8).scale == 16.0 / 8
+    for bad in (dict(rank=-1), dict(rank=4, alpha=0), dict(rank=4, targets=("q", "qkv")), dict(rank=4, targets=()),
+                dict(rank=4, dropout=0.1), dict(rank=4, targets=("q", "q"))):
+        with pytest.raises(ConfigError):
+            LoraConfig(**bad)
+
+
+def test_fresh_adapters_leave_the_model_unchanged_and_merge_equals_the_hand_sum():
+    base = init_params(MODEL, jax.random.key(0))
+    ids = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % MODEL.vocab_size
+    fresh = init_adapters(MODEL, LORA, jax.random.key(1))
+    np.testing.assert_array_equal(forward(merge(base, fresh, LORA), MODEL, ids), forward(base, MODEL, ids))
+    adapters = random_adapters()
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6),
+                 merge(base, adapters, LORA), hand_merged(base, adapters))
+    shapes = adapter_shapes(MODEL, LORA)
+    assert shapes["o"] == ((MODEL.num_layers, MODEL.num_heads, MODEL.head_dim, 4), (MODEL.num_layers, 4, MODEL.hidden_size))
+
+
+@pytest.mark.parametrize("scan_layers", [True, False], ids=["scanned", "unrolled"])
+def test_lora_step_equals_autodiff_of_the_hand_adapted_model_and_keeps_the_base(tmp_path, scan_layers):
+    batch = batch_from_store(tmp_path, groups=2, samples=4)
+    trainer = lora_trainer(scan_layers=scan_layers)
+    base = init_params(MODEL, jax.random.key(0))
+    base_before = jax.tree.map(np.array, base)
+    adapters = random_adapters()
+    state = trainer.init_state(base).replace(params=adapters)
+    prepared = jax.device_get(trainer.prepare_batch(state, batch))
+
+    def reference_loss(adapters):
+        logprobs, entropy = token_logprobs(hand_merged(base, adapters), MODEL, jnp.asarray(batch["tokens"]),
+                                           jnp.asarray(batch["attention_mask"]))
+        loss, _ = policy_loss(trainer.algorithm, logprobs, jax.lax.stop_gradient(logprobs), prepared["advantages"],
+                              prepared["policy_mask"], behavior_logprobs=jnp.asarray(batch["behavior_logprobs"]),
+                              entropy=jax.lax.stop_gradient(entropy))
+        return loss
+
+    expected_loss, expected_grads = jax.value_and_grad(reference_loss)(adapters)
+    adapters_before = jax.tree.map(np.array, adapters)
+    state, metrics = trainer.step(state, batch)
+    np.testing.assert_allclose(float(metrics["loss"]), float(expected_loss), rtol=1e-5, atol=1e-7)
+    read_grads = jax.tree.map(lambda before, after: before - np.asarray(after), adapters_before, state.params)
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(expected_grads))
+    assert scale > 1e-4  # the comparison is about real gradients on A and B alike
+    jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, atol=2e-3 * scale), read_grads, expected_grads)
+    # The state holds the adapters only; the base the trainer holds is bit for bit what it was given.
+    assert jax.tree.structure(state.params) == jax.tree.structure(adapters)
+    state, _ = trainer.step(state, batch)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(trainer.base), base_before)
+
+
+def test_optimizer_state_and_checkpoint_hold_only_the_adapters_and_resume_exactly(tmp_path):
+    batch = batch_from_store(tmp_path / "rollouts", groups=2, samples=4)
+    optimizer = OptimizerConfig(learning_rate=1e-2)
+    base = init_params(MODEL, jax.random.key(0))
+    trainer = lora_trainer(optimizer=optimizer)
+    state = trainer.init_state(base)
+    adapter_count = sum(x.size for x in jax.tree.leaves(state.params))
+    moment_count = sum(x.size for x in jax.tree.leaves(state.opt_state) if x.ndim > 0)
+    assert moment_count == 2 * adapter_count < sum(x.size for x in jax.tree.leaves(base)) / 2
+    state, _ = trainer.step(state, batch)
+    checkpointer = Checkpointer(tmp_path / "ckpt", async_save=False)
+    checkpointer.save(1, state, DataLedger())
+    checkpointer.close()
+    expected, _ = trainer.step(state, batch)
+
+    resumed_trainer = lora_trainer(optimizer=optimizer)
+    resumed_trainer.load_base(base)
+    restored, _ = Checkpointer(tmp_path / "ckpt").restore(1, resumed_trainer.abstract_state())
+    resumed, _ = resumed_trainer.step(restored, batch)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.params), jax.device_get(expected.params))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.opt_state), jax.device_get(expected.opt_state))
+
+
+@pytest.mark.slow
+def test_sharded_lora_step_equals_unsharded(tmp_path):
+    batch = batch_from_store(tmp_path, groups=4, samples=4)
+    optimizer = OptimizerConfig(learning_rate=1e-2, eps=1e-4)  # see test_step.OPTIMIZER: no sign-of-noise steps
+    base = init_params(MODEL, jax.random.key(0))
+    single, sharded = lora_trainer(optimizer=optimizer), lora_trainer(optimizer=optimizer, mesh=MeshConfig(fsdp=2, tensor=4))
+    state_1, metrics_1 = single.step(single.init_state(base).replace(params=random_adapters()), batch)
+    state_8, metrics_8 = sharded.step(sharded.init_state(base).replace(params=random_adapters()), batch)
+    np.testing.assert_allclose(float(metrics_1["loss"]), float(metrics_8["loss"]), atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), jax.device_get(state_1.params),
+                 jax.device_get(state_8.params))
+    b_spec = sharded.param_shardings["layers"]["attn"]["q_proj"]["lora_b"].spec
+    assert "tensor" in tuple(b_spec)  # B's heads axis shards like q_proj's kernel
