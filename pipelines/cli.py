@@ -109,6 +109,9 @@ def _bare_words(extra: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipelines import lifeline
+
+    lifeline.hold()  # a job of `rlax launch` / `rlax quickstart` dies with it (before any slow import)
     argv = list(sys.argv[1:] if argv is None else argv)
     # key=value words are config overrides wherever they stand; taking them out first keeps Beam's
     # "--runner DirectRunner" pairs intact for parse_known_args.

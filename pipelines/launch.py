@@ -3,7 +3,7 @@
     rlax launch --config configs/quickstart.yaml --train-set runs/quickstart/filtered --output runs/launch
 
 Starts ``rlax train`` and ``rlax rollout`` as two processes (each in its own process group, logs
-under ``OUTPUT/logs/``), waits until the trainer has finished ``trainer.total_steps`` steps, then
+under ``OUTPUT/logs/``; both die with the launch, however it dies: ``pipelines.lifeline``), waits until the trainer has finished ``trainer.total_steps`` steps, then
 stops the rollout pipeline (SIGTERM, then SIGKILL after a grace period) and writes the loop's
 per-step metrics (``OUTPUT/loop/metrics.jsonl`` + TensorBoard), joining the trainer's metrics with
 the rollout side's: reward, pass rate, response length, staleness histogram, stale drops, rollout
@@ -87,13 +87,18 @@ def start_command(name: str, command: Sequence[str], log_dir: Path) -> Process:
 
 
 def _spawn(name: str, command: Sequence[str], log_path: Path) -> subprocess.Popen:
+    """A job owned by this process (``pipelines.lifeline``: it dies with the launch, however the launch
+    dies), holding the run folders this process holds (``pipelines.run_folder``)."""
+    from pipelines import lifeline
+    from pipelines.run_folder import held_fds
+
     log.info("launch: starting %s: %s", name, " ".join(command))
     # In the caller's folder, so that relative paths mean the same to both jobs as to the launch; the
     # package importable from wherever it lives (a checkout or site-packages).
     package_root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
     with open(log_path, "ab") as handle:
-        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        return lifeline.spawn(command, stdout=handle, stderr=subprocess.STDOUT, env=env, pass_fds=held_fds())
 
 
 def trainer_argv(config: str | None, run_overrides: Sequence[str]) -> list[str]:

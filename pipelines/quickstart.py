@@ -23,7 +23,9 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -60,12 +62,15 @@ def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int 
     Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
     step samples), how many prompts the engine has sampled so far, read from the step's own log.
     """
+    from pipelines import lifeline
+    from pipelines.run_folder import held_fds
+
     command = [sys.executable, "-m", "pipelines.cli", *argv]
     log.info("quickstart: %s (log: %s)", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
              log_path)
     started = time.monotonic()
-    with open(log_path, "wb") as handle:
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
+    with open(log_path, "wb") as handle:  # owned: the step dies with the quickstart, however it dies
+        process = lifeline.spawn(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, pass_fds=held_fds())
         while True:
             try:
                 code = process.wait(timeout=PROGRESS_EVERY_S)
@@ -73,7 +78,7 @@ def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int 
             except subprocess.TimeoutExpired:
                 elapsed = time.monotonic() - started
                 if elapsed > timeout_s:
-                    process.kill()
+                    os.killpg(process.pid, signal.SIGKILL)  # the step and what it started
                     process.wait()
                     raise RuntimeError(f"rlax {argv[0]} did not finish within {timeout_s:.0f} s; see {log_path}") from None
                 sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"

@@ -4,35 +4,120 @@
 A folder that already holds files is another run's (or something else's): starting there would mix
 the new run's shards, checkpoints and metrics with the old ones, so it is refused unless the user asks
 to continue that run (``--resume``). A folder that cannot be created or written is reported at once,
-not after a minute of imports. Remote folders (``gs://``...) are checked when first written.
+not after a minute of imports.
+
+A run also holds its folder while it lives: an exclusive ``flock`` on ``DIR/.rlax-lock``, which names
+the owner (pid, host, command, start time). The launcher passes the lock to its jobs
+(``pipelines.lifeline.spawn``), so the folder stays held while any process of the run is alive; a
+second run, ``--resume`` included, is refused with the owner named. The kernel drops the lock when
+the last holder dies, so a lock file left by a dead owner is taken over (and said so), never
+mistaken for a live run. Remote folders (``gs://``...) are checked when first written and not locked.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rlax_core.config import ConfigError
 from rlax_core.utils.paths import is_remote
 
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".rlax-lock"
+_held: dict[str, int] = {}  # resolved folder -> the locked fd, for as long as this process lives
+
 
 def claim(path: str | Path, *, resume: bool, flag: str = "--output") -> bool:
-    """Make ``path`` ready for a run; returns True when it continues a run already there.
+    """Make ``path`` ready for a run and hold it; returns True when it continues a run already there.
 
-    Raises ``ConfigError`` (one line, naming ``flag``) when the folder is unusable, or holds files and
-    ``resume`` is false.
+    Raises ``ConfigError`` (one line, naming ``flag``) when the folder is unusable, is held by a live
+    run (its pid and host named), or holds files and ``resume`` is false.
     """
     if is_remote(str(path)):
         return resume
     folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(flag, f"{folder} is a file, not a folder")
-    used = folder.is_dir() and any(folder.iterdir())
-    if used and not resume:
-        raise ConfigError(flag, f"{folder} already holds a run ({', '.join(sorted(p.name for p in folder.iterdir())[:5])}); "
-                                "choose another folder, or pass --resume to continue that run")
     writable(folder, flag)
-    return used
+    held_before = str(folder.resolve()) in _held
+    lock(folder, flag)
+    used = sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
+    if used and not resume:
+        if not held_before:
+            release(folder)
+        raise ConfigError(flag, f"{folder} already holds a run ({', '.join(used[:5])}); "
+                                "choose another folder, or pass --resume to continue that run")
+    return bool(used)
+
+
+def lock(folder: Path, flag: str = "--output") -> int:
+    """Hold ``folder`` for this process (and the jobs it passes the fd to); returns the locked fd."""
+    key = str(folder.resolve())
+    if key in _held:
+        return _held[key]
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = _read_owner(fd)
+        os.close(fd)
+        described = _describe(owner)
+        if owner.get("host") == socket.gethostname() and not _alive(owner.get("pid")):
+            described += f"; pid {owner.get('pid')} has exited, but a process it started still holds the folder"
+        raise ConfigError(flag, f"{folder} is in use by a live run: {described}; stop it (or wait for it to end) "
+                                "before starting or resuming a run there") from None
+    previous = _read_owner(fd)
+    if previous:
+        log.warning("taking over %s from %s, which is no longer running", folder, _describe(previous))
+    command = next((word for word in sys.argv[1:] if not word.startswith("-")), "")
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "command": f"rlax {command}" if command.isidentifier() else "rlax"}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(owner).encode(), 0)
+    _held[key] = fd
+    return fd
+
+
+def release(folder: str | Path) -> None:
+    """Let go of a folder this process holds (a process that ends lets go of its folders anyway)."""
+    fd = _held.pop(str(Path(folder).expanduser().resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def held_fds() -> list[int]:
+    """The locks this process holds, to pass to the jobs it starts."""
+    return list(_held.values())
+
+
+def _read_owner(fd: int) -> dict:
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+
+
+def _describe(owner: dict) -> str:
+    if not owner:
+        return "an unnamed process (no owner written yet)"
+    return (f"pid {owner.get('pid')} on host {owner.get('host')} ({owner.get('command', 'rlax')}, "
+            f"since {owner.get('since', '?')})")
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def writable(path: str | Path, flag: str = "--output") -> None:

@@ -11,14 +11,12 @@ that works on Prism (and on Dataflow) is in ``transforms/live_side_input.py``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import platform
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -141,22 +139,6 @@ def require_model(spec: str) -> None:
 
 # ----------------------------------------------------------------------------- a Prism that dies with us
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(parent_pid: int):
-    """A ``preexec_fn``: the child gets SIGKILL when its parent dies, however the parent dies (SIGKILL
-    included). Linux only; the libc handle is loaded beforehand, so the forked child takes no lock."""
-
-    def preexec() -> None:
-        if _LIBC is not None:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
 
 class LocalPrism:
     """A Prism job server owned by this process: ``with LocalPrism(binary) as prism:`` then run with
@@ -178,13 +160,15 @@ class LocalPrism:
         import grpc
         from apache_beam.utils.subprocess_server import pick_port
 
+        from pipelines.lifeline import die_with_parent
+
         port, = pick_port(None)
         self.endpoint = f"localhost:{port}"
         command = [str(self.binary), "--job_port", str(port), "--log_level", self.log_level, "--log_kind", "text",
                    "--serve_http=false"]
         environment = {**os.environ, "TMPDIR": str(self.scratch)}
         # Its log goes where ours goes (the job's log file under `rlax launch`).
-        self.popen = subprocess.Popen(command, env=environment, preexec_fn=_die_with(os.getpid()))
+        self.popen = subprocess.Popen(command, env=environment, preexec_fn=die_with_parent(os.getpid()))
         channel = grpc.insecure_channel(self.endpoint)
         try:
             grpc.channel_ready_future(channel).result(timeout=self.start_timeout_s)

@@ -10,7 +10,7 @@ import pytest
 from rlax_core.config import ConfigError
 from pipelines.config import CONFIG_DIR, find_config, recipes
 from pipelines.quickstart import markdown
-from pipelines.run_folder import claim
+from pipelines.run_folder import LOCK_NAME, claim
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,8 @@ def _rlax_light(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_claim_makes_a_new_folder_and_accepts_an_empty_one(tmp_path):
     assert claim(tmp_path / "new" / "run", resume=False) is False
-    assert (tmp_path / "new" / "run").is_dir() and not any((tmp_path / "new" / "run").iterdir())
+    # Nothing in it but the run's lock (pipelines.run_folder.LOCK_NAME), which names this process.
+    assert [p.name for p in (tmp_path / "new" / "run").iterdir()] == [LOCK_NAME]
     assert claim(tmp_path / "new" / "run", resume=False) is False  # still empty: still a new run
 
 

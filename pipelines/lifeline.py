@@ -1,0 +1,100 @@
+"""Jobs owned by the process that starts them: they die with it, however it dies (SIGKILL included).
+
+``rlax launch`` and ``rlax quickstart`` start their jobs with :func:`spawn`. A job starts its own
+process group (so that stopping it reaches what it started: Prism, scorer pools, sandbox launchers)
+and receives the read end of a pipe whose write end only its owner holds: a lease that the kernel
+ends, because a dying process's files are closed whatever killed it. ``pipelines.cli`` calls
+:func:`hold` first thing: a thread waits on that end and, at end of file, SIGKILLs the job's whole
+process group. A parent-death signal (``PR_SET_PDEATHSIG``) alone would kill the job and orphan its
+children, and a group killed by its owner (``launch.Process.stop``) needs the owner alive; the lease
+covers both. The job is not asked to stop gracefully: its owner is gone, and the run resumes from
+its last checkpoint as after any preemption without notice.
+
+:func:`die_with_parent` is the parent-death signal for a single program that holds no lease (Prism).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+LEASE_ENV = "RLAX_LIFELINE_FD"  # the fd number of the lease's read end, in a job started by spawn()
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+_lease: tuple[int, int, int] | None = None  # (owner pid, read end, write end)
+
+
+def _lease_fds() -> tuple[int, int]:
+    """This process's lease pipe, made once (again in a forked child: the parent's belongs to the parent)."""
+    global _lease
+    if _lease is None or _lease[0] != os.getpid():
+        read_end, write_end = os.pipe()  # both not inheritable; spawn passes the read end alone
+        _lease = (os.getpid(), read_end, write_end)
+    return _lease[1], _lease[2]
+
+
+def spawn(command: Sequence[str], *, stdout=None, stderr=None, cwd=None, env: Mapping[str, str] | None = None,
+          pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+    """``command`` in its own session, holding this process's lease (and ``pass_fds``, e.g. a run
+    folder's lock, so that the folder stays held while any job of the run lives)."""
+    read_end, _ = _lease_fds()
+    environment = {**(os.environ if env is None else env), LEASE_ENV: str(read_end)}
+    return subprocess.Popen(list(command), stdout=stdout, stderr=stderr, cwd=cwd, env=environment,
+                            start_new_session=True, pass_fds=(read_end, *pass_fds))
+
+
+def hold() -> bool:
+    """In a job started by :func:`spawn`: kill this process group when the owner's lease ends.
+
+    Returns whether there was a lease to hold. The variable is removed from the environment so that
+    the job's own children (which do not inherit the fd) never take an unrelated fd for a lease.
+    """
+    value = os.environ.pop(LEASE_ENV, None)
+    if value is None or not value.isdigit():
+        return False
+    fd = int(value)
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False  # started by hand with a stale variable: there is no lease to hold
+    leader = os.getpgrp() == os.getpid()
+
+    def watch() -> None:
+        while True:
+            try:
+                if os.read(fd, 1) == b"":
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        # The owner is gone. Not a log line first: logging may be locked by a thread that never returns.
+        os.write(2, f"rlax: the process that started this job (lease fd {fd}) is gone; stopping\n".encode())
+        if leader:
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="rlax-lease", daemon=True).start()
+    return True
+
+
+def die_with_parent(parent_pid: int):
+    """A ``preexec_fn``: the child gets SIGKILL when the thread that started it dies. Linux only; the
+    libc handle is loaded beforehand, so the forked child takes no lock."""
+
+    def preexec() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
