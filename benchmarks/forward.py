@@ -31,6 +31,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import baselines  # noqa: E402  (the baselines' fair settings)
 
 from rlax_core.models import Model, ModelConfig, forward, from_pretrained, init_params, save_pretrained  # noqa: E402
 
@@ -84,21 +87,25 @@ def matmul_peak(n: int, repeats: int) -> float:
     return 2 * n**3 / best_time(lambda: matmul(a, b).block_until_ready(), repeats)
 
 
-def transformers_copy(model: Model, **load_options):
-    """The same weights in transformers (written by our save_pretrained, loaded back), in eval mode;
-    None where torch and transformers are not installed (the ``bench`` extra)."""
+# The transformers baseline's from_pretrained keywords (float32, SDPA attention).
+TRANSFORMERS_LOAD = baselines.TRANSFORMERS_LOAD_FAIR
+
+
+def transformers_copy(model: Model, load: dict = TRANSFORMERS_LOAD):
+    """The same weights in transformers (written by our save_pretrained, loaded back with ``load``),
+    in eval mode; None where torch and transformers are not installed (the ``bench`` extra)."""
     try:
-        import torch
         import transformers
     except ImportError:
         return None
+    baselines.setup_torch()
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(model, folder)
-        return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **load_options).eval()
+        return transformers.AutoModelForCausalLM.from_pretrained(folder, **baselines.load_options(load)).eval()
 
 
 def transformers_tokens_per_s(model: Model, ids: np.ndarray, repeats: int) -> float | None:
-    reference = transformers_copy(model, attn_implementation="sdpa")
+    reference = transformers_copy(model)
     if reference is None:
         return None
     import torch
@@ -147,7 +154,8 @@ def main() -> None:
 
     print(json.dumps({
         "benchmark": "forward", "backend": jax.default_backend(), "devices": jax.device_count(),
-        "batch": args.batch, "seq": args.seq, "dtype": "float32",
+        "batch": args.batch, "seq": args.seq, "dtype": baselines.OUR_DTYPE,
+        "transformers_settings": None if args.no_torch else baselines.transformers_settings(TRANSFORMERS_LOAD),
         "peak_matmul_flops": round(peak), "matmul_size": args.matmul_size, "models": results,
     }, indent=2))
 

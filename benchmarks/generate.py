@@ -38,12 +38,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import baselines  # noqa: E402  (the baselines' fair settings)
 import forward as forward_benchmark  # noqa: E402  (the same models and matmul peak as the forward benchmark)
 from rlax_core.inference import EngineConfig, ReplicatedEngine, Request, SamplingParams  # noqa: E402
 from rlax_core.models import Model  # noqa: E402
 from rlax_core.utils.devices import use_cpu_cores_as_devices  # noqa: E402
 
 PROMPT_LEN, NEW_TOKENS = 32, 128
+# The transformers baseline: float32 and SDPA attention (from_pretrained), greedy with the KV cache (generate).
+TRANSFORMERS_LOAD = baselines.TRANSFORMERS_LOAD_FAIR
+TRANSFORMERS_GENERATE = dict(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0,
+                             **baselines.TRANSFORMERS_GENERATE_FAIR)
 
 
 def memory_bandwidth(megabytes: int = 512, repeats: int = 10) -> float:
@@ -75,7 +80,7 @@ def engine_runner(model: Model, prompts: np.ndarray, steps_per_call: int, replic
 
 def transformers_runner(model: Model, prompts: np.ndarray):
     """transformers' generate of the same tokens on the same weights; None without the bench extra."""
-    reference = forward_benchmark.transformers_copy(model)
+    reference = forward_benchmark.transformers_copy(model, TRANSFORMERS_LOAD)
     if reference is None:
         return None
     import torch
@@ -85,8 +90,7 @@ def transformers_runner(model: Model, prompts: np.ndarray):
 
     def run():
         with torch.inference_mode():
-            out = reference.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                     min_new_tokens=NEW_TOKENS, pad_token_id=0)
+            out = reference.generate(ids, attention_mask=mask, **TRANSFORMERS_GENERATE)
         assert out.shape[1] == PROMPT_LEN + NEW_TOKENS
 
     return run
@@ -141,7 +145,10 @@ def main() -> None:
                          "flops_per_token": flops_per_token, **entries}
 
     print(json.dumps({
-        "benchmark": "generate", "backend": jax.default_backend(), "dtype": "float32", "engine_replicas": replicas,
+        "benchmark": "generate", "backend": jax.default_backend(), "dtype": baselines.OUR_DTYPE,
+        "engine_replicas": replicas,
+        "transformers_settings": None if args.no_torch else baselines.transformers_settings(TRANSFORMERS_LOAD,
+                                                                                              TRANSFORMERS_GENERATE),
         "prompt_len": PROMPT_LEN, "new_tokens": NEW_TOKENS, "greedy": True,
         "min_repeats": args.repeats, "min_seconds_per_contender": args.min_seconds,
         "peak_matmul_flops": round(peak), "memory_bandwidth_bytes_per_s": round(bandwidth),

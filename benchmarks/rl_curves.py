@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from pipelines.config import find_config  # noqa: E402
+import baselines  # noqa: E402  (the baselines' fair settings)
+from pipelines.config import find_config, load_run_config  # noqa: E402
 from pipelines.quickstart import HELDOUT_SAMPLES, QUICKSTART_RECIPE, TARGET_PASS_AT_1  # noqa: E402
 
 log = logging.getLogger("rl_curves")
@@ -72,7 +73,6 @@ def launch_rlax(folder: Path, steps: int, k: int, train_path: str, extra=()):
 
 def evaluate(params, engine_config=None) -> dict:
     """Held-out pass@1 (and its standard error) of ``params``: the quickstart's evaluation, seed 1."""
-    from pipelines.config import load_run_config
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.rewards import RewardConfig
@@ -113,21 +113,42 @@ def rlax_curve(folder: Path, steps: int, every: int, k: int, train_path: str, se
 TRL_LOSS_TYPE = {"seq_mean_token_mean": "grpo", "token_mean": "dapo", "seq_sum_norm": "dr_grpo"}
 
 
+def trl_grpo_options(recipe, output_dir: str, steps: int, seed: int = 0) -> dict:
+    """GRPOConfig's keywords: the recipe's hyper-parameters, run as RLAX runs them
+    (``baselines.TRL_GRPO_FAIR``: float32, no activation checkpointing)."""
+    optimizer, algorithm = recipe.trainer.optimizer, recipe.algorithm
+    groups, samples = recipe.trainer.groups_per_step, recipe.loop.samples_per_prompt
+    return dict(
+        output_dir=output_dir, learning_rate=optimizer.learning_rate, beta=algorithm.kl_coef,
+        epsilon=algorithm.clip_eps_low, epsilon_high=algorithm.clip_eps_high, num_generations=samples,
+        loss_type=TRL_LOSS_TYPE[algorithm.loss_aggregation], scale_rewards="group",
+        per_device_train_batch_size=groups * samples, gradient_accumulation_steps=1,
+        max_completion_length=recipe.engine.max_new_tokens, temperature=recipe.loop.temperature,
+        lr_scheduler_type=optimizer.schedule, warmup_steps=optimizer.warmup_steps, max_grad_norm=optimizer.max_grad_norm,
+        adam_beta1=optimizer.b1, adam_beta2=optimizer.b2, adam_epsilon=optimizer.eps, weight_decay=optimizer.weight_decay,
+        max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], seed=seed, **baselines.TRL_GRPO_FAIR)
+
+
+def settings(extra=()) -> dict:
+    """Each side's dtype and recomputation as the JSON prints them: RLAX's recipe, TRL's options."""
+    recipe = load_run_config(str(QUICKSTART_CONFIG), list(extra))
+    return {"rlax": baselines.rlax_precision(recipe.trainer),
+            "trl": baselines.trl_settings(trl_grpo_options(recipe, "unused", 1))}
+
+
 def trl_curve(folder: Path, steps: int, every: int, train_path: str, seed: int = 0, extra=()) -> list[dict]:
     """TRL's GRPOTrainer on the same model, reward, prompts and hyper-parameters (the recipe with the
     RLAX runs' ``extra`` overrides); evaluated like RLAX."""
-    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from hf_stories import stories_hf_tokenizer
-    from pipelines.config import load_run_config
     from rlax_core.models import from_pretrained, save_pretrained
     from rlax_core.rewards import RewardConfig, Rewarder
 
     recipe = load_run_config(str(QUICKSTART_CONFIG), list(extra))
-    optimizer, algorithm = recipe.trainer.optimizer, recipe.algorithm
+    baselines.setup_torch()
     hf_dir = folder / "hf_model"
     save_pretrained(from_pretrained(str(MODEL_PATH)), hf_dir)  # the user's starting point: not timed
     tokenizer = stories_hf_tokenizer(str(MODEL_PATH / "tok512.model"))
@@ -150,20 +171,9 @@ def trl_curve(folder: Path, steps: int, every: int, train_path: str, seed: int =
                 saved.append((state.global_step, began - saving_s[0], out))
                 saving_s[0] += time.time() - began
 
-    groups, samples = recipe.trainer.groups_per_step, recipe.loop.samples_per_prompt
-    config = GRPOConfig(
-        output_dir=str(folder / "out"), learning_rate=optimizer.learning_rate, beta=algorithm.kl_coef,
-        epsilon=algorithm.clip_eps_low, epsilon_high=algorithm.clip_eps_high, num_generations=samples,
-        loss_type=TRL_LOSS_TYPE[algorithm.loss_aggregation], scale_rewards="group",
-        per_device_train_batch_size=groups * samples, gradient_accumulation_steps=1,
-        max_completion_length=recipe.engine.max_new_tokens, temperature=recipe.loop.temperature,
-        lr_scheduler_type=optimizer.schedule, warmup_steps=optimizer.warmup_steps, max_grad_norm=optimizer.max_grad_norm,
-        adam_beta1=optimizer.b1, adam_beta2=optimizer.b2, adam_epsilon=optimizer.eps, weight_decay=optimizer.weight_decay,
-        max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=seed,
-        # float32 like the recipe (GRPOConfig defaults to bf16), and no activation recomputation for a 260K model
-        bf16=False, gradient_checkpointing=False)
+    config = GRPOConfig(**trl_grpo_options(recipe, str(folder / "out"), steps, seed))
     started = time.time()
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, **baselines.load_options())
     trainer = GRPOTrainer(model=model, reward_funcs=story_reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[SaveEvery()])
     with contextlib.redirect_stdout(sys.stderr):  # transformers prints its logs; stdout is for the JSON result
@@ -215,7 +225,7 @@ def main() -> None:
             if not args.skip_trl:
                 runs.setdefault("trl", {})[seed] = trl_curve(workdir / f"trl_s{seed}", args.steps, args.eval_every,
                                                              path, seed, args.set)
-        result = {"overrides": args.set, "target_pass@1": TARGET_PASS_AT_1,
+        result = {"overrides": args.set, "target_pass@1": TARGET_PASS_AT_1, "settings": settings(args.set),
                   "runs": {name: {"seeds": by_seed, "mean": mean_curve(list(by_seed.values())),
                                   "time_to_target_s": {s: time_to_target(c) for s, c in by_seed.items()}}
                            for name, by_seed in runs.items()}}

@@ -133,6 +133,7 @@ def time_to_target(workdir: Path, steps: int, every: int, train_set: str, skip_t
             {"step": step, **{name: f"{points[step]['pass@1']:.3f} +- {points[step]['pass@1_se']:.3f}"
                               for name, points in by_step.items()}}
             for step in sorted(by_step["rlax"])]
+        result["settings"] = rl_curves.settings()
     return result
 
 

@@ -12,8 +12,11 @@ Measured in one run, printed as one JSON object:
                    (rlax_core.training.Trainer), with the new weights handed back to the engine;
                    side by side with TRL's GRPOTrainer on the same weights (our save_pretrained ->
                    Hugging Face Llama), the same prompts, batch, reward, learning rate and KL
-                   (beta = 0, TRL's default). The two alternate in rounds (ours, then TRL's, again),
-                   so that a change in the machine's speed during the run hits both. Seconds per
+                   (beta = 0, TRL's default), set up as ours is: float32 and no activation
+                   checkpointing, where GRPOConfig defaults to bf16 autocast and checkpointing
+                   (benchmarks/baselines.py; the JSON prints each side's settings). The two
+                   alternate in rounds (ours, then TRL's, again), so that a change in the
+                   machine's speed during the run hits both. Seconds per
                    step: median of all rounds' timed steps after warm-up, ours split into generating,
                    updating (Trainer.step until its results are ready) and the rest (rewarding,
                    batching, handing the weights to the engine), each part's median; and per round.
@@ -49,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import baselines  # noqa: E402  (the baselines' fair settings)
 import forward as forward_benchmark  # noqa: E402  (the 25M config, the matmul peak, best_time)
 from hf_stories import stories_hf_tokenizer  # noqa: E402
 from rlax_core.data.records import ROLLOUT_SCHEMA, to_table  # noqa: E402
@@ -75,10 +79,15 @@ def reward(text: str) -> float:
     return float(text.lower().split().count(WORD) == 1)
 
 
+def trainer_config(**fields) -> TrainerConfig:
+    """Our update's settings: float32, activations kept (TrainerConfig's defaults), layers unrolled,
+    the batch split over every device with the weights replicated (data parallelism)."""
+    return TrainerConfig(mesh=MeshConfig(data=jax.device_count(), fsdp=1),
+                         optimizer=OptimizerConfig(learning_rate=LEARNING_RATE), scan_layers=False, **fields)
+
+
 def data_parallel_trainer(model_config, algorithm, **fields) -> Trainer:
-    """The batch split over every device, weights replicated (data parallelism)."""
-    config = TrainerConfig(mesh=MeshConfig(data=jax.device_count(), fsdp=1),
-                           optimizer=OptimizerConfig(learning_rate=LEARNING_RATE), scan_layers=False, **fields)
+    config = trainer_config(**fields)
     return Trainer(model_config, algorithm, config, make_mesh(config.mesh, jax.devices()))
 
 
@@ -197,13 +206,25 @@ class RlaxGrpo:
                 "update_micro_batches": self.micro_batches, "devices": self.devices, "kl_coef": self.kl_coef,
                 "engine_replicas": len(self.engine.engines), "steps_timed": len(self.timed["step"]),
                 "reward_mean": float(np.mean(self.timed["reward"])),
-                "completion_tokens": len(PROMPTS) * NUM_GENERATIONS * NEW_TOKENS}
+                "completion_tokens": len(PROMPTS) * NUM_GENERATIONS * NEW_TOKENS,
+                "settings": baselines.rlax_precision(self.trainer.config)}
 
 
 # ----------------------------------------------------------------------------- full GRPO step, TRL
 
 
-def trl_grpo(steps: int, warmup: int, gradient_checkpointing: bool = True) -> dict | None:
+def trl_grpo_options(output_dir: str, steps: int) -> dict:
+    """GRPOConfig's keywords: the same job as ours (prompts, group, lengths, learning rate, beta = 0),
+    run as ours runs (``baselines.TRL_GRPO_FAIR``: float32, no activation checkpointing)."""
+    return dict(
+        output_dir=output_dir, per_device_train_batch_size=len(PROMPTS) * NUM_GENERATIONS,
+        num_generations=NUM_GENERATIONS, max_completion_length=NEW_TOKENS, learning_rate=LEARNING_RATE,
+        beta=0.0, temperature=1.0, max_steps=steps, report_to=[], save_strategy="no",
+        logging_steps=1000, generation_kwargs={"min_new_tokens": NEW_TOKENS}, disable_dropout=True,
+        dataloader_num_workers=0, seed=0, **baselines.TRL_GRPO_FAIR)
+
+
+def trl_grpo(steps: int, warmup: int) -> dict | None:
     try:
         import torch
         import transformers
@@ -213,10 +234,10 @@ def trl_grpo(steps: int, warmup: int, gradient_checkpointing: bool = True) -> di
         return None
 
     torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count() or 1)
+    baselines.setup_torch()
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(from_pretrained(STORIES), folder)
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, **baselines.load_options())
         tokenizer = stories_hf_tokenizer(STORIES / "tok512.model")
         total = warmup + steps
         dataset = Dataset.from_dict({"prompt": PROMPTS * total})
@@ -232,19 +253,14 @@ def trl_grpo(steps: int, warmup: int, gradient_checkpointing: bool = True) -> di
         def reward_fn(completions, **kwargs):
             return [reward(text) for text in completions]
 
-        config = GRPOConfig(
-            output_dir=str(Path(folder) / "trl"), per_device_train_batch_size=len(PROMPTS) * NUM_GENERATIONS,
-            num_generations=NUM_GENERATIONS, max_completion_length=NEW_TOKENS, learning_rate=LEARNING_RATE,
-            beta=0.0, temperature=1.0, max_steps=total, use_cpu=True, report_to=[], save_strategy="no",
-            logging_steps=1000, generation_kwargs={"min_new_tokens": NEW_TOKENS}, disable_dropout=True,
-            dataloader_num_workers=0, seed=0, gradient_checkpointing=gradient_checkpointing)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=config, train_dataset=dataset,
+        options = trl_grpo_options(str(Path(folder) / "trl"), total)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=GRPOConfig(**options), train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[Timer()])
         with contextlib.redirect_stdout(sys.stderr):  # TRL prints its log dicts; stdout is our JSON
             trainer.train()
     timed = step_times[warmup:]
     return {"seconds_per_step": statistics.median(timed), "steps_timed": len(timed), "step_times": timed,
-            "gradient_checkpointing": gradient_checkpointing, "trl_version": __import__("trl").__version__}
+            "settings": baselines.trl_settings(options), "trl_version": __import__("trl").__version__}
 
 
 def main() -> None:
