@@ -305,10 +305,15 @@ class GenerateRollouts(beam.DoFn):
 
 
 class ScoreRollouts(beam.DoFn):
-    """Scores every sample of a group with the configured reward terms (``rlax_core.rewards``)."""
+    """Scores every sample of a group with the configured reward terms (``rlax_core.rewards``).
+
+    A sample that cannot be scored is reward 0 with its reason in ``reward_info`` (the ``Rewarder``
+    isolates it), counted in ``rewards/samples_failed``; a scorer that cannot work at all raises.
+    """
 
     def __init__(self, spec: RolloutSpec):
         self._spec = spec
+        self._failed = beam.metrics.Metrics.counter("rewards", "samples_failed")
 
     def setup(self):
         from rlax_core.rewards.scorer import Rewarder
@@ -325,7 +330,10 @@ class ScoreRollouts(beam.DoFn):
 
         samples = [Sample(group["example"], text, row["finish_reason"], len(row["completion_ids"]))
                    for row, text in zip(group["rows"], group["texts"])]
+        from rlax_core.rewards.scorer import failed_samples
+
         results = self._rewarder.score_many(samples)
+        self._failed.inc(failed_samples(results))
         rows = [{**row, "reward": float(reward), "reward_info": json.dumps(info, sort_keys=True)}
                 for row, (reward, info) in zip(group["rows"], results)]
         yield {**group, "rows": rows, "timeline": {**group.get("timeline", {}), "scored_t": time.time()}}

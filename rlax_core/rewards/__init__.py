@@ -19,17 +19,19 @@ from rlax_core.rewards.answers import EXTRACTION_METHODS, ExtractedAnswer, extra
 from rlax_core.rewards.code_verifier import CodeResult, CodeTests, CodeVerifier, TestVerdict, run_tests
 from rlax_core.rewards.config import CodeRewardConfig, FormatConfig, OverlongConfig, RewardConfig
 from rlax_core.rewards.math_verifier import MathResult, MathVerifier, MathVerifierConfig, math_equal
-from rlax_core.rewards.registry import REWARDS, RewardResult, RewardTerm, Sample, register_reward, reward_names
-from rlax_core.rewards.sandbox import SandboxLimits, SandboxReport, run_sandboxed
+from rlax_core.rewards.registry import (REWARDS, RewardResult, RewardTerm, RewardUnavailable, Sample, register_reward,
+                                       reward_names, scoring_failure)
+from rlax_core.rewards.sandbox import SandboxLimits, SandboxReport, SandboxUnavailable, run_sandboxed
 import rlax_core.rewards.terms  # noqa: F401,E402 - registers the built-in terms before any RewardConfig is made
-from rlax_core.rewards.scorer import Rewarder
+from rlax_core.rewards.scorer import Rewarder, failed_samples
 
 __all__ = [
     "EXTRACTION_METHODS", "ExtractedAnswer", "extract_answer", "last_boxed",
     "CodeResult", "CodeTests", "CodeVerifier", "TestVerdict", "run_tests",
     "CodeRewardConfig", "FormatConfig", "OverlongConfig", "RewardConfig",
     "MathResult", "MathVerifier", "MathVerifierConfig", "math_equal",
-    "REWARDS", "RewardResult", "RewardTerm", "Sample", "register_reward", "reward_names",
-    "SandboxLimits", "SandboxReport", "run_sandboxed",
-    "Rewarder",
+    "REWARDS", "RewardResult", "RewardTerm", "RewardUnavailable", "Sample", "register_reward", "reward_names",
+    "scoring_failure",
+    "SandboxLimits", "SandboxReport", "SandboxUnavailable", "run_sandboxed",
+    "Rewarder", "failed_samples",
 ]

@@ -89,8 +89,39 @@ def _answer(request: dict, namespace: dict, handles: Handles, seconds: float) ->
     args = plain_data.from_wire(request["args"], handles.object)
     kwargs = plain_data.from_wire(request["kwargs"], handles.object)
     # Encoding runs under the alarm too: draining a returned generator runs the program's code.
-    value = _timed(seconds, lambda: plain_data.to_wire(target(*args, **kwargs), handles.number))
-    return {"value": value}
+    return _timed(seconds, lambda: _call(target, args, kwargs, request, handles))
+
+
+# Arguments whose contents a call can change: a test running in-process would see the change.
+_CONTAINERS = (list, dict, set, bytearray, tuple)
+
+
+def _call(target, args: list, kwargs: dict, request: dict, handles: Handles) -> dict:
+    """The call's value (or exception), which argument it returned, and the arguments it changed.
+
+    The program works on copies of the test's arguments; the judge mirrors what the call did to them
+    (``mutated``: their new contents; ``alias``: the result is that argument itself), so a test that
+    looks at an argument after the call sees what it would in-process.
+    """
+    try:
+        result = target(*args, **kwargs)
+    except CallTimeout:
+        raise
+    except BaseException as error:  # noqa: BLE001 - the program's exception is its answer
+        reply = {"error": _error(error)}
+    else:
+        alias = next((["arg", i] for i, arg in enumerate(args) if result is arg and type(arg) in _CONTAINERS),
+                     None) or next((["kwarg", k] for k, arg in kwargs.items()
+                                    if result is arg and type(arg) in _CONTAINERS), None)
+        reply = {"alias": alias} if alias else {"value": plain_data.to_wire(result, handles.number)}
+    sent = list(zip((["arg", i] for i in range(len(args))), request["args"], args))
+    sent += [(["kwarg", key], wire, kwargs[key]) for key, wire in request["kwargs"].get("v", ())
+             if type(key) is str and key in kwargs]
+    mutated = [[*where, now] for where, before, value in sent if isinstance(value, _CONTAINERS)
+               for now in [plain_data.to_wire(value, handles.number)] if now != before]
+    if mutated:
+        reply["mutated"] = mutated
+    return reply
 
 
 def _line(message: dict) -> bytes:

@@ -29,6 +29,7 @@ import plain_data  # noqa: E402 - shipped beside this file
 
 TO_PROGRAM_FD, FROM_PROGRAM_FD, VERDICT_FD = 4, 5, 3
 DETAIL_CHARS = 400
+REPEAT_S = 0.25
 
 
 class TestTimeout(BaseException):
@@ -47,6 +48,18 @@ class ChannelError(Exception):
     """An answer that is not plain data, or too large."""
 
 
+# What the judge itself raised during the current test: its timeout, the program's end, what the channel
+# cannot carry. A test may catch any of them (``except BaseException``, or a name the program bound to
+# ``BaseException``), so each is recorded here too, and a test that met one takes its verdict from it:
+# never a pass that running the test in-process would not have given.
+_judge_raised: list = []
+
+
+def _judge(error: BaseException) -> BaseException:
+    _judge_raised.append(error)
+    return error
+
+
 class Remote:
     """An object that lives in the program's process: callable there, opaque here."""
 
@@ -59,12 +72,14 @@ class Remote:
         return self._program.call(self, args, kwargs)
 
     def __bool__(self):
-        raise TypeError(f"the program returned a {self._type} object, which is not plain data: it has no truth "
-                        "value here")
+        raise _judge(TypeError(f"the program returned a {self._type} object, which is not plain data: it has no "
+                               "truth value here"))
 
     def __getattr__(self, name):
-        raise AttributeError(f"the program's {self._type} object is not plain data: a test can call it or pass it "
-                             f"back, not read .{name}")
+        error = AttributeError(f"the program's {self._type} object is not plain data: a test can call it or pass it "
+                               f"back, not read .{name}")
+        # A dunder is Python's own probe (``getattr(x, "__name__", None)``), not a test reading state.
+        raise error if name.startswith("__") else _judge(error)
 
     def __repr__(self):
         return f"<the program's {self._type} object>"
@@ -102,11 +117,11 @@ class Program:
                 if not self.skipping:
                     self.skipping = True
                     self.outstanding = None  # that was its answer: the next test need not wait for one
-                    raise ChannelError(f"the program's answer is over {self.max_reply_bytes} bytes")
+                    raise _judge(ChannelError(f"the program's answer is over {self.max_reply_bytes} bytes"))
             chunk = os.read(FROM_PROGRAM_FD, 1 << 16)
             if not chunk:
                 self.ended = "the program's process ended"
-                raise ProgramEnded(self.ended)
+                raise _judge(ProgramEnded(self.ended))
             self.buffer += chunk
 
     def message(self) -> dict:
@@ -121,7 +136,7 @@ class Program:
 
     def _request(self, request: dict) -> dict:
         if self.ended:
-            raise (TestTimeout if self.unresponsive else ProgramEnded)(self.ended)
+            raise _judge((TestTimeout if self.unresponsive else ProgramEnded)(self.ended))
         self.last_id += 1
         request["id"] = self.outstanding = self.last_id
         data = memoryview((json.dumps(request, separators=(",", ":")) + "\n").encode())
@@ -130,7 +145,7 @@ class Program:
                 data = data[os.write(TO_PROGRAM_FD, data):]
         except BrokenPipeError:
             self.ended = "the program's process ended"
-            raise ProgramEnded(self.ended) from None
+            raise _judge(ProgramEnded(self.ended)) from None
         while True:
             reply = self.message()
             if reply.get("id") == request["id"] and type(reply.get("id")) is int:
@@ -157,7 +172,7 @@ class Program:
             try:
                 return plain_data.from_wire(reply["value"], self.remote)
             except plain_data.BadWireData as error:
-                raise ChannelError(f"the program's answer is not plain data: {error}") from None
+                raise _judge(ChannelError(f"the program's answer is not plain data: {error}")) from None
         raise _as_exception(reply.get("error"))
 
     def call(self, target: Remote, args: tuple, kwargs: dict):
@@ -166,8 +181,25 @@ class Program:
                        "args": plain_data.to_wire(list(args), _number_of),
                        "kwargs": plain_data.to_wire(dict(kwargs), _number_of)}
         except plain_data.NotPlainData as error:
-            raise plain_data.NotPlainData(f"an argument cannot be sent to the program: {error}") from None
-        return self._value(self._request(request))
+            raise _judge(plain_data.NotPlainData(f"an argument cannot be sent to the program: {error}")) from None
+        reply = self._request(request)
+        # What the call did to the program's copies of the arguments happens to the test's own, as in-process.
+        sent = {("arg", i): arg for i, arg in enumerate(args)} | {("kwarg", k): arg for k, arg in kwargs.items()}
+        for change in reply.get("mutated") or ():
+            if type(change) is not list or len(change) != 3 or tuple(change[:2]) not in sent:
+                raise _judge(ChannelError("the program's answer names an argument it was not given"))
+            try:
+                new = plain_data.from_wire(change[2], self.remote)
+            except plain_data.BadWireData as error:
+                raise _judge(ChannelError(f"the program's changed argument is not plain data: {error}")) from None
+            if not _mirror(sent[tuple(change[:2])], new):
+                raise _judge(ChannelError("the program's changed argument does not match the one it was given"))
+        alias = reply.get("alias")
+        if alias is not None:
+            if type(alias) is not list or tuple(alias) not in sent:
+                raise _judge(ChannelError("the program's answer names an argument it was not given"))
+            return sent[tuple(alias)]  # it returned its argument: the test gets its own object back
+        return self._value(reply)
 
     def resolve(self, names: list) -> dict:
         reply = self._request({"op": "resolve", "names": names})
@@ -184,6 +216,47 @@ class Program:
         return values
 
 
+def _mirror(old, new) -> bool:
+    """Make ``old`` (a test's object) hold what ``new`` holds, in place, keeping nested containers where the
+    shapes match; False when ``old`` cannot be changed into ``new`` in place (another type, or immutable)."""
+    if type(old) is not type(new):
+        return False
+    if isinstance(old, (list, bytearray)):
+        if len(old) == len(new) and isinstance(old, list):
+            for i, item in enumerate(new):
+                if not _mirror(old[i], item) and not _same(old[i], item):
+                    old[i] = item
+        else:
+            old[:] = new
+        return True
+    if isinstance(old, dict):
+        for key in [key for key in old if key not in new]:
+            del old[key]
+        for key, item in new.items():
+            if not (key in old and (_mirror(old[key], item) or _same(old[key], item))):
+                old[key] = item
+        return True
+    if isinstance(old, set):
+        old.clear()
+        old.update(new)
+        return True
+    if isinstance(old, tuple):  # immutable itself; the containers in it may have changed
+        return len(old) == len(new) and all(_mirror(a, b) or _same(a, b) for a, b in zip(old, new))
+    return _same(old, new)
+
+
+def _same(a, b) -> bool:
+    """Equal builtin values of one type (the judge's own ``==``, on plain data only); a handle is only itself."""
+    if type(a) is Remote or type(b) is Remote:
+        return a is b
+    if type(a) is float and type(b) is float and a != a and b != b:  # two NaNs: the same value as sent
+        return True
+    try:
+        return type(a) is type(b) and a == b
+    except Exception:  # noqa: BLE001 - e.g. a nested handle's missing truth value
+        return False
+
+
 def _number_of(value) -> tuple:
     if type(value) is not Remote:
         raise plain_data.NotPlainData(f"a {type(value).__name__} object is not plain data")
@@ -193,10 +266,12 @@ def _number_of(value) -> tuple:
 def _as_exception(error) -> BaseException:
     """The exception a test sees for one the program raised: a builtin one when the name is a builtin's."""
     if type(error) is not dict:
-        return ChannelError("the program's answer is neither a value nor an error")
+        return _judge(ChannelError("the program's answer is neither a value nor an error"))
     name, message = str(error.get("type", "?"))[:100], str(error.get("message", ""))[:DETAIL_CHARS]
     if name == "timeout":
-        return TestTimeout("a call to the program ran past its time limit")
+        return _judge(TestTimeout("a call to the program ran past its time limit"))
+    if name == "ResultTooLarge":
+        return _judge(ChannelError(f"{name}: {message}"))
     cls = getattr(builtins, name, None)
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         cls = getattr(builtins, str(error.get("builtin", "")), None)  # the program's subclass of a builtin
@@ -212,11 +287,12 @@ def _as_exception(error) -> BaseException:
 
 
 def _on_alarm(signum, frame):
-    raise TestTimeout()
+    raise _judge(TestTimeout())
 
 
 def _timed(seconds: float, work):
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # It fires again every REPEAT_S: a test that catches the timeout does not get to run on.
+    signal.setitimer(signal.ITIMER_REAL, seconds, REPEAT_S)
     try:
         return work()
     finally:
@@ -298,9 +374,17 @@ def main() -> None:
     verdicts = os.fdopen(VERDICT_FD, "w", buffering=1)
     tests, seconds = job["tests"], job["per_test_seconds"]
 
+    # Each verdict line is at most ``verdict_line_bytes`` (its detail cut to fit), so the caller sizes
+    # the channel from the test count, whatever the tests print or raise.
+    def report(index: int, reason: str, detail: str) -> None:
+        line = json.dumps({"index": index, "reason": reason, "detail": detail[:DETAIL_CHARS * 2]}) + "\n"
+        if len(line) > job["verdict_line_bytes"]:  # escapes (\uXXXX) grew it: keep the verdict, cut the detail
+            line = json.dumps({"index": index, "reason": reason, "detail": detail[:DETAIL_CHARS // 4]}) + "\n"
+        verdicts.write(line)
+
     def report_all(reason: str, detail: str, start: int = 0) -> None:
         for index in range(start, len(tests)):
-            verdicts.write(json.dumps({"index": index, "reason": reason, "detail": detail}) + "\n")
+            report(index, reason, detail)
 
     signal.signal(signal.SIGALRM, _on_alarm)
     sys.setrecursionlimit(10_000)
@@ -336,15 +420,20 @@ def main() -> None:
     judge_pid = os.getpid()
     for index, test in enumerate(tests):
         program.settle(seconds)
+        _judge_raised.clear()
+        ended_by = None
         try:
             _timed(seconds, lambda: exec(compile(test, f"test_{index}.py", "exec"), namespace))
         except BaseException as error:  # noqa: BLE001 - every failure is a verdict
-            verdict = {"index": index, "reason": _reason(error), "detail": _detail(error) + note}
+            ended_by, reason, detail = error, _reason(error), _detail(error) + note
         else:
-            verdict = {"index": index, "reason": "passed", "detail": ""}
+            reason, detail = "passed", ""
+        if _judge_raised and ended_by is not _judge_raised[0]:
+            first = _judge_raised[0]  # the test caught what the judge raised: the judge's verdict stands
+            reason, detail = _reason(first), _detail(first) + " (caught by the test; the judge's verdict stands)"
         if os.getpid() != judge_pid:  # a child that a test forked has no say
             os._exit(0)
-        verdicts.write(json.dumps(verdict) + "\n")
+        report(index, reason, detail)
 
 
 if __name__ == "__main__":

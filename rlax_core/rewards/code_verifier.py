@@ -38,6 +38,7 @@ PLAIN_DATA = Path(__file__).with_name("plain_data.py")
 MAX_REPLY_BYTES = 1 << 20  # one answer of the program, as plain data
 # The judge outlives the program's wall-clock limit by this much, so it sees the program end and says so.
 JUDGE_MARGIN_S = 5.0
+VERDICT_LINE_BYTES = 4096  # the judge's longest verdict line (code_judge.py cuts each to fit)
 VERDICTS = ("passed", "failed", "error", "timeout", "memory", "file_size", "crashed", "killed")
 
 
@@ -146,7 +147,8 @@ def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLim
                    "max_reply_bytes": MAX_REPLY_BYTES}
     judge_job = {"tests": list(tests.cases), "setup": tests.setup, "prompt": tests.prompt if tests.entry_point else "",
                  "entry_point": tests.entry_point, "per_test_seconds": per_test_seconds,
-                 "ready_seconds": limits.wall_seconds + JUDGE_MARGIN_S / 2, "max_reply_bytes": MAX_REPLY_BYTES}
+                 "ready_seconds": limits.wall_seconds + JUDGE_MARGIN_S / 2, "max_reply_bytes": MAX_REPLY_BYTES,
+                 "verdict_line_bytes": VERDICT_LINE_BYTES}
     driver, judge_script, plain_data = _scripts()
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="code-program") as side:
         program_run = side.submit(
@@ -157,15 +159,28 @@ def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLim
             judge = run_sandboxed(
                 {"judge.py": judge_script, "plain_data.py": plain_data, "job.json": json.dumps(judge_job)},
                 ["judge.py"], dataclasses.replace(limits, wall_seconds=limits.wall_seconds + JUDGE_MARGIN_S),
-                channels={4: to_program[1], 5: from_program[0], 6: lifeline[1]}, uid=judge_uid)
+                channels={4: to_program[1], 5: from_program[0], 6: lifeline[1]}, uid=judge_uid,
+                results_bytes=verdict_channel_bytes(len(tests.cases), limits))
         finally:
             report = program_run.result()  # the judge is gone: its lifeline ends a program still running
     return CodeResult(_verdicts(judge, report, len(tests.cases), limits), judge.wall_seconds,
                       judge.isolated and report.isolated)
 
 
+class VerdictChannelOverflow(RuntimeError):
+    """The judge wrote more verdicts than its channel holds: a harness fault, never the program's verdict."""
+
+
+def verdict_channel_bytes(count: int, limits: SandboxLimits) -> int:
+    """The judge's verdict channel: room for every test's longest verdict line (the judge cuts each to fit)."""
+    return max(limits.output_bytes, (count + 1) * VERDICT_LINE_BYTES)
+
+
 def _verdicts(judge: SandboxReport, program: SandboxReport, count: int,
               limits: SandboxLimits) -> tuple[TestVerdict, ...]:
+    if "results" in judge.overflowed:
+        raise VerdictChannelOverflow(f"the judge's verdicts for {count} tests overflowed their channel "
+                                     f"({verdict_channel_bytes(count, limits)} bytes); no verdict was taken")
     found: dict[int, TestVerdict] = {}
     for line in judge.results.splitlines():
         try:
@@ -209,9 +224,13 @@ class CodeVerifier:
     def check(self, completion: str, tests: CodeTests) -> CodeResult:
         return run_tests(build_program(completion, tests), tests, self.limits, self.per_test_seconds)
 
+    def submit(self, completion: str, tests: CodeTests) -> concurrent.futures.Future:
+        """One check on the pool; its future holds the result or what stopped the check."""
+        return self._pool.submit(self.check, completion, tests)
+
     def check_many(self, items: Iterable[tuple[str, CodeTests]]) -> list[CodeResult]:
         """Results in input order."""
-        return list(self._pool.map(lambda item: self.check(*item), items))
+        return [future.result() for future in [self.submit(*item) for item in items]]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

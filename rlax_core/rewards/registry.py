@@ -33,6 +33,18 @@ class Sample:
     num_tokens: int | None = None  # completion length in tokens, for length shaping
 
 
+class RewardUnavailable(RuntimeError):
+    """The scorer itself cannot work (its sandbox cannot start at all): the job stops, loudly, once.
+
+    Anything else a term raises is the failure of one sample, scored 0 with its reason (``Rewarder``).
+    """
+
+
+def scoring_failure(reason: str) -> RewardResult:
+    """A sample that could not be scored: reward 0, not a pass, and why (counted by the ``Rewarder``)."""
+    return RewardResult(0.0, {"pass": False, "scoring_error": reason[:500]})
+
+
 class RewardTerm:
     """A named reward. Implement ``score`` (one sample) or ``score_many`` (a batch, e.g. through a pool)."""
 

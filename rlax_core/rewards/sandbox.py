@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from rlax_core.config import require
+from rlax_core.rewards.registry import RewardUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,14 @@ class SandboxLimits:
         require(self.output_bytes >= 1024, "output_bytes", "must be >= 1024")
 
 
+class SandboxUnavailable(RewardUnavailable):
+    """The sandbox could not be built or its launcher failed: no program ran, so no sample can be scored.
+
+    Decided from the launcher's own signals (its exit status, the setup channel that closes as the
+    program starts), never from what the program wrote or how it exited.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class SandboxReport:
     """How a sandboxed program ended, and what it wrote (each stream cut at ``output_bytes``)."""
@@ -75,10 +84,13 @@ class SandboxReport:
     isolated: bool
     isolation_missing: str = ""  # why not isolated, when not
     stopped: bool = False  # its lifeline closed (the peer it served was done), and then it ended or was killed
+    overflowed: tuple[str, ...] = ()  # the streams cut at their cap ("stdout", "stderr", "results")
+    # Why the sandbox could not be built, from a channel that closes as the program starts (empty: it was)
+    setup_error: str = ""
 
     @property
     def setup_failed(self) -> bool:
-        return self.exit_code == 125 and self.stderr.startswith("sandbox setup failed")
+        return bool(self.setup_error)
 
 
 @functools.cache
@@ -138,7 +150,8 @@ _warned_isolation = False
 
 def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits = SandboxLimits(),
                   env: Mapping[str, str] | None = None, channels: Mapping[int, int] | None = None,
-                  uid: int | None = None, lifeline: int | None = None) -> SandboxReport:
+                  uid: int | None = None, lifeline: int | None = None, results_bytes: int | None = None
+                  ) -> SandboxReport:
     """Write ``files`` into a fresh sandbox directory and run ``python -I -S -B *argv`` there.
 
     ``channels`` maps an fd number in the program (above 3) to an fd of this process (a pipe end) that
@@ -147,13 +160,17 @@ def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
     that runs two sandboxes side by side and needs them apart. ``lifeline``: the read end of a pipe,
     handed over the same way, that the program does not get: once every copy of its write end is
     closed, the program has a second to end, then it is killed (the report says ``stopped``).
+    ``results_bytes``: the cap of the results channel (fd 3) when it is not ``limits.output_bytes``.
+
+    Raises :class:`SandboxUnavailable` when no program could run (the sandbox could not be built, or
+    the launcher failed); everything the program does ends in the report instead.
     """
     channels = dict(channels or {})
     owned = [*channels.values(), *([lifeline] if lifeline is not None else [])]
     try:
         if any(target <= 3 for target in channels):
             raise ValueError(f"channel fds must be above 3 (0-3 are stdin, stdout, stderr, results): {sorted(channels)}")
-        return _run_launcher(files, argv, limits, env, channels, uid, lifeline, owned)
+        return _run_launcher(files, argv, limits, env, channels, uid, lifeline, owned, results_bytes)
     finally:
         for fd in owned:
             os.close(fd)
@@ -161,7 +178,7 @@ def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
 
 def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits,
                   env: Mapping[str, str] | None, channels: dict[int, int], uid: int | None,
-                  lifeline: int | None, owned: list[int]) -> SandboxReport:
+                  lifeline: int | None, owned: list[int], results_bytes: int | None) -> SandboxReport:
     global _warned_isolation
     python, readonly_dirs, symlinks = _python_and_mounts()
     job = {
@@ -175,6 +192,7 @@ def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
         "uid": SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_COUNT) if uid is None else uid,
         "channels": [[target, fd] for target, fd in channels.items()],
         "lifeline": lifeline,
+        "results_bytes": results_bytes,
         "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0",
                 **(env or {})},
     }
@@ -191,12 +209,14 @@ def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
         process.communicate()
         raise TimeoutError(f"sandbox launcher did not return within {limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S:.0f} s")
     if process.returncode != 0:
-        raise RuntimeError(f"sandbox launcher failed (exit {process.returncode}): {err.decode(errors='replace')[-2000:]}")
-    report = SandboxReport(**json.loads(out))
+        raise SandboxUnavailable(f"sandbox launcher failed (exit {process.returncode}): "
+                                 f"{err.decode(errors='replace')[-2000:]}")
+    fields = json.loads(out)
+    report = SandboxReport(**{**fields, "overflowed": tuple(fields.get("overflowed", ()))})
     if not report.isolated and limits.isolate and not _warned_isolation:
         _warned_isolation = True
         log.warning("SANDBOX NOT ISOLATED: %s. Untrusted code runs with resource limits only: it can use the "
                     "network and read files this user can read.", report.isolation_missing)
     if report.setup_failed:
-        raise RuntimeError(report.stderr.strip())
+        raise SandboxUnavailable(report.setup_error)
     return report

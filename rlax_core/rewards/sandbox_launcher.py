@@ -17,7 +17,10 @@ When the kernel refuses namespaces the program still gets the limits, a private 
 stripped environment and the unprivileged uid, and the report says which isolation is missing.
 
 Channels back: fd 1 and 2 (the program's stdout/stderr) and fd 3 (the program's results), each read
-up to ``max_output_bytes``. A job may also hand the program pipe ends of its caller's (``channels``:
+up to ``output_bytes`` (the results up to the job's ``results_bytes`` when it gives one, for a caller
+whose results grow with its work); a stream cut there is named in the report's ``overflowed``. A
+failure to build the sandbox comes back on a close-on-exec pipe of its own (``setup_error``), which
+closes as the program starts, so no program can claim one. A job may also hand the program pipe ends of its caller's (``channels``:
 program fd -> inherited fd, all above 3): this launcher keeps no copy of them once the program has
 them, so the peer at the other end sees end-of-file when the program's last process is gone. A
 ``lifeline`` (an inherited read end the program does not get) ends the run early: when its write end
@@ -39,9 +42,12 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 MNT_DETACH = 2
-SETUP_FAILED_EXIT = 125  # the child could not build the sandbox; its stderr says why
+SETUP_FAILED_EXIT = 125  # the child could not build the sandbox (the setup channel says why)
 RESULT_FD = 3
 CHANNEL_FD_BASE = 256  # where inherited channel fds wait until the child moves them to their places
+# The child's setup-error pipe waits here (close-on-exec) until ``execve``: a program can neither write
+# to it nor forge it with its own exit code and stderr, which are the program's to choose.
+SETUP_FD = CHANNEL_FD_BASE - 1
 LIFELINE_GRACE_S = 1.0  # after the lifeline closes, the program has this long to end by itself
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -122,8 +128,12 @@ def _limit_and_drop(job: dict) -> None:
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
 
 
-def _child(job: dict, isolated: bool, root: str, pipes: dict, channels: list) -> None:
-    """In the forked child (PID 1 of the new namespaces when isolated): build, limit, exec."""
+def _child(job: dict, isolated: bool, root: str, pipes: dict, channels: list, setup: int) -> None:
+    """In the forked child (PID 1 of the new namespaces when isolated): build, limit, exec.
+
+    A failure before the program starts is written to ``setup`` (close-on-exec, so it closes as the
+    program starts): the one sign that the sandbox could not be built which the program cannot fake.
+    """
     try:
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -142,14 +152,16 @@ def _child(job: dict, isolated: bool, root: str, pipes: dict, channels: list) ->
             _write_files(job["files"], root, job["uid"])
             os.chdir(root)
         _limit_and_drop(job)
-        os.closerange(max([RESULT_FD] + [target for target, _ in channels]) + 1, 1 << 16)
+        first_free = max([RESULT_FD] + [target for target, _ in channels]) + 1
+        os.closerange(first_free, setup)
+        os.closerange(setup + 1, 1 << 16)
         env = {**job["env"], "HOME": os.getcwd(), "TMPDIR": os.getcwd()}
         if not os.access(job["python"], os.X_OK):
             raise PermissionError(f"{job['python']} is not executable by the sandbox's unprivileged uid; without "
                                   "namespaces the Python install must be readable by all users")
         os.execve(job["python"], [job["python"], "-I", "-S", "-B", *job["argv"]], env)
     except BaseException as error:  # noqa: BLE001 - anything here means no sandbox: say why and stop
-        os.write(2, f"sandbox setup failed: {type(error).__name__}: {error}\n".encode())
+        os.write(setup, f"sandbox setup failed: {type(error).__name__}: {error}\n".encode())
     finally:
         os._exit(SETUP_FAILED_EXIT)
 
@@ -194,6 +206,7 @@ def main() -> int:
     job = json.load(sys.stdin)
     limits = job["limits"]
     cap = limits["output_bytes"]
+    caps = {"results": job.get("results_bytes") or cap}
     isolated, why_not = _unshare() if job.get("isolate", True) else (False, "isolation disabled by the caller")
     root = _private_directory()
     # Out of the way of the fds the child is about to set up (an inherited one may well be fd 3).
@@ -204,17 +217,21 @@ def main() -> int:
     if job.get("lifeline") is not None:
         lifeline = fcntl.fcntl(job["lifeline"], fcntl.F_DUPFD, CHANNEL_FD_BASE)
         os.close(job["lifeline"])
-    pipes = {name: os.pipe() for name in ("stdout", "stderr", "results")}
+    pipes = {name: os.pipe() for name in ("stdout", "stderr", "results", "setup")}
+    setup_read, setup_write = pipes["setup"]
+    pipes["setup"] = setup_read, fcntl.fcntl(setup_write, fcntl.F_DUPFD_CLOEXEC, SETUP_FD)
+    os.close(setup_write)
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(job, isolated, root, pipes, channels)
+        _child(job, isolated, root, pipes, channels, pipes["setup"][1])
     for read_end, write_end in pipes.values():
         os.close(write_end)
     for _, held in channels:
         os.close(held)
 
     buffers = {name: bytearray() for name in pipes}
+    overflowed = set()
     open_fds = {pipes[name][0]: name for name in pipes}
     deadline = start + limits["wall_seconds"]
     timed_out, stopped, status, usage = False, False, None, None
@@ -254,7 +271,10 @@ def main() -> int:
                 os.close(fd)
                 continue
             buffer = buffers[open_fds[fd]]
-            buffer += chunk[: max(0, cap - len(buffer))]
+            room = max(0, caps.get(open_fds[fd], cap) - len(buffer))
+            if len(chunk) > room:
+                overflowed.add(open_fds[fd])
+            buffer += chunk[:room]
     wall = time.monotonic() - start
     if isolated:
         libc.umount2(root.encode(), MNT_DETACH)  # the mount lives in our namespace until we exit
@@ -273,7 +293,11 @@ def main() -> int:
         "uid": job["uid"],
         "isolated": isolated,
         "isolation_missing": why_not,
-        **{name: bytes(buffer).decode("utf-8", "replace") for name, buffer in buffers.items()},
+        "overflowed": sorted(overflowed),
+        "stdout": buffers["stdout"].decode("utf-8", "replace"),
+        "stderr": buffers["stderr"].decode("utf-8", "replace"),
+        "results": buffers["results"].decode("utf-8", "replace"),
+        "setup_error": buffers["setup"].decode("utf-8", "replace").strip(),
     }
     json.dump(report, sys.stdout)
     return 0

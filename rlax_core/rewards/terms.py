@@ -11,7 +11,8 @@ from typing import Sequence
 from rlax_core.rewards.answers import extract_answer, last_boxed
 from rlax_core.rewards.code_verifier import CodeTests, CodeVerifier
 from rlax_core.rewards.math_verifier import MathVerifier
-from rlax_core.rewards.registry import RewardResult, RewardTerm, Sample, register_reward
+from rlax_core.rewards.registry import (RewardResult, RewardTerm, RewardUnavailable, Sample, register_reward,
+                                       scoring_failure)
 
 
 def _field(sample: Sample, name: str):
@@ -30,18 +31,21 @@ class MathAnswer(RewardTerm):
         self.verifier = MathVerifier(config.math)
 
     def score_many(self, samples: Sequence[Sample]) -> list[RewardResult]:
-        golds = [str(_field(sample, "answer")) for sample in samples]
+        golds = [sample.example.get("answer") for sample in samples]
         extracted = [extract_answer(sample.completion, self.config.extraction) for sample in samples]
-        pending = [(gold, found.text) for gold, found in zip(golds, extracted) if found is not None]
+        pending = [(str(gold), found.text) for gold, found in zip(golds, extracted)
+                   if found is not None and gold is not None]
         verdicts = iter(self.verifier.compare_many(pending))
         results = []
-        for found in extracted:
-            if found is None:
+        for sample, gold, found in zip(samples, golds, extracted):
+            if gold is None:  # this sample's example is malformed: its reward alone is 0
+                results.append(scoring_failure(f"example {sample.example.get('id', '?')!r} has no 'answer'"))
+            elif found is None:
                 results.append(RewardResult(0.0, {"pass": False, "extracted": None, "reason": "no_answer"}))
-                continue
-            verdict = next(verdicts)
-            results.append(RewardResult(float(verdict.equal), {"pass": verdict.equal, "extracted": found.text[:200],
-                                                               "method": found.method, "reason": verdict.reason}))
+            else:
+                verdict = next(verdicts)
+                results.append(RewardResult(float(verdict.equal), {"pass": verdict.equal, "extracted": found.text[:200],
+                                                                   "method": found.method, "reason": verdict.reason}))
         return results
 
     def close(self) -> None:
@@ -58,11 +62,27 @@ class CodeTestsPass(RewardTerm):
         self.verifier = CodeVerifier(code.workers, code.limits, code.per_test_seconds)
 
     def score_many(self, samples: Sequence[Sample]) -> list[RewardResult]:
-        tests = [CodeTests.from_record(_field(sample, "tests")) for sample in samples]
-        checked = self.verifier.check_many([(s.completion, t) for s, t in zip(samples, tests)])
-        partial = self.config.code.partial_credit
-        return [RewardResult(r.pass_fraction if partial else float(r.all_passed), {"pass": r.all_passed, **r.info()})
-                for r in checked]
+        # Each sample on its own: one whose tests do not parse or whose check breaks costs its own
+        # reward only, and the others' checks are not run twice.
+        checks = []
+        for sample in samples:
+            try:
+                checks.append(self.verifier.submit(sample.completion, CodeTests.from_record(_field(sample, "tests"))))
+            except Exception as error:  # noqa: BLE001 - this sample's example is malformed
+                checks.append(scoring_failure(f"{type(error).__name__}: {error}"))
+        return [self._result(check) for check in checks]
+
+    def _result(self, check) -> RewardResult:
+        if isinstance(check, RewardResult):
+            return check
+        try:
+            result = check.result()
+        except RewardUnavailable:
+            raise
+        except Exception as error:  # noqa: BLE001 - the check of this sample broke: its reward alone is 0
+            return scoring_failure(f"{type(error).__name__}: {error}")
+        score = result.pass_fraction if self.config.code.partial_credit else float(result.all_passed)
+        return RewardResult(score, {"pass": result.all_passed, **result.info()})
 
     def close(self) -> None:
         self.verifier.close()
@@ -87,7 +107,13 @@ class ByTask(RewardTerm):
         results: list[RewardResult | None] = [None] * len(samples)
         by_task: dict[str, list[int]] = {}
         for index, sample in enumerate(samples):
-            by_task.setdefault(str(_field(sample, "task")), []).append(index)
+            try:
+                task = str(_field(sample, "task"))
+                self._term(task)
+            except ValueError as error:  # this sample's example names no task this term scores
+                results[index] = scoring_failure(str(error))
+                continue
+            by_task.setdefault(task, []).append(index)
         for task, indices in by_task.items():
             for index, result in zip(indices, self._term(task).score_many([samples[i] for i in indices])):
                 results[index] = result
