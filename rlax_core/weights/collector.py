@@ -89,12 +89,13 @@ def collect(storage: Storage, committed: list[int], read_marker: Callable[[int],
 
 
 def bases_needed(versions: set[int], marker_of: Callable[[int], CommitMarker | None]) -> set[int]:
-    """Every version that ``versions`` are built on, following delta bases down to full versions."""
+    """Every version that ``versions`` are built on: delta bases down to full versions, and the full
+    version an adapter-only version applies to."""
     needed, frontier = set(), list(versions)
     while frontier:
         marker = marker_of(frontier.pop())
-        base = None if marker is None else marker.base
-        if base is not None and base not in needed:
-            needed.add(base)
-            frontier.append(base)
+        for base in () if marker is None else (marker.base, marker.adapter_base):
+            if base is not None and base not in needed:
+                needed.add(base)
+                frontier.append(base)
     return needed

@@ -5,6 +5,9 @@ is counted, logged, remembered and reported to the store (``rlax_core.weights.re
 follower keeps serving the version it had; a follower that has nothing yet walks back to the newest
 version that verifies. A refused version is tried again only once the trainer has repaired it (the
 report is gone), never on every poll.
+
+An adapter-only version (``adapters.py``) is handed over merged into its base. The follower keeps
+that base, so the next adapter version on it reads only its adapters.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+from rlax_core.weights.adapters import HeldBase, load_policy
 from rlax_core.weights.errors import VersionNotCommittedError, WeightStoreError
 from rlax_core.weights.repair import refusal_reported, report_refusal
 from rlax_core.weights.store import ShardingSpec, WeightStore
@@ -27,6 +31,7 @@ class WeightFollower:
         self.version: int | None = None
         self.params: Any = None
         self.refused: dict[int, str] = {}  # version -> why, for versions not repaired since
+        self.base: HeldBase | None = None  # the full version the last adapter version was merged into
 
     def refresh(self, up_to: int | None = None) -> bool:
         """Load the newest committed version that verifies, if it is newer than ours (and at most
@@ -39,7 +44,7 @@ class WeightFollower:
             vanished = False
             for version in candidates:  # newest first: a refused one falls back to the one before
                 try:
-                    params = self.store.load(version, **self._load_options)
+                    params, base = load_policy(self.store, version, held_base=self.base, **self._load_options)
                 except VersionNotCommittedError:
                     vanished = True  # collected between listing and loading
                     continue
@@ -47,6 +52,7 @@ class WeightFollower:
                     self._refuse(version, error)
                     continue
                 self.version, self.params = version, params
+                self.base = base
                 return True
             if not vanished:
                 return False

@@ -93,6 +93,9 @@ class Manifest:
     format: int = FORMAT
     base: int | None = None  # the version this one's delta shards apply to; None for a full version
     chain_length: int = 0  # deltas since the last full version (0 for a full version)
+    # An adapter-only version (rlax_core.weights.adapters): {"base_version", "base_checksum", "lora"}.
+    # Its tensors are LoRA adapters to merge into that full version, pinned by its manifest checksum.
+    adapter: dict[str, Any] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -117,9 +120,10 @@ class Manifest:
                 for t in raw["tensors"]
             )
             base = raw.get("base")
+            adapter = raw.get("adapter")
             manifest = cls(int(raw["version"]), str(raw["run_id"]), float(raw["created"]), tensors,
                            raw["checksum_algorithm"], int(raw["format"]), None if base is None else int(base),
-                           int(raw.get("chain_length", 0)))
+                           int(raw.get("chain_length", 0)), None if adapter is None else dict(adapter))
         except (ValueError, KeyError, TypeError) as error:
             raise ManifestError(f"{where}: unreadable manifest ({error})") from None
         if manifest.format not in READABLE_FORMATS or manifest.checksum_algorithm != CHECKSUM:
@@ -144,6 +148,7 @@ class CommitMarker:
     # The version's delta base, here too so that the collector learns which versions live deltas need
     # from the markers it reads anyway.
     base: int | None = None
+    adapter_base: int | None = None  # the full version an adapter-only version applies to (kept likewise)
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
@@ -152,12 +157,13 @@ class CommitMarker:
     def from_json(cls, data: bytes, *, where: str) -> "CommitMarker":
         try:
             raw: Mapping[str, Any] = json.loads(data)
-            base = raw.get("base")
+            base, adapter_base = raw.get("base"), raw.get("adapter_base")
             return cls(int(raw["version"]), str(raw["run_id"]), str(raw["manifest_checksum"]), float(raw["committed_at"]),
-                       None if base is None else int(base))
+                       None if base is None else int(base), None if adapter_base is None else int(adapter_base))
         except (ValueError, KeyError, TypeError) as error:
             raise ManifestError(f"{where}: unreadable commit marker ({error})") from None
 
     @classmethod
     def for_manifest(cls, manifest: Manifest, manifest_bytes: bytes) -> "CommitMarker":
-        return cls(manifest.version, manifest.run_id, checksum(manifest_bytes), time.time(), manifest.base)
+        adapter_base = None if manifest.adapter is None else int(manifest.adapter["base_version"])
+        return cls(manifest.version, manifest.run_id, checksum(manifest_bytes), time.time(), manifest.base, adapter_base)

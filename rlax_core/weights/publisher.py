@@ -78,8 +78,9 @@ class AsyncPublisher:
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
         self._thread.start()
 
-    def submit(self, version: int, params: Mapping[str, Any]) -> None:
-        """Stage ``params`` as ``version`` and return; raises the error of a failed earlier publication."""
+    def submit(self, version: int, params: Mapping[str, Any], *, adapter: Mapping[str, Any] | None = None) -> None:
+        """Stage ``params`` as ``version`` and return; raises the error of a failed earlier publication.
+        ``adapter``: as for ``WeightStore.publish`` (an adapter-only version)."""
         self._raise_background_error()
         staged = stage_params(params, self.store.config.publish_dtype)  # (params, pins) travel together
         with self._cond:
@@ -89,7 +90,7 @@ class AsyncPublisher:
                 self.superseded += 1
                 self.store._count("superseded", version)
                 log.info("weight version %d superseded by %d before it was written", self._pending[0], version)
-            self._pending = (version, staged)
+            self._pending = (version, (*staged, adapter))
             self._cond.notify_all()
 
     def flush(self, timeout_s: float | None = None) -> int | None:
@@ -140,7 +141,7 @@ class AsyncPublisher:
                 (version, staged), self._pending = self._pending, None
                 self._in_flight = version
             try:
-                self.store.publish(version, staged[0])
+                self.store.publish(version, staged[0], adapter=staged[2])
                 self.last_committed = version
                 self.commit_times[version] = time.time()
                 for old in sorted(self.commit_times)[:-COMMIT_TIMES_KEPT]:

@@ -247,8 +247,8 @@ class WeightStore:
     # ------------------------------------------------------------------ publishing
 
     def publish(self, version: int, params: Mapping[str, Any], *, process_index: int | None = None,
-                process_count: int | None = None,
-                owns_shard: Callable[[Any], bool] | None = None) -> Manifest | None:
+                process_count: int | None = None, owns_shard: Callable[[Any], bool] | None = None,
+                adapter: Mapping[str, Any] | None = None) -> Manifest | None:
         """Write ``params`` as ``version`` and commit it; returns the manifest (None on hosts other than 0).
 
         Every host calls this with the same version: each writes the shards it holds (replica 0 only,
@@ -258,6 +258,9 @@ class WeightStore:
 
         With ``full_snapshot_every`` > 1 and one process, the version is written as deltas against the
         version this store published before it, unless a full version is due.
+
+        ``adapter`` marks an adapter-only version (``rlax_core.weights.adapters.publish_adapters`` builds
+        it and checks the base it pins); such a version is always written in full.
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an integer >= 0 (the trainer step), got {version!r}")
@@ -275,7 +278,7 @@ class WeightStore:
             self.storage.delete_tree(folder)  # leftovers of a crashed attempt at this version
         # Several hosts would each need the same base in memory and agree on it; they publish in full.
         keep = single_process and self.keeps_versions_in_memory
-        base = self._delta_base(version) if single_process else None
+        base = self._delta_base(version) if single_process and adapter is None else None
         pending = [self._write_tensor(folder, index, name, leaf, process_index, owns_shard, keep, base)
                    for index, (name, leaf) in enumerate(flatten_params(params).items())]
         records, kept = [], {}
@@ -301,7 +304,8 @@ class WeightStore:
         is_delta = any(shard.delta is not None for record in records for shard in record.shards)
         manifest = Manifest(version, self.config.run_id, time.time(), tuple(records),
                             base=base.version if is_delta else None,
-                            chain_length=base.chain_length + 1 if is_delta else 0)
+                            chain_length=base.chain_length + 1 if is_delta else 0,
+                            adapter=None if adapter is None else dict(adapter))
         manifest_bytes = manifest.to_json()
         self.storage.write(f"{folder}/manifest.json", manifest_bytes, atomic=True)
         self.storage.write(mf.marker_path(version), CommitMarker.for_manifest(manifest, manifest_bytes).to_json(),
