@@ -61,8 +61,8 @@ from rlax_core.models import from_pretrained, save_pretrained  # noqa: E402
 from rlax_core.models.tokenizer import load_tokenizer  # noqa: E402
 from rlax_core.rl.presets import get_preset  # noqa: E402
 from rlax_core.training.batching import make_batch  # noqa: E402
-from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig  # noqa: E402
-from rlax_core.training.mesh import make_mesh  # noqa: E402
+from rlax_core.parallel import MeshConfig, make_mesh  # noqa: E402
+from rlax_core.training.config import OptimizerConfig, TrainerConfig  # noqa: E402
 from rlax_core.training.step import Trainer  # noqa: E402
 from rlax_core.utils.devices import use_cpu_cores_as_devices  # noqa: E402
 

@@ -5,7 +5,7 @@
     cache_sharding = kv_pool_sharding(pool_shape, mesh)
 
 The placement is the trainer's: the same mesh axes and ``PARTITION_RULES``
-(``rlax_core.training.mesh``) applied to the model's logical axis names
+(``rlax_core.parallel``) applied to the model's logical axis names
 (``rlax_core.models.param_logical_axes``), so attention is split by heads (query heads and KV
 heads), the MLP by its hidden columns (``down_proj`` by its rows) and the vocabulary by rows; norms
 stay replicated. The paged KV cache is split by KV head: a device holds its heads' slice of every
@@ -29,8 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import param_logical_axes
-from rlax_core.training.config import MeshConfig
-from rlax_core.training.mesh import make_mesh, spec_for, tree_shardings
+from rlax_core.parallel import MeshConfig, make_mesh, spec_for, tree_shardings
 
 TENSOR_AXIS = "tensor"
 KV_POOL_AXES = ("kv_heads", None, None, "head_dim")  # [Hkv, num_pages, page_size, D]

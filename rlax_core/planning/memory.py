@@ -5,7 +5,7 @@
     refuse_unless_fits([plan, plan_trainer(...)])   # ConfigError with the numbers and the knobs
 
 Weights and optimizer state are exact: every parameter's bytes divided by the mesh axes that split
-it, by the same rules and mesh the engine and the trainer place it with (``training.mesh``). The
+it, by the same rules and mesh the engine and the trainer place it with (``rlax_core.parallel``). The
 KV pool is exact. Activations are the dominant transient buffers of the programs as written,
 counted per chip (formulas below, beside each); XLA may fuse some away, so they are an upper
 estimate. A plan fits when its total stays within ``USABLE_FRACTION`` of the chip's memory: the
@@ -25,9 +25,9 @@ from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import init_params, param_logical_axes
+from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
 from rlax_core.planning.hardware import CPU, GIB, SliceSpec
 from rlax_core.training.config import TrainerConfig
-from rlax_core.training.mesh import MESH_AXES, mesh_shape, spec_for
 
 USABLE_FRACTION = 0.9
 _BYTES = {"float32": 4, "bfloat16": 2}

@@ -31,12 +31,12 @@ import numpy as np
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.export import MODEL_CONFIG, export_hf
+from rlax_core.parallel.mesh import initialize_distributed, make_mesh
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.batching import make_batch
 from rlax_core.training.checkpoint import Checkpointer
 from rlax_core.training.config import TrainerConfig
 from rlax_core.training.ledger import DataLedger
-from rlax_core.training.mesh import initialize_distributed, make_mesh
 from rlax_core.training.step import Trainer
 from rlax_core.utils.logging import progress
 from rlax_core.utils import startup

@@ -56,13 +56,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import adapter_logical_axes, init_adapters, merge
 from rlax_core.models.transformer import forward, param_logical_axes, stack_layers, unstack_layers
+from rlax_core.parallel.mesh import BATCH_AXES, batch_sharding, replicated, tree_shardings
 from rlax_core.rl.advantages import compute_advantages, trained_mask, value_targets
 from rlax_core.rl.aggregation import masked_mean, token_weights
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.kl import kl_estimate
 from rlax_core.rl.objective import policy_loss, value_loss
 from rlax_core.training.config import TrainerConfig
-from rlax_core.training.mesh import BATCH_AXES, batch_sharding, replicated, tree_shardings
 from rlax_core.training.optimizer import learning_rate_schedule, make_optimizer
 from rlax_core.training.value_model import init_value_params, token_values, value_logical_axes
 

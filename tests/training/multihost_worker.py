@@ -15,8 +15,8 @@ from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.models import toy_config
 from rlax_core.rl.presets import get_preset
 from rlax_core.training.batching import make_batch
-from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig
-from rlax_core.training.mesh import initialize_distributed, make_mesh
+from rlax_core.parallel import MeshConfig, initialize_distributed, make_mesh
+from rlax_core.training.config import OptimizerConfig, TrainerConfig
 from rlax_core.training.step import Trainer
 
 

@@ -9,8 +9,8 @@ from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.models import toy_config
 from rlax_core.rl.presets import get_preset
 from rlax_core.training.batching import make_batch
-from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig, ValueModelConfig
-from rlax_core.training.mesh import make_mesh
+from rlax_core.parallel import MeshConfig, make_mesh
+from rlax_core.training.config import OptimizerConfig, TrainerConfig, ValueModelConfig
 from rlax_core.training.step import Trainer, token_logprobs
 
 from training_helpers import rollout_rows, sample

@@ -4,8 +4,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from rlax_core.config import ConfigError, from_dict
+from rlax_core.parallel.mesh import make_mesh, mesh_shape, spec_for
 from rlax_core.training.config import OptimizerConfig, TrainerConfig
-from rlax_core.training.mesh import make_mesh, mesh_shape, spec_for
 from rlax_core.training.optimizer import learning_rate_schedule
 
 

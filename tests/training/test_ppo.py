@@ -15,8 +15,8 @@ from rlax_core.config import ConfigError, from_dict
 from rlax_core.models.config import toy_config
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import get_preset
-from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig, ValueModelConfig
-from rlax_core.training.mesh import make_mesh
+from rlax_core.parallel import MeshConfig, make_mesh
+from rlax_core.training.config import OptimizerConfig, TrainerConfig, ValueModelConfig
 from rlax_core.training.step import Trainer, token_logprobs
 from rlax_core.training.value_model import token_values
 

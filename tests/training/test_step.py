@@ -10,8 +10,8 @@ from rlax_core.models.config import toy_config
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import get_preset
 from rlax_core.training.batching import make_batch
-from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig
-from rlax_core.training.mesh import make_mesh
+from rlax_core.parallel import MeshConfig, make_mesh
+from rlax_core.training.config import OptimizerConfig, TrainerConfig
 from rlax_core.training.step import Trainer, token_logprobs
 
 from training_helpers import write_random_groups

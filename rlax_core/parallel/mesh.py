@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rlax_core.training.config import MeshConfig
+from rlax_core.parallel.config import MeshConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,15 @@
+"""The device mesh and its logical-axis rules, shared by the trainer and the engine.
+
+    from rlax_core.parallel import MeshConfig, make_mesh, tree_shardings
+
+``config`` holds ``MeshConfig`` (``data x fsdp x tensor``, multi-host settings); ``mesh`` builds the
+mesh, maps logical axis names to mesh axes (``PARTITION_RULES``) and joins a multi-host job. It sits
+below ``training`` and ``inference`` so that neither imports the other to place an array.
+"""
+
+from rlax_core.parallel.config import MeshConfig
+from rlax_core.parallel.mesh import (BATCH_AXES, MESH_AXES, PARTITION_RULES, batch_sharding, initialize_distributed,
+                                     make_mesh, mesh_shape, replicated, spec_for, tree_shardings)
+
+__all__ = ["BATCH_AXES", "MESH_AXES", "MeshConfig", "PARTITION_RULES", "batch_sharding", "initialize_distributed",
+           "make_mesh", "mesh_shape", "replicated", "spec_for", "tree_shardings"]
