@@ -9,12 +9,12 @@ from rlax_core.config import ConfigError
 from rlax_core.models.config import toy_config
 from rlax_core.models.lora import LoraConfig, adapter_shapes, init_adapters, merge
 from rlax_core.models.transformer import forward, init_params
+from rlax_core.parallel import MeshConfig, make_mesh
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.objective import policy_loss
 from rlax_core.training.checkpoint import Checkpointer
-from rlax_core.training.config import MeshConfig, OptimizerConfig, TrainerConfig
+from rlax_core.training.config import OptimizerConfig, TrainerConfig
 from rlax_core.training.ledger import DataLedger
-from rlax_core.training.mesh import make_mesh
 from rlax_core.training.step import Trainer, token_logprobs
 
 from test_step import batch_from_store
