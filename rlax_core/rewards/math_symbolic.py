@@ -6,9 +6,10 @@ names this function never loads them.
 
 Inside a worker, two answers that both parse to real numbers (``\\frac{1}{3}``, ``0.333333``,
 ``5\\times10^{-7}``) are compared by the rule quantities follow (``rlax_core.rewards.quantities``):
-when either holds a decimal, within ``relative_tolerance`` of the gold's size (math-verify's own
-numeric rule rounds to 6 decimals, which takes ``0.0`` for a gold ``5\\times10^{-7}``); two rationals
-exactly. Exact irrationals (``3\\sqrt{3}``) and everything else go to math-verify's symbolic comparison.
+when either holds a decimal and the gold is not an integer, within ``relative_tolerance`` of the gold's
+size (math-verify's own numeric rule rounds to 6 decimals, which takes ``0.0`` for a gold
+``5\\times10^{-7}``); an integer gold and two rationals exactly. Exact irrationals (``3\\sqrt{3}``)
+and everything else go to math-verify's symbolic comparison.
 
 Time: one interval timer per comparison (``seconds``), set here rather than math-verify's alarms,
 which end a parse or a comparison in a silent "no answer" / "not equal" indistinguishable from a
@@ -79,8 +80,11 @@ def _within(gold, prediction, relative_tolerance: float) -> bool:
         return numbers_equal(gold, prediction, tolerance)
     import sympy
 
+    integer_gold = isinstance(gold, Fraction) and gold.denominator == 1
     gold, prediction = (sympy.Rational(x.numerator, x.denominator) if isinstance(x, Fraction) else x
                         for x in (gold, prediction))
+    if integer_gold:  # compared exactly, as numbers_equal does
+        return bool(abs(prediction - gold) == 0)
     return bool(abs(prediction - gold) <= sympy.Rational(tolerance.numerator, tolerance.denominator) * abs(gold))
 
 

@@ -1,8 +1,9 @@
 """Are two math answers equal? Quantities here, everything else through math-verify in a killable pool.
 
 Numbers as answers write them (thousands separators, currency, percent, magnitude words, units:
-``rlax_core.rewards.quantities``) are compared in-process, exactly, or with a tolerance relative to
-the gold answer's size when either was written with a decimal point. They never need the pool.
+``rlax_core.rewards.quantities``) are compared in-process: exactly when the gold is an integer or both
+are exact, else with a tolerance relative to the gold answer's size (either was written with a
+decimal point). They never need the pool.
 
 Parsing LaTeX and simplifying with sympy can take unbounded time and memory (``10^{10^{10^{10}}}``,
 a thousand nested parentheses). So math-verify never runs in the caller: it runs in a pool of worker
@@ -14,9 +15,10 @@ teach a policy to write them. Workers also carry an address-space limit, so a ru
 simplification ends in ``MemoryError`` inside the worker rather than in the host's memory.
 
 Inside a worker, two answers that both parse to real numbers (``\\frac{1}{3}``, ``0.333333``,
-``5\\times10^{-7}``) are compared by the same rule as quantities: exactly when both are exact,
-else within ``relative_tolerance`` of the gold's size (math-verify's own rounding to 6 decimals would
-take ``0.0`` for a gold ``5\\times10^{-7}``). Anything else is math-verify's symbolic comparison.
+``5\\times10^{-7}``) are compared by the same rule as quantities: exactly when both are exact or the
+gold is an integer, else within ``relative_tolerance`` of the gold's size (math-verify's own rounding
+to 6 decimals would take ``0.0`` for a gold ``5\\times10^{-7}``). Anything else is math-verify's
+symbolic comparison.
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import dataclasses
+import io
 import multiprocessing
+import multiprocessing.context
+import os
 import threading
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from multiprocessing.context import set_spawning_popen
 from typing import Iterable
 
 import pebble
@@ -86,6 +93,45 @@ def _worker_init(memory_bytes: int) -> None:
 # ----------------------------------------------------------------------------- the caller's side
 
 
+class _WorkerPopen(popen_forkserver.Popen):
+    """Starts a worker from the fork server without re-running the caller's ``__main__`` in it.
+
+    multiprocessing imports the main script again in every child (so that functions defined there
+    unpickle): a script that calls ``math_equal`` at its top level, without an ``if __name__ ==
+    "__main__":`` guard, would run again inside the worker and fail there ("An attempt has been made
+    to start a new process before the current process has finished its bootstrapping phase"). Our
+    workers run only this package's functions, so their preparation data names no main module. The
+    rest is the standard library's ``popen_forkserver.Popen._launch`` (Python 3.11).
+    """
+
+    def _launch(self, process_obj):
+        prep_data = {key: value for key, value in spawn.get_preparation_data(process_obj._name).items()
+                     if key not in ("init_main_from_name", "init_main_from_path")}
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        _parent_w = os.dup(w)  # the child's sentinel of its parent, as the standard library keeps it
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _WorkerProcess(multiprocessing.context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj):
+        return _WorkerPopen(process_obj)
+
+
+class _WorkerContext(multiprocessing.context.ForkServerContext):
+    Process = _WorkerProcess
+
+
 def _fork_server() -> multiprocessing.context.BaseContext:
     """Workers forked from a single-threaded server that has math-verify loaded and warm.
 
@@ -93,7 +139,7 @@ def _fork_server() -> multiprocessing.context.BaseContext:
     spawn: a worker replacing a killed one would need seconds to import sympy, and the next
     comparison would wait for it.
     """
-    context = multiprocessing.get_context("forkserver")
+    context = _WorkerContext()
     context.set_forkserver_preload([WARM_WORKER_MODULE])  # applies when the server starts
     return context
 

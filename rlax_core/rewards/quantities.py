@@ -215,9 +215,9 @@ def plain_number(text: str) -> float | None:
 def quantities_equal(gold: Quantity, prediction: Quantity, relative_tolerance: float) -> bool:
     """Equal values (a percentage: either reading) and no two different units.
 
-    Exact numbers compare exactly (``12345678`` is not ``12345679``); when either was written with a
-    decimal point the difference may be ``relative_tolerance`` of the gold's size, so ``0`` is not
-    ``0.0000005``, and ``0.333333`` is within 1e-6 of a third.
+    Exact numbers and integer golds compare exactly (``12345678`` is neither ``12345679`` nor
+    ``12345679.0``); when either was written with a decimal point and the gold is not an integer, the
+    difference may be ``relative_tolerance`` of the gold's size: ``0.333333`` is within 1e-6 of a third.
     """
     if gold.unit and prediction.unit and gold.unit != prediction.unit:
         return False
@@ -228,5 +228,11 @@ def quantities_equal(gold: Quantity, prediction: Quantity, relative_tolerance: f
 
 
 def numbers_equal(gold: Fraction, prediction: Fraction, relative_tolerance: Fraction) -> bool:
-    """``|prediction - gold| <= relative_tolerance * |gold|``, in exact arithmetic."""
+    """``|prediction - gold| <= relative_tolerance * |gold|``, in exact arithmetic; an integer gold exactly.
+
+    An integer gold takes no tolerance: ``12345678.0`` is ``12345678``, but ``12345679.0`` and
+    ``1000000.9`` are not ``12345678`` and ``1000000``, however small the difference is relatively.
+    """
+    if gold.denominator == 1:
+        return prediction == gold
     return abs(prediction - gold) <= relative_tolerance * abs(gold)

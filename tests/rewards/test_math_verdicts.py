@@ -1,5 +1,6 @@
 """Math verdicts a policy could exploit or be wronged by: tolerance, units, magnitude words, separators, timeouts."""
 
+import os
 import subprocess
 import sys
 from fractions import Fraction
@@ -28,7 +29,9 @@ EQUAL = [
     ("20", "20°C"), ("7", "7 \\mathrm{kg}"),
     # tolerance relative to the gold
     ("\\frac{1}{3}", "0.333333"), ("\\frac{1}{7}", "0.142857"), ("\\sqrt{2}", "1.414214"),
-    ("0.0000005", "5\\times10^{-7}"), ("1234", "1234.0000001"), ("123456789", "123456789.0001"),
+    ("0.0000005", "5\\times10^{-7}"), ("2.5", "2.5000001"), ("1234.5", "1234.5000001"),
+    # an integer gold: exactly, however it is written
+    ("12345678", "12345678.0"), ("1000000", "1000000.000"),
 ]
 
 NOT_EQUAL = [
@@ -37,6 +40,9 @@ NOT_EQUAL = [
     ("\\frac{1}{3000000}", "0.0"), ("\\sqrt{2}", "1.41421"), ("\\frac{1}{3}", "0.333"),
     # exact numbers compare exactly
     ("12345678", "12345679"), ("1000000", "1000001"),
+    # an integer gold takes no tolerance: N+1 and a non-integer near N are not N
+    ("12345678", "12345679.0"), ("1000000", "1000000.9"), ("1234", "1234.0000001"), ("123456789", "123456789.0001"),
+    ("12345678", "1.2345679\\times10^{7}"), ("3", "2.9999999"),
     # magnitude words are never dropped
     ("18", "18 thousand"), ("18", "18 \\text{ thousand}"), ("18", "18 million"), ("\\frac{1}{2}", "\\frac12 million"),
     ("18", "18 dozen"),
@@ -109,3 +115,13 @@ def test_the_last_number_keeps_its_thousands_separators():
     assert extract_answer("we get 12{,}345.5 people").text == "12{,}345.5"
     assert extract_answer("a total of 10\u2009000").text == "10\u2009000"
     assert extract_answer("ages 3 and 100").text == "100"  # a plain space separates numbers in prose
+
+
+def test_math_equal_works_at_a_scripts_top_level(tmp_path):
+    # No ``if __name__ == "__main__":`` guard: the pool's workers must not run the script again.
+    script = tmp_path / "check.py"
+    script.write_text("from rlax_core.rewards import math_equal\nprint('equal', math_equal('\\\\frac{1}{2}', '0.5'))\n")
+    result = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0 and result.stdout.splitlines() == ["equal True"], result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "bootstrapping" not in result.stderr, result.stderr

@@ -49,7 +49,8 @@ def test_different_answers(verifier):
 
 
 def test_numbers_never_reach_the_pool(verifier):
-    assert verifier.compare("1,234", "1234.0000001").reason == "numeric"
+    assert verifier.compare("1,234.5", "1234.5000001").reason == "numeric"
+    assert verifier.compare("1,234", "1234.0000001").reason == "not_equal"  # an integer gold: exactly
     assert verifier.compare("7", "7").reason == "exact"
     assert plain_number("$-1,234.5") == -1234.5
     assert plain_number("1,23") is None and plain_number("2x") is None and plain_number("9" * 100) is None
