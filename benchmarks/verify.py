@@ -8,6 +8,7 @@ Measured in the same run against named baselines that do the same work without o
   code_baseline_subprocess  each program run as ``python -I -S -c`` in a plain subprocess, one at a
                             time: no namespaces, no chroot, no uid drop, no limits
   code_sandbox_w{1,2}       CodeVerifier: the full sandbox, 1 and 2 checks at a time
+  mbpp_*                    the same two for small checks: MBPP programs with their 3 asserts
 
 Ratios are ours / baseline (above 1: faster than the baseline). Inputs are real: MATH-500 gold
 answers against a rewritten form of themselves (``gold + 0``, which the fast path cannot shortcut,
@@ -33,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rlax_core.rewards.code_verifier import CodeVerifier, build_program, humaneval_tests  # noqa: E402
+from rlax_core.rewards.code_verifier import CodeVerifier, build_program, humaneval_tests, mbpp_tests  # noqa: E402
 from rlax_core.rewards.math_symbolic import verdict  # noqa: E402
 from rlax_core.rewards.math_verifier import EQUAL_REASONS, MathVerifier, MathVerifierConfig  # noqa: E402
 
@@ -66,6 +67,12 @@ def math_pairs(count: int, warmup: int = 50) -> tuple[list[tuple[str, str]], lis
 def code_jobs(count: int) -> list[tuple[str, object]]:
     rows = _jsonl(DATA / "humaneval" / "HumanEval.jsonl")[:count]
     return [(row["canonical_solution"], humaneval_tests(row)) for row in rows]
+
+
+def mbpp_jobs(count: int) -> list[tuple[str, object]]:
+    """Small checks: MBPP's canonical programs with their three asserts each."""
+    rows = _jsonl(DATA / "mbpp" / "mbpp.jsonl")[:count]
+    return [(row["code"], mbpp_tests(row)) for row in rows]
 
 
 def rate(count: int, seconds: float) -> float:
@@ -102,7 +109,7 @@ def bench_code_baseline(jobs) -> tuple[float, int]:
 
 def bench_code(jobs, workers: int) -> tuple[float, int]:
     with CodeVerifier(workers=workers) as verifier:
-        verifier.check_many(jobs[:workers])  # warm: the mount list is computed once per process
+        verifier.check_many(jobs[:workers])  # warm: the mount list and the zygote launcher start once per process
         start = time.perf_counter()
         results = verifier.check_many(jobs)
         elapsed = time.perf_counter() - start
@@ -136,10 +143,12 @@ def main() -> None:
     for workers in (1, 2):
         out[f"math_pool_w{workers}"], out[f"math_pool_w{workers}_equal"] = bench_math(warmup, pairs, workers, args.math_timeout)
         out[f"math_pool_w{workers}_vs_baseline"] = round(out[f"math_pool_w{workers}"] / out["math_baseline_inprocess"], 3)
-    out["code_baseline_subprocess"], out["code_baseline_passed"] = bench_code_baseline(jobs)
-    for workers in (1, 2):
-        out[f"code_sandbox_w{workers}"], out[f"code_sandbox_w{workers}_passed"] = bench_code(jobs, workers)
-        out[f"code_sandbox_w{workers}_vs_baseline"] = round(out[f"code_sandbox_w{workers}"] / out["code_baseline_subprocess"], 3)
+    for prefix, checks in (("code", jobs), ("mbpp", mbpp_jobs(len(jobs)))):  # HumanEval, then 3-assert checks
+        out[f"{prefix}_baseline_subprocess"], out[f"{prefix}_baseline_passed"] = bench_code_baseline(checks)
+        for workers in (1, 2):
+            out[f"{prefix}_sandbox_w{workers}"], out[f"{prefix}_sandbox_w{workers}_passed"] = bench_code(checks, workers)
+            out[f"{prefix}_sandbox_w{workers}_vs_baseline"] = round(
+                out[f"{prefix}_sandbox_w{workers}"] / out[f"{prefix}_baseline_subprocess"], 3)
     out["pathological_timeout_s"] = args.pathological_timeout
     out["pathological_seconds"] = bench_pathological(args.pathological_timeout)
     out["pathological_max_over_timeout_s"] = round(

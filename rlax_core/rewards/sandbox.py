@@ -1,23 +1,30 @@
 """Run untrusted Python in a sandboxed child process: limits first, then isolation.
 
-:func:`run_sandboxed` hands a job to ``sandbox_launcher.py`` (a standard-library-only script run with
-``python -I -S``), which builds the sandbox and enforces the wall-clock limit; this side adds a
-second, outer timeout that kills the launcher's whole process group, so no program can hold a caller.
+:func:`run_sandboxed` hands a job to ``sandbox_launcher.py`` (a standard-library-only script run once
+per process with ``python -I -S``, as root: a zygote that forks a handler per sandbox), which builds
+the sandbox and enforces the wall-clock limit; this side adds a second, outer timeout that kills the
+handler's whole process group, so no program can hold a caller.
 See the launcher's docstring for what the sandbox contains.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import functools
-import json
 import logging
+import marshal
 import os
 import random
+import select
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -148,6 +155,94 @@ def _walk_symlinks(path: str, symlinks: dict[str, str]) -> str:
 _warned_isolation = False
 
 
+class _Launcher:
+    """The zygote: one ``sandbox_launcher.py --serve`` per process, forking a handler per sandbox.
+
+    It starts on first use (and again if it died, or in a forked child of this process), and ends
+    when this process closes its end of the socket. Each job travels as fds on that socket: the read
+    end of a pipe the job is written to, the write end of the reply pipe, and the fds it hands on.
+    """
+
+    _lock = threading.Lock()
+    _current: "_Launcher | None" = None
+
+    def __init__(self, python: str):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process = subprocess.Popen([python, "-I", "-S", "-B", str(LAUNCHER), "--serve", str(theirs.fileno())],
+                                        pass_fds=(theirs.fileno(),), env={}, start_new_session=True,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        theirs.close()
+        self.socket, self.owner = ours, os.getpid()
+
+    @classmethod
+    def get(cls, python: str) -> "_Launcher":
+        with cls._lock:
+            current = cls._current
+            if current is None or current.owner != os.getpid() or current.process.poll() is not None:
+                if current is None:
+                    atexit.register(cls._close_current)
+                cls._current = current = cls(python)
+            return current
+
+    @classmethod
+    def _close_current(cls) -> None:
+        if cls._current is not None and cls._current.owner == os.getpid():
+            cls._current.socket.close()  # the server sees end-of-file and exits
+
+    def run(self, job: bytes, handed: list[int], timeout: float) -> dict:
+        """Hand the job to a new handler and wait for its report; ``handed`` fds are closed here."""
+        job_read, job_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        try:
+            socket.send_fds(self.socket, [b"job"], [job_read, reply_write, *handed])
+        except OSError as error:
+            for fd in (job_write, reply_read):
+                os.close(fd)
+            raise SandboxUnavailable(f"the sandbox launcher (pid {self.process.pid}, exit code "
+                                     f"{self.process.poll()}) takes no jobs: {error}") from None
+        finally:
+            # The handler has its own copies now; one here would hide the peer's end-of-file.
+            for fd in (job_read, reply_write, *handed):
+                os.close(fd)
+            handed.clear()
+        try:
+            with open(job_write, "wb") as sink:
+                sink.write(job)
+        except BrokenPipeError:
+            pass  # the handler died before reading it: its reply says so
+        return _reply(reply_read, timeout)
+
+
+def _reply(fd: int, timeout: float) -> dict:
+    """The handler's report from the reply pipe, within ``timeout`` (past it, the handler's group is killed)."""
+    deadline, data = time.monotonic() + timeout, bytearray()
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                handler = data.split(b"\n", 1)[0]
+                if handler.isdigit():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(int(handler), signal.SIGKILL)  # its sandbox dies with it (parent-death signal)
+                    raise TimeoutError(f"sandbox launcher did not return within {timeout:.0f} s")
+                raise SandboxUnavailable(f"the sandbox launcher did not start a handler within {timeout:.0f} s")
+            if select.select([fd], [], [], remaining)[0]:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+    finally:
+        os.close(fd)
+    _, _, body = bytes(data).partition(b"\n")
+    try:
+        reply = marshal.loads(body)
+    except (EOFError, ValueError, TypeError):
+        raise SandboxUnavailable("sandbox launcher failed: its handler ended without a report") from None
+    if "report" not in reply:
+        raise SandboxUnavailable(f"sandbox launcher failed: {reply.get('error', '?')}")
+    return reply["report"]
+
+
 def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits = SandboxLimits(),
                   env: Mapping[str, str] | None = None, channels: Mapping[int, int] | None = None,
                   uid: int | None = None, lifeline: int | None = None, results_bytes: int | None = None
@@ -190,28 +285,15 @@ def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
         "limits": dataclasses.asdict(limits),
         "isolate": limits.isolate,
         "uid": SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_COUNT) if uid is None else uid,
-        "channels": [[target, fd] for target, fd in channels.items()],
-        "lifeline": lifeline,
+        # By position among the fds handed to the launcher (``owned``): channels first, then the lifeline.
+        "channels": [[target, position] for position, target in enumerate(channels)],
+        "lifeline": None if lifeline is None else len(channels),
         "results_bytes": results_bytes,
         "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0",
                 **(env or {})},
     }
-    process = subprocess.Popen([python, "-I", "-S", "-B", str(LAUNCHER)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, start_new_session=True,
-                               pass_fds=tuple(owned))
-    for fd in owned:  # the launcher has them now; a copy here would hide the peer's end-of-file
-        os.close(fd)
-    owned.clear()
-    try:
-        out, err = process.communicate(json.dumps(job).encode(), timeout=limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # its child dies with it (parent-death signal)
-        process.communicate()
-        raise TimeoutError(f"sandbox launcher did not return within {limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S:.0f} s")
-    if process.returncode != 0:
-        raise SandboxUnavailable(f"sandbox launcher failed (exit {process.returncode}): "
-                                 f"{err.decode(errors='replace')[-2000:]}")
-    fields = json.loads(out)
+    timeout = limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S
+    fields = _Launcher.get(python).run(marshal.dumps(job), owned, timeout)
     report = SandboxReport(**{**fields, "overflowed": tuple(fields.get("overflowed", ()))})
     if not report.isolated and limits.isolate and not _warned_isolation:
         _warned_isolation = True

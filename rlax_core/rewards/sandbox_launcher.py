@@ -1,8 +1,11 @@
 """Run one untrusted Python program in a sandbox; a standalone script, not an importable module.
 
-``sandbox.py`` starts this file with ``python -I -S`` as root, writes a JSON job to its stdin and reads a
-JSON report from its stdout. It uses nothing but the standard library so that it starts fast and does
-not depend on the package being importable.
+``sandbox.py`` starts this file once per process with ``python -I -S --serve FD`` as root (a zygote):
+for each sandbox it sends a job over that socket, and a forked handler builds the sandbox, runs the
+program and writes back a report, both in ``marshal`` form (built in, and both ends are trusted: the
+program writes neither). A sandbox then costs a fork here rather than an interpreter start and its
+imports. It uses nothing but the standard library so that it does not depend on the package being
+importable.
 
 The job's program runs as PID 1 of fresh PID, mount, network, IPC and UTS namespaces, chrooted into a
 tmpfs that holds only its own writable directory (``/sandbox``, size-capped), ``/dev/null``,
@@ -30,7 +33,7 @@ namespace: when it passes, PID 1 is SIGKILLed and the kernel kills every process
 
 import ctypes
 import fcntl
-import json
+import marshal
 import os
 import resource
 import select
@@ -202,8 +205,8 @@ def _private_directory() -> str:
     raise FileExistsError(f"no free sandbox directory name under {base}")
 
 
-def main() -> int:
-    job = json.load(sys.stdin)
+def run_job(job: dict) -> dict:
+    """Build one sandbox, run the job's program in it to its end or its limits, and report how it went."""
     limits = job["limits"]
     cap = limits["output_bytes"]
     caps = {"results": job.get("results_bytes") or cap}
@@ -233,6 +236,10 @@ def main() -> int:
     buffers = {name: bytearray() for name in pipes}
     overflowed = set()
     open_fds = {pipes[name][0]: name for name in pipes}
+    try:  # readable once the child has ended: no polling delay between its exit and the report
+        exited = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        exited = None
     deadline = start + limits["wall_seconds"]
     timed_out, stopped, status, usage = False, False, None, None
     while True:
@@ -256,8 +263,10 @@ def main() -> int:
                 deadline = time.monotonic() + 1.0
                 continue
             break
-        ready, _, _ = select.select(list(open_fds) + ([lifeline] if lifeline is not None else []), [], [],
-                                    min(0.05, deadline - now))
+        watched = list(open_fds) + [fd for fd in (lifeline, exited if status is None else None) if fd is not None]
+        ready, _, _ = select.select(watched, [], [], min(0.05, deadline - now))
+        if exited is not None and exited in ready:
+            ready.remove(exited)  # wait4 at the top of the loop reaps it
         if lifeline is not None and lifeline in ready:
             ready.remove(lifeline)
             if not os.read(lifeline, 4096):  # the peer is done: the program may go
@@ -299,9 +308,64 @@ def main() -> int:
         "results": buffers["results"].decode("utf-8", "replace"),
         "setup_error": buffers["setup"].decode("utf-8", "replace").strip(),
     }
-    json.dump(report, sys.stdout)
-    return 0
+    return report
+
+
+def _handle(fds: list) -> None:
+    """In a handler forked by ``serve``: read the job, run it, write ``pid`` and the report on the reply pipe.
+
+    ``fds``: the job's read end, the reply's write end, then the fds the job hands on (its ``channels``
+    and ``lifeline`` name them by position in this list).
+    """
+    job_fd, reply_fd, handed = fds[0], fds[1], fds[2:]
+    os.write(reply_fd, b"%d\n" % os.getpid())  # first: the caller's outer timeout kills this process group
+    try:
+        with open(job_fd, "rb") as source:
+            job = marshal.loads(source.read())
+        job["channels"] = [[target, handed[position]] for target, position in job["channels"]]
+        if job.get("lifeline") is not None:
+            job["lifeline"] = handed[job["lifeline"]]
+        reply = {"report": run_job(job)}
+    except BaseException as error:  # noqa: BLE001 - no sandbox ran: the caller must hear why
+        reply = {"error": f"{type(error).__name__}: {error}"}
+    data = memoryview(marshal.dumps(reply))
+    while data:
+        data = data[os.write(reply_fd, data):]
+
+
+def serve(control: int) -> None:
+    """Run every job the caller sends on ``control`` (a SOCK_SEQPACKET socket), each in a forked handler.
+
+    This process starts once and forks a handler per sandbox, so a sandbox costs a fork here instead
+    of an interpreter start and its imports. A message carries only fds (``_handle``); the caller's
+    end closing (it exited) ends this server. Handlers are reaped by the kernel.
+    """
+    import socket  # only in the server
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    channel = socket.socket(fileno=control)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(channel, 16, 64)
+        except InterruptedError:
+            continue
+        if not message and not fds:
+            return
+        pid = os.fork()
+        if pid == 0:
+            status = 0
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the handler waits for its own sandbox
+                channel.close()
+                os.setsid()
+                _handle(fds)
+            except BaseException:  # noqa: BLE001 - the caller sees a reply without a report
+                status = 1
+            finally:
+                os._exit(status)
+        for fd in fds:
+            os.close(fd)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    serve(int(sys.argv[sys.argv.index("--serve") + 1]))

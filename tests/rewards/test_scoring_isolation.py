@@ -125,3 +125,33 @@ def test_score_rollouts_isolates_samples_and_counts_failures_on_a_test_pipeline(
     assert "has no 'tests'" in scored["no-tests"][0][1]["scoring_error"]
     failed = result.metrics().query(MetricsFilter().with_name("samples_failed"))["counters"]
     assert sum(counter.committed for counter in failed) == 1
+
+
+def test_the_outer_timeout_kills_a_handler_that_never_reports():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from rlax_core.rewards.sandbox import _reply
+
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"%d\n" % stuck.pid)  # a handler's first line: its pid, then silence
+    with pytest.raises(TimeoutError, match="did not return"):
+        _reply(read_end, 0.5)
+    assert stuck.wait(timeout=10) == -signal.SIGKILL
+    os.close(write_end)
+
+
+def test_the_launcher_is_started_again_after_it_died():
+    import os
+    import signal
+
+    from rlax_core.rewards.sandbox import _Launcher, _python_and_mounts
+
+    assert run_sandboxed({"a.py": "print('first')"}, ["a.py"], LIMITS).stdout == "first\n"
+    server = _Launcher.get(_python_and_mounts()[0]).process
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait(timeout=10)
+    assert run_sandboxed({"a.py": "print('again')"}, ["a.py"], LIMITS).stdout == "again\n"
