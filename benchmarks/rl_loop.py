@@ -77,7 +77,7 @@ def isolated_step(steps: int) -> dict:
 def sync_vs_async(workdir: Path, steps: int, train_set: str, extra=(), isolated_steps: int = 8) -> dict:
     from rlax_core.utils.metrics import read_metrics
     from rlax_core.utils.timeline import median_hops, step_timeline
-    from transforms.rollout import read_step_metrics
+    from rlax_core.data.rollout_store import RolloutStore
 
     import os
 
@@ -105,8 +105,8 @@ def sync_vs_async(workdir: Path, steps: int, train_set: str, extra=(), isolated_
         busy = sum(row["train/step_s"] for row in rows)
         wall = statistics.median(b - a for a, b in zip(times[1:], times[2:]))
         # Schedule steps 0 and 1 are generated while the worker and trainer still compile: not steady state.
-        timeline = [s for s in step_timeline(all_rows, read_step_metrics(run_config.rollout_root(), run_config.run.name))
-                    if s["step"] >= 2]
+        rollout_rows = RolloutStore(run_config.rollout_root(), run_config.run.name).read_step_metrics()
+        timeline = [s for s in step_timeline(all_rows, rollout_rows) if s["step"] >= 2]
         result[f"k={k}"] = {"step_wall_s_median": wall, "vs_isolated_step": wall / isolated["seconds_per_step"],
                             "trainer_idle_fraction": waits / (waits + busy), "steps_timed": len(rows) - 1,
                             "train_step_s_median": statistics.median(row["train/step_s"] for row in rows),

@@ -12,7 +12,7 @@ that reads it; this module only assembles them::
     curate:    rlax_core.data.curation.CurateConfig (Beam curation pipeline)
     filter:    pipelines.sections.FilterConfig      (difficulty filtering)
     evaluate:  pipelines.sections.EvaluateConfig    (offline evaluation)
-    loop:      pipelines.sections.LoopConfig        (the streaming rollout side of the online loop)
+    loop:      rlax_core.rollout.LoopConfig         (the streaming rollout side of the online loop)
     hardware:  rlax_core.planning.HardwareConfig    (chips of the rollout fleet and the trainer: ``rlax plan``)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
 
@@ -38,9 +38,10 @@ from rlax_core.inference.config import EngineConfig
 from rlax_core.planning.hardware import HardwareConfig
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import algorithm_from_dict, get_preset
+from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
-from pipelines.sections import EvaluateConfig, FilterConfig, LoopConfig
+from pipelines.sections import EvaluateConfig, FilterConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The recipes are the repository's configs/; setup.py installs the same files as pipelines/configs,

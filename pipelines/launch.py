@@ -186,12 +186,11 @@ def loop_metrics(run_config, rollout_root: str, launch_stamps: dict[str, float] 
     from rlax_core.data.rollout_store import RolloutStore
     from rlax_core.utils import startup
     from rlax_core.utils.metrics import read_metrics
-    from transforms.rollout import read_step_metrics
 
     # The trainer logs optimizer step t + 1 after training on schedule step t's groups.
     trainer_rows = {row["step"] - 1: row for row in read_metrics(trainer_metrics_dir(run_config))}
-    rollout_rows = {row["step"]: row for row in read_step_metrics(rollout_root, run_config.run.name)}
     store = RolloutStore(rollout_root, run_config.run.name)
+    rollout_rows = {row["step"]: row for row in store.read_step_metrics()}
     versions_by_step: dict[int, list[int]] = collections.defaultdict(list)
     for key in store.list_groups():
         versions_by_step[key.step].extend(store.read_group(key).column("policy_version").to_pylist())

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Sequence
 
-from pipelines.sections import LoopConfig
+from rlax_core.rollout.config import LoopConfig
 
 HELP = "Beam streaming: generate and score rollouts with the latest weights"
 
@@ -42,34 +42,15 @@ def load_configs(config_path: str | None, overrides: Sequence[str]):
     return run_config, run_config.loop
 
 
-def build_spec(run_config, loop: LoopConfig, train_set_size: int):
-    """The rollout workers' spec: settings and the training set's path (its rows stay in storage)."""
-    from rlax_core.inference.config import SamplingParams
-    from transforms.rollout import RolloutSpec
+def build_spec(run_config, train_set_size: int):
+    """The rollout workers' spec: the run's sections and the training set's path (its rows stay in storage)."""
+    from rlax_core.rollout.spec import RolloutSpec
 
-    engine = run_config.engine
-    sampling = SamplingParams(temperature=loop.temperature, top_p=loop.top_p, max_new_tokens=engine.max_new_tokens,
-                              n=loop.samples_per_prompt, stop_token_ids=tuple(loop.stop_token_ids))
     return RolloutSpec(
-        run=run_config.run.name,
-        run_seed=run_config.run.seed,
-        model_path=run_config.model.resolved_path(),
-        model_dtype=run_config.model.dtype,
-        train_set=loop.train_set,
-        train_set_size=train_set_size,
-        rollout_root=run_config.rollout_root(),
-        weights=run_config.weight_store(),
-        engine=engine,
-        sampling=sampling,
-        prompts_per_step=run_config.trainer.groups_per_step,
-        total_steps=run_config.trainer.total_steps,
-        max_staleness=run_config.trainer.max_staleness,
-        rewards=loop.rewards,
-        drop_uniform_groups=loop.drop_uniform_groups,
-        groups_per_unit=loop.groups_per_unit,
-        compilation_cache=run_config.run.compilation_cache,
-        compilation_cache_dir=run_config.run.compilation_cache_dir,
-    )
+        run=run_config.run.name, run_seed=run_config.run.seed, model_path=run_config.model.resolved_path(),
+        model_dtype=run_config.model.dtype, train_set_size=train_set_size, rollout_root=run_config.rollout_root(),
+        weights=run_config.weight_store(), engine=run_config.engine, loop=run_config.loop, trainer=run_config.trainer,
+        compilation_cache=run_config.run.compilation_cache, compilation_cache_dir=run_config.run.compilation_cache_dir)
 
 
 class _LatestVersion:
@@ -128,7 +109,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.data.training_set import read_examples
 
     examples = read_examples(loop.train_set)
-    spec = build_spec(run_config, loop, len(examples))
+    spec = build_spec(run_config, len(examples))
     startup.mark("rollout_imports")
     # Unless the config or the command line names a runner, pipeline_options picks Prism (a live one).
     runner_args = merge_beam_args(run_config.beam.args("rollout"), beam_args)

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rlax_core.rollout.schedule import steps_to_generate
 from rlax_core.utils import startup
 from rlax_core.utils.metrics import MetricsWriter
-from transforms.rollout_schedule import steps_to_generate
 from transforms.worker_heartbeat import busy_workers
 
 log = logging.getLogger(__name__)

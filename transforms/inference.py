@@ -1,95 +1,36 @@
 """Sampling completions with the RLAX engine inside Beam's RunInference, and verifying them.
 
 :class:`EngineModelHandler` is a RunInference ``ModelHandler``: RunInference loads the model once per
-worker process (through ``apache_beam.utils.shared``) and every DoFn thread of that process uses it;
-it batches examples (``batch_size`` prompts per engine call) and the engine decodes the samples of a
-batch together with continuous batching. Samples are keyed by (seed, example id, sample index), so
+worker process (through ``apache_beam.utils.shared``: an ``EngineHost``, as rollouts hold) and every
+DoFn thread of that process uses it; it batches examples (``batch_size`` prompts per engine call)
+and the engine decodes the samples of a batch together with continuous batching. Samples are keyed by (seed, example id, sample index), so
 the same example gets the same samples whatever batch or worker it lands in.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, RunInference
 
 from rlax_core.inference.config import GenerationSpec
-
-logger = logging.getLogger(__name__)
-
-
-class LoadedEngine:
-    """What one worker process holds: the engine over the loaded weights, and the tokenizer."""
-
-    def __init__(self, spec: GenerationSpec):
-        if not spec.model:
-            raise ValueError("GenerationSpec.model is empty: name the checkpoint to sample")
-
-        from rlax_core.utils.devices import use_cpu_cores_as_devices
-
-        if spec.engine.replicas != 1:
-            use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
-        from rlax_core.inference.replicas import ReplicatedEngine
-        from rlax_core.models.tokenizer import load_tokenizer
-        from rlax_core.training.policy_source import load_policy, tokenizer_path
-
-        self.spec = spec
-        self.tokenizer = load_tokenizer(spec.tokenizer or tokenizer_path(spec.model))
-        model = load_policy(spec.model, dtype=spec.dtype)
-        self.engine = ReplicatedEngine(spec.engine, model.config, model.params, detokenize=self.tokenizer.decode)
-        self.lock = threading.Lock()  # the engine is not re-entrant; RunInference threads share it
-
-    def prompt_ids(self, example: Mapping[str, Any]) -> list[int]:
-        from rlax_core.tasks.prompts import prompt_ids
-
-        return prompt_ids(example, self.tokenizer)  # the task's format, as rollouts use it
-
-    def complete(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Every example with its samples: texts, token lengths and finish reasons (or why it was skipped)."""
-        from rlax_core.inference.engine import Request
-
-        sampling = self.spec.sampling()
-        results, requests = [], []
-        for example in examples:
-            ids = self.prompt_ids(example)
-            result = {"example": dict(example), "model": self.spec.label, "texts": [], "lengths": [],
-                      "finish_reasons": [], "skipped": None}
-            if len(ids) > self.spec.engine.max_prompt_len:
-                result["skipped"] = f"prompt of {len(ids)} tokens exceeds max_prompt_len={self.spec.engine.max_prompt_len}"
-            else:
-                requests.append(Request(ids, sampling, prompt_id=example["id"], seed=self.spec.seed))
-            results.append(result)
-        started = time.monotonic()
-        with self.lock:
-            completions = self.engine.generate(requests) if requests else []
-        logger.info("%s: %d prompt(s) x %d sample(s), %d tokens in %.1f s", self.spec.label, len(requests),
-                    sampling.n, sum(len(c.completion_ids) for c in completions), time.monotonic() - started)
-        by_id = {r["example"]["id"]: r for r in results}
-        for completion in completions:  # in request order, then sample index
-            result = by_id[completion.prompt_id]
-            result["texts"].append(self.tokenizer.decode(completion.completion_ids, skip_special_tokens=True))
-            result["lengths"].append(len(completion.completion_ids))
-            result["finish_reasons"].append(completion.finish_reason)
-        return results
+from rlax_core.rollout.host import EngineHost
 
 
-class EngineModelHandler(ModelHandler[dict, dict, LoadedEngine]):
+class EngineModelHandler(ModelHandler[dict, dict, EngineHost]):
     """RunInference handler: Example rows in, ``{example, model, texts, lengths, finish_reasons}`` out."""
 
     def __init__(self, spec: GenerationSpec):
         super().__init__(min_batch_size=1, max_batch_size=spec.batch_size)
         self.spec = spec
 
-    def load_model(self) -> LoadedEngine:
-        return LoadedEngine(self.spec)
+    def load_model(self) -> EngineHost:
+        return EngineHost(self.spec.engine, self.spec.model, dtype=self.spec.dtype, tokenizer=self.spec.tokenizer)
 
-    def run_inference(self, batch: Sequence[dict], model: LoadedEngine,
+    def run_inference(self, batch: Sequence[dict], model: EngineHost,
                       inference_args: dict[str, Any] | None = None) -> Iterable[dict]:
-        return model.complete(batch)
+        return model.complete(batch, self.spec)
 
     def get_num_bytes(self, batch: Sequence[dict]) -> int:
         return sum(len(example["prompt"].encode("utf-8")) for example in batch)

@@ -18,11 +18,13 @@ import time
 
 import fsspec
 
+from rlax_core.data.rollout_store import metrics_dir
+
 INTERVAL_S = 5.0
 
 
 def _folder(rollout_root: str, run: str) -> str:
-    return f"{rollout_root.rstrip('/')}/{run}-metrics/busy"
+    return metrics_dir(rollout_root, run, "busy")
 
 
 class Busy:

@@ -82,6 +82,28 @@ def make_example(*, source: str, prompt: str, task: str, answer: str | None = No
     }
 
 
+def rollout_row(completion: Any, *, example_id: str, group_id: str) -> dict[str, Any]:
+    """The Rollout row of one engine sample (``rlax_core.inference.Completion``), not yet scored."""
+    return {
+        "example_id": example_id,
+        "group_id": group_id,
+        "sample_idx": completion.sample_index,
+        "policy_version": completion.weight_version,
+        "seed": completion.seed,
+        "prompt_ids": list(completion.prompt_ids),
+        "completion_ids": list(completion.completion_ids),
+        "behavior_logprobs": list(completion.logprobs),
+        "finish_reason": completion.finish_reason,
+        "reward": None,
+        "reward_info": None,
+    }
+
+
+def scored_row(row: dict[str, Any], reward: float, info: dict[str, Any]) -> dict[str, Any]:
+    """A Rollout row with its reward and the verifier's details (JSON, keys sorted)."""
+    return {**row, "reward": float(reward), "reward_info": json.dumps(info, sort_keys=True)}
+
+
 def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows (dicts) as a table of ``schema``; a missing column or a wrong type raises with its name."""
     missing = [name for name in schema.names if any(name not in row for row in rows)]

@@ -21,11 +21,17 @@ Reader (the trainer)::
     keys = store.list_groups()                        # sorted by (step, prompt_index)
     keys = store.wait_for_groups(lambda ks: len(ks) >= 8, timeout_s=600)
     table = store.read_group(key)                     # a pyarrow Table of ROLLOUT_SCHEMA
+
+The rollout side's own files sit beside the groups, under ``metrics_dir(ROOT, RUN)``: each step's
+metrics (``ROOT/RUN-metrics/step_00000012.json``, ``write_step_metrics`` / ``read_step_metrics``),
+the workers' start-up stamps (``startup/``, ``rlax_core.utils.startup``) and their busy notices
+(``busy/``, ``transforms.worker_heartbeat``). This module is the one that knows that layout.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import time
@@ -57,6 +63,11 @@ class GroupKey:
     @property
     def relpath(self) -> str:
         return f"step_{self.step:08d}/group_{self.prompt_index:05d}.parquet"
+
+
+def metrics_dir(root: str | os.PathLike, run: str, *parts: str) -> str:
+    """``ROOT/RUN-metrics[/PART...]``: the rollout side's metrics of ``run`` (local folder or URL)."""
+    return "/".join([f"{str(root).rstrip('/')}/{run}-metrics", *parts])
 
 
 class RolloutStore:
@@ -122,7 +133,22 @@ class RolloutStore:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         self._fs.pipe_file(path, b"")
 
+    def write_step_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """The rollout side's metrics of one schedule step, as JSON (rewritten whole: idempotent)."""
+        fs, folder = fsspec.core.url_to_fs(metrics_dir(self.root, self.run))
+        fs.makedirs(folder, exist_ok=True)
+        fs.pipe_file(f"{folder}/step_{step:08d}.json", json.dumps(metrics, sort_keys=True).encode())
+
     # ------------------------------------------------------------------ reader
+
+    def read_step_metrics(self) -> list[dict[str, Any]]:
+        """Every step's rollout metrics written so far, by step."""
+        fs, folder = fsspec.core.url_to_fs(metrics_dir(self.root, self.run))
+        try:
+            files = sorted(fs.glob(f"{folder}/step_*.json"))
+        except FileNotFoundError:
+            return []
+        return [json.loads(fs.cat_file(f)) for f in files]
 
     def is_step_generated(self, step: int) -> bool:
         """Whether ``mark_step_generated(step)`` happened (a step can be complete without it: a

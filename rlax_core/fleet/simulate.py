@@ -1,6 +1,6 @@
 """A discrete-event simulation of the online loop at fleet scale: W rollout workers, one trainer, k.
 
-What it models (the rules of ``transforms.rollout`` and ``rlax_core.training.job``):
+What it models (the rules of ``rlax_core.rollout`` and ``rlax_core.training.job``):
 
 * Each schedule step holds ``groups_per_step`` prompt groups, cut into work units of
   ``groups_per_unit`` groups. With newest visible weight version ``v``, only units of steps

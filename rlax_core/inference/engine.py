@@ -113,7 +113,8 @@ class _SlotState:
         return {name: getattr(self, name) for name in names}
 
 
-def _mode_of(sampling: SamplingParams) -> SamplingMode:
+def sampling_mode(sampling: SamplingParams) -> SamplingMode:
+    """The compiled sampling program a request runs under (what ``warm_up(modes=...)`` compiles)."""
     if sampling.greedy:
         return SamplingMode.GREEDY
     return SamplingMode.FILTERED if sampling.filtered else SamplingMode.TEMPERATURE
@@ -396,7 +397,7 @@ class Engine:
 
     def _decode_chunk(self) -> None:
         slots = self._slots
-        mode = max(_mode_of(seq.request.sampling) for seq in self._running if seq is not None)
+        mode = max(sampling_mode(seq.request.sampling) for seq in self._running if seq is not None)
         tokens, logprobs, steps, state, self._cache = self._decode(
             self._params, self._cache, self._decode_state(self._pages_this_call()), mode=mode)
         tokens, logprobs, steps = np.asarray(tokens), np.asarray(logprobs), int(steps)

@@ -96,7 +96,9 @@ def mark_process_start(role: str) -> None:
 
 
 def _folder(rollout_root: str, run: str) -> str:
-    return f"{rollout_root.rstrip('/')}/{run}-metrics/startup"
+    from rlax_core.data.rollout_store import metrics_dir  # pyarrow loads when stamps are written, not at start
+
+    return metrics_dir(rollout_root, run, "startup")
 
 
 def write_stamps(rollout_root: str, run: str, role: str) -> None:

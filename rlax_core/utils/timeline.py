@@ -7,7 +7,7 @@ Both jobs stamp wall-clock times (``time.time()``, keys ending ``_t``; durations
   weight version ``N``): ``timeline/wait_start_t``, ``timeline/read_t`` (all groups read),
   ``timeline/publish_t`` (version ``N`` handed to the publisher) and ``timeline/commit_version`` /
   ``timeline/commit_t`` (the version published before it, usually ``N - 1``, and when it was committed);
-* the rollout stream, in the step metrics of schedule step ``s`` (``transforms.rollout``):
+* the rollout stream, in the step metrics of schedule step ``s`` (``rlax_core.rollout.metrics``):
   ``timeline/scheduled_version`` (the version that let ``s`` be scheduled), ``timeline/version_seen_t``
   (first seen in the side input), ``timeline/scheduled_t``, ``timeline/generate_call_t`` (the worker
   took the engine), ``timeline/swap_s`` (weight load and swap in that call), ``timeline/generated_t``,

@@ -88,7 +88,7 @@ class AsyncPublisher:
                 raise RuntimeError("AsyncPublisher is closed")
             if self._pending is not None:
                 self.superseded += 1
-                self.store._count("superseded", version)
+                self.store.count("superseded", version)
                 log.info("weight version %d superseded by %d before it was written", self._pending[0], version)
             self._pending = (version, (*staged, adapter))
             self._cond.notify_all()

@@ -97,7 +97,7 @@ def repair_version(store: "WeightStore", version: int, params: Any) -> list[str]
     for name in refused_versions(store).get(version, []):
         store.storage.delete(f"{REFUSALS}/{name}")
     if rewritten:
-        store._count("repaired", version)
+        store.count("repaired", version)
         log.warning("weight version %d repaired: rewrote %d damaged shard file(s): %s", version, len(rewritten),
                     ", ".join(rewritten))
     else:

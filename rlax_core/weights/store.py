@@ -147,7 +147,8 @@ class WeightStore:
 
     # ------------------------------------------------------------------ counters
 
-    def _count(self, name: str, version: int | None = None, amount: int = 1) -> None:
+    def count(self, name: str, version: int | None = None, amount: int = 1) -> None:
+        """Add ``amount`` to ``counters[name]`` (and to the store's metrics, at ``version``)."""
         with self._lock:
             self.counters[name] = self.counters.get(name, 0) + amount
             value = self.counters[name]
@@ -165,7 +166,7 @@ class WeightStore:
         return None if held is None else held.version
 
     def _refuse(self, error: WeightStoreError, version: int) -> WeightStoreError:
-        self._count(f"rejected/{error.reason}", version)
+        self.count(f"rejected/{error.reason}", version)
         log.error("weight version %d refused: %s", version, error)
         return error
 
@@ -312,8 +313,8 @@ class WeightStore:
                            atomic=True)
         if keep:
             self._held = HeldVersion(version, manifest.chain_length, kept)
-        self._count("published", version)
-        self._count("written_bytes", version, manifest.stored_nbytes)
+        self.count("published", version)
+        self.count("written_bytes", version, manifest.stored_nbytes)
         log.info("published weight version %d (%.1f MB%s) in %.2fs", version, manifest.nbytes / 1e6,
                  f" as a delta on {manifest.base}: {manifest.stored_nbytes / 1e6:.1f} MB" if is_delta else "",
                  time.monotonic() - started)
@@ -417,7 +418,7 @@ class WeightStore:
         out = {name: cast(array, dtype) for name, array in flat.items()}
         if not as_numpy:
             out = place(out, sharding)
-        self._count("loaded", version)
+        self.count("loaded", version)
         return unflatten_params(out)
 
     def _read_version(self, version: int, leases: contextlib.ExitStack) -> tuple[Manifest, dict[str, np.ndarray]]:
@@ -440,10 +441,10 @@ class WeightStore:
                                   f"{error}") from None
         else:
             arrays = self._read_tensors(step, base=None)
-            self._count("read_bytes", version, step.stored_nbytes)
+            self.count("read_bytes", version, step.stored_nbytes)
         for delta in reversed(deltas):
             arrays = self._read_tensors(delta, base=arrays)
-            self._count("read_bytes", version, delta.stored_nbytes)
+            self.count("read_bytes", version, delta.stored_nbytes)
         return manifest, arrays
 
     def _leased_manifest(self, version: int, leases: contextlib.ExitStack) -> Manifest:
@@ -503,7 +504,7 @@ class WeightStore:
         committed = self.versions()
         removed = collect(self.storage, committed, self.marker, keep, self.config.gc_grace_s)
         if removed:
-            self._count("collected", committed[-1], len(removed))
+            self.count("collected", committed[-1], len(removed))
         return removed
 
 # ---------------------------------------------------------------------- helpers

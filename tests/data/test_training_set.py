@@ -5,16 +5,12 @@ import pickle
 import pytest
 
 from rlax_core.data.training_set import cached_examples, read_examples
-from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.tasks.story import story_examples, write_jsonl
-from rlax_core.weights.config import WeightStoreConfig
-from transforms.rollout import RolloutSpec
+from tests.support.rollout_spec import rollout_spec
 
 
 def _spec(path, size):
-    return RolloutSpec(run="t", run_seed=0, model_path="/unused", train_set=str(path), train_set_size=size,
-                       rollout_root="/unused", weights=WeightStoreConfig(root="/unused", run_id="t"),
-                       engine=EngineConfig(), sampling=SamplingParams(), prompts_per_step=1, total_steps=1)
+    return rollout_spec(train_set=str(path), train_set_size=size)
 
 
 def test_rows_come_back_sorted_by_id_whatever_the_file_order(tmp_path):

@@ -95,5 +95,5 @@ def test_the_run_config_knob_reaches_the_rollout_workers_spec(tmp_path):
     assert run_config.run.compilation_cache and run_config.run.compilation_cache_dir == ""
     run_config, loop = load_configs(str(find_config("quickstart")), [
         "run.compilation_cache=false", f"run.compilation_cache_dir={tmp_path}"])
-    spec = build_spec(run_config, loop, train_set_size=1)
+    spec = build_spec(run_config, train_set_size=1)
     assert (spec.compilation_cache, spec.compilation_cache_dir) == (False, str(tmp_path))

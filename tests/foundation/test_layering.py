@@ -54,6 +54,24 @@ def test_dependencies_point_one_way(package, forbidden):
     assert _offenders(package, forbidden) == []
 
 
+def test_no_module_imports_another_modules_private_names():
+    # What another module calls is public; a private name reached from outside hides a dependency.
+    private = [f"{path.relative_to(REPO)} imports {node.module}.{alias.name}"
+               for package in ("rlax_core", "transforms", "pipelines") for path in _modules(package)
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+               and node.module.split(".")[0] in ("rlax_core", "transforms", "pipelines")
+               for alias in node.names if alias.name.startswith("_")]
+    assert private == []
+
+
+def test_transforms_stay_thin_shells():
+    # The logic lives in rlax_core; a DoFn module that grows past this holds logic of its own.
+    long = {str(path.relative_to(REPO)): n for path in _modules("transforms")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 250}
+    assert long == {}
+
+
 # ---------------------------------------------------------------------------- no import circles
 
 PACKAGES = ("rlax_core", "transforms", "pipelines")

@@ -11,14 +11,18 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 from hypothesis import given, strategies as st
 
+from rlax_core.config import ConfigError
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
-from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.inference.config import EngineConfig
 from rlax_core.models import from_pretrained
+from rlax_core.rollout import RolloutSpec
+from rlax_core.rollout.claims import process_claims
+from rlax_core.rollout.schedule import WorkUnit, work_units
+from rlax_core.rollout.scheduler import StepScheduler
 from rlax_core.tasks.story import story_examples, write_jsonl
-from rlax_core.weights.config import WeightStoreConfig
 from rlax_core.weights.store import WeightStore
-from transforms.rollout import RolloutSpec, RolloutStream, ScheduleSteps, WorkUnit, read_step_metrics, release_claim
-from transforms.rollout_schedule import work_units
+from tests.support.rollout_spec import rollout_spec
+from transforms.rollout import RolloutStream, ScheduleSteps
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = str(REPO / "pipelines" / "assets" / "stories260K")
@@ -41,14 +45,13 @@ def _spec(root: Path, **overrides) -> RolloutSpec:
     train_set = root / "train.jsonl"
     write_jsonl(story_examples("train", 16), train_set)
     fields = dict(
-        run="fleet", run_seed=0, model_path=MODEL, train_set=str(train_set), train_set_size=16,
-        rollout_root=str(root / "rollouts"), weights=WeightStoreConfig(root=str(root / "weights"), run_id="fleet"),
+        run="fleet", model_path=MODEL, train_set=str(train_set), train_set_size=16,
         engine=EngineConfig(num_slots=8, num_pages=64, max_prompt_len=64, max_new_tokens=8, prefill_buckets=(32, 64),
                             attention_impl="reference"),
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=8, n=2, stop_token_ids=(13, 1, 2)),
-        prompts_per_step=4, total_steps=3, max_staleness=1, groups_per_unit=1)
+        temperature=1.0, samples_per_prompt=2, stop_token_ids=(13, 1, 2),
+        groups_per_step=4, total_steps=3, max_staleness=1, groups_per_unit=1)
     fields.update(overrides)
-    return RolloutSpec(**fields)
+    return rollout_spec(root, **fields)
 
 
 def _check(ok, what):
@@ -76,14 +79,13 @@ class _CountingStore(RolloutStore):
 
 
 def test_the_schedule_lists_the_store_only_for_steps_neither_known_complete_nor_in_flight(tmp_path):
-    spec = _spec(tmp_path, run=f"listings-{tmp_path.name}", prompts_per_step=2, total_steps=4, max_staleness=1)
-    schedule = ScheduleSteps(spec)
-    schedule.setup()
-    schedule._store = store = _CountingStore(spec.rollout_root, spec.run)
+    spec = _spec(tmp_path, run=f"listings-{tmp_path.name}", groups_per_step=2, total_steps=4, max_staleness=1)
+    schedule = StepScheduler(spec)
+    schedule.store = store = _CountingStore(spec.rollout_root, spec.run)
 
     def tick(version):
         before = store.listings
-        steps = sorted({unit.step for unit in schedule.process(None, [version])})
+        steps = sorted({unit.step for unit in schedule.units(version)})
         return steps, store.listings - before
 
     assert tick(0) == ([0, 1], 1)
@@ -94,16 +96,16 @@ def test_the_schedule_lists_the_store_only_for_steps_neither_known_complete_nor_
                          policy_version=0, seed=0, prompt_ids=[1], completion_ids=[2], behavior_logprobs=[-1.0],
                          finish_reason="stop", reward=1.0, reward_info="{}")]
             store.write_group(GroupKey(step, slot), rows)
-        release_claim(spec.run, step)  # as MarkStepGenerated does
+        process_claims().release(spec.run, step)  # as MarkStepGenerated does
     assert tick(0) == ([], 1)  # finds both complete
     assert tick(0) == ([], 0)  # and remembers it
     assert tick(1) == ([2], 1)  # a new version: only its new step is looked up
     for step in (2, 3):
-        release_claim(spec.run, step)
+        process_claims().release(spec.run, step)
 
 
 def test_a_spec_refuses_units_of_no_groups(tmp_path):
-    with pytest.raises(ValueError, match="groups_per_unit"):
+    with pytest.raises(ConfigError, match="groups_per_unit"):
         _spec(tmp_path, groups_per_unit=0)
 
 
@@ -126,7 +128,7 @@ def test_two_workers_share_one_step_and_together_write_each_of_its_groups_once(t
     assert sum(counter.committed for counter in generated) == spec.prompts_per_step  # none generated twice
     store = RolloutStore(spec.rollout_root, spec.run)
     assert store.list_groups() == [GroupKey(0, slot) for slot in range(spec.prompts_per_step)]
-    (metrics,) = read_step_metrics(spec.rollout_root, spec.run)
+    (metrics,) = RolloutStore(spec.rollout_root, spec.run).read_step_metrics()
     assert metrics["groups"] == spec.prompts_per_step and metrics["workers"] == 2  # both generated step 0
     rows = [row for key in store.list_groups() for row in store.read_group(key).to_pylist()]
     assert len({(row["group_id"], row["sample_idx"]) for row in rows}) == len(rows) == 4 * 2
@@ -139,21 +141,21 @@ def test_threads_of_a_worker_share_one_engine_call_and_each_gets_its_own_groups(
     import time
 
     from rlax_core.inference.engine import Request
-    from transforms.rollout_worker import _Worker
+    from rlax_core.rollout.worker import RolloutWorker
 
     spec = _spec(tmp_path)
     with WeightStore(spec.weights) as weights:
         weights.publish(0, from_pretrained(MODEL).params)
-    worker = _Worker(spec)
+    worker = RolloutWorker(spec)
     examples = spec.examples()
-    units = {name: ([Request(worker.prompt_ids(examples[row]), spec.sampling, prompt_id=f"{name}/{row}", seed=row)],
+    units = {name: ([Request(worker.host.prompt_ids(examples[row]), spec.sampling(), prompt_id=f"{name}/{row}", seed=row)],
                     oldest) for name, row, oldest in [("a", 0, 0), ("b", 1, 0), ("c", 2, 0), ("too-new", 3, 5)]}
     results = {}
 
     def generate(name):
         results[name] = worker.generate([units[name]], version=0)
 
-    with worker.lock:  # the engine is busy: every thread's units wait for its next call
+    with worker.host.lock:  # the engine is busy: every thread's units wait for its next call
         threads = [threading.Thread(target=generate, args=(name,)) for name in units]
         for thread in threads:
             thread.start()
@@ -168,20 +170,20 @@ def test_threads_of_a_worker_share_one_engine_call_and_each_gets_its_own_groups(
     for name in ("a", "b", "c"):
         (completions,) = results[name].results
         assert {c.prompt_id for c in completions} == {units[name][0][0].prompt_id}
-        assert [c.sample_index for c in completions] == list(range(spec.sampling.n))
+        assert [c.sample_index for c in completions] == list(range(spec.loop.samples_per_prompt))
         assert {c.weight_version for c in completions} == {0}
     assert results["too-new"].results == [None] and results["too-new"].loaded == 0  # needs version 5: deferred
 
 
 def test_a_tick_carries_its_version_when_the_side_input_is_not_there_yet(tmp_path):
-    spec = _spec(tmp_path, run=f"tick-{tmp_path.name}", prompts_per_step=1, total_steps=4, max_staleness=1)
+    spec = _spec(tmp_path, run=f"tick-{tmp_path.name}", groups_per_step=1, total_steps=4, max_staleness=1)
     schedule = ScheduleSteps(spec)
     schedule.setup()
     assert list(schedule.process(None, [])) == []  # nothing published yet
     assert sorted(unit.step for unit in schedule.process(2, [])) == [2, 3]  # the tick's version
     for step in (2, 3):
-        release_claim(spec.run, step)
+        process_claims().release(spec.run, step)
     # The newest of the tick's and the side input's (a window fired twice hands over both panes).
     assert sorted(unit.step for unit in schedule.process(1, [2, 1])) == [2, 3]
     for step in (2, 3):
-        release_claim(spec.run, step)
+        process_claims().release(spec.run, step)

@@ -20,7 +20,6 @@ from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.utils.metrics import read_metrics
 from rlax_core.utils.startup import HOPS as STARTUP_HOPS, startup_timeline
 from rlax_core.utils.timeline import HOPS, step_timeline
-from transforms.rollout import read_step_metrics
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
@@ -86,7 +85,7 @@ def test_synchronous_launch_trains_only_on_rollouts_of_the_current_version(tmp_p
     # The step timeline: both jobs' metrics carry their clocks, and they join into every hop of each step
     # (version 0 is published before the trainer's first metrics row: its publish hop is unknown).
     timeline = step_timeline(read_metrics(Path(run_config.run.output_dir) / "metrics"),
-                             read_step_metrics(run_config.rollout_root(), run_config.run.name))
+                             RolloutStore(run_config.rollout_root(), run_config.run.name).read_step_metrics())
     assert [(s["step"], s["version"]) for s in timeline] == [(step, step) for step in range(STEPS)]
     for s in timeline:
         missing = [hop for hop in HOPS if s[hop] is None and not (hop == "publish_s" and s["step"] == 0)]

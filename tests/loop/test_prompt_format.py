@@ -7,8 +7,7 @@ import pytest
 from rlax_core.data.records import make_example
 from rlax_core.models.tokenizer import load_tokenizer
 from rlax_core.tasks.prompts import BOXED_INSTRUCTION, render_prompt
-from transforms.inference import GenerationSpec, LoadedEngine
-from transforms.rollout import _Worker
+from rlax_core.rollout.host import EngineHost
 
 REPO = Path(__file__).resolve().parents[2]
 STORIES = REPO / "pipelines" / "assets" / "stories260K"
@@ -25,31 +24,21 @@ EXAMPLES = [
 ]
 
 
-class _Tokenizing:
-    """The filter/evaluate engine holder and the rollout worker with their tokenizer only: the prompt
-    methods under test read nothing else, and loading a model would not change the text they build."""
-
-    @staticmethod
-    def filter_and_evaluate(tokenizer):
-        holder = LoadedEngine.__new__(LoadedEngine)
-        holder.spec, holder.tokenizer = GenerationSpec(model="unused"), tokenizer
-        return holder
-
-    @staticmethod
-    def rollout(tokenizer):
-        worker = _Worker.__new__(_Worker)
-        worker.tokenizer, worker._prompt_ids = tokenizer, {}
-        return worker
+def _host(tokenizer) -> EngineHost:
+    """The engine host of filter, evaluate and rollouts alike (RunInference's model and the rollout
+    worker's) with its tokenizer only: the prompt method reads nothing else, and loading a model would
+    not change the text it builds."""
+    host = EngineHost.__new__(EngineHost)
+    host.tokenizer, host._prompt_ids = tokenizer, {}
+    return host
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e["task"])
 def test_filter_rollout_and_evaluate_read_the_same_prompt(example, data_dir):
     tokenizer = load_tokenizer(_qwen2_tokenizer_dir(data_dir))
-    batch = _Tokenizing.filter_and_evaluate(tokenizer).prompt_ids(example)
-    rollout = list(_Tokenizing.rollout(tokenizer).prompt_ids(example))
-    assert batch == rollout
+    ids = list(_host(tokenizer).prompt_ids(example))
     text, add_bos = render_prompt(example, tokenizer)
-    assert tokenizer.decode(rollout) == text and not add_bos
+    assert tokenizer.decode(ids) == text and not add_bos
     assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")  # a chat turn
     if example["task"] == "math":
         assert "What is 6 times 7?" + BOXED_INSTRUCTION in text
@@ -62,9 +51,7 @@ def test_a_story_prompt_is_the_text_after_bos_for_every_reader():
 
     tokenizer = load_tokenizer(STORIES)
     example = story_examples("train", 1)[0]
-    expected = tokenizer.encode(example["prompt"], add_bos=True)
-    assert _Tokenizing.filter_and_evaluate(tokenizer).prompt_ids(example) == expected
-    assert list(_Tokenizing.rollout(tokenizer).prompt_ids(example)) == expected
+    assert list(_host(tokenizer).prompt_ids(example)) == tokenizer.encode(example["prompt"], add_bos=True)
 
 
 def test_an_example_of_an_unknown_task_is_refused_by_name():

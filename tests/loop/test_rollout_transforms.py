@@ -11,13 +11,14 @@ from apache_beam.testing.util import assert_that
 from apache_beam.utils.shared import Shared
 
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
-from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.inference.config import EngineConfig
 from rlax_core.models import from_pretrained
+from rlax_core.rollout.schedule import WorkUnit
 from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.weights.config import WeightStoreConfig
 from rlax_core.weights.store import WeightStore
-from transforms.rollout import (AssembleGroups, GenerateRollouts, RolloutSpec, ScheduleSteps, WorkUnit,
-                                ScoreRollouts, WriteGroups)
+from tests.support.rollout_spec import rollout_spec
+from transforms.rollout import AssembleGroups, GenerateRollouts, ScheduleSteps, ScoreRollouts, WriteGroups
 
 # In-process, so that the shared engine is built once for the module and results can be collected.
 RUNNER = "BundleBasedDirectRunner"
@@ -34,13 +35,12 @@ def spec(tmp_path_factory):
         store.publish(3, model.params)  # same values, another version: the stamp must follow the version
     train_set = root / "train.jsonl"
     write_jsonl(story_examples("train", 8), train_set)
-    return RolloutSpec(
-        run="t", run_seed=0, model_path=MODEL, train_set=str(train_set), train_set_size=8,
-        rollout_root=str(root / "rollouts"), weights=weights,
+    return rollout_spec(
+        root, run="t", model_path=MODEL, train_set=str(train_set), train_set_size=8, weights=weights,
         engine=EngineConfig(num_slots=8, num_pages=64, max_prompt_len=64, max_new_tokens=12, prefill_buckets=(32, 64),
                             attention_impl="reference"),
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=12, n=3, stop_token_ids=(13, 1, 2)),
-        prompts_per_step=2, total_steps=4, max_staleness=3)  # lets version 0 make steps 0..3
+        temperature=1.0, samples_per_prompt=3, stop_token_ids=(13, 1, 2),
+        groups_per_step=2, total_steps=4, max_staleness=3)  # lets version 0 make steps 0..3
 
 
 class _AppendJson(beam.DoFn):
@@ -117,10 +117,7 @@ def test_schedule_emits_only_steps_the_version_allows(spec):
 def test_dynamic_sampling_sends_uniform_groups_to_dropped():
     import dataclasses
 
-    base = RolloutSpec(run="t", run_seed=0, model_path=MODEL, train_set="/unused", train_set_size=1,
-                       rollout_root="/unused",
-                       weights=WeightStoreConfig(root="/unused", run_id="t"), engine=EngineConfig(),
-                       sampling=SamplingParams(), prompts_per_step=1, total_steps=1, drop_uniform_groups=True)
+    base = rollout_spec(model_path=MODEL, drop_uniform_groups=True)
     uniform = {"key": (0, 0), "rows": [{"reward": 0.0, "group_id": "g", "sample_idx": i} for i in range(2)]}
     varied = {"key": (0, 1), "rows": [{"reward": float(i), "group_id": "g", "sample_idx": i} for i in range(2)]}
     with TestPipeline(runner=RUNNER) as p:
@@ -130,7 +127,7 @@ def test_dynamic_sampling_sends_uniform_groups_to_dropped():
                     label="kept")
         assert_that(out.dropped | "D" >> beam.Map(lambda g: g["key"]), lambda k: _check(list(k) == [(0, 0)], k),
                     label="dropped")
-    assert not dataclasses.replace(base, drop_uniform_groups=False).drop_uniform_groups
+    assert not dataclasses.replace(base.loop, drop_uniform_groups=False).drop_uniform_groups
 
 
 @pytest.mark.slow  # compiles the engine (tens of seconds on 2 shared cores)

@@ -2,7 +2,7 @@
 
 from hypothesis import given, strategies as st
 
-from transforms.rollout_schedule import prompt_indices, rollout_prompt_id, sample_seed, steps_to_generate
+from rlax_core.rollout.schedule import prompt_indices, rollout_prompt_id, sample_seed, steps_to_generate
 
 
 def test_each_prompt_once_per_epoch_and_same_answer_every_time():

@@ -23,7 +23,7 @@ def _watch(tmp_path, stall_polls=3):
                  "loop.watch_interval_s=0.01",
                  f"loop.train_set={tmp_path / 'unused.jsonl'}"]
     run_config, loop = load_configs(CONFIG, overrides)
-    spec = build_spec(run_config, loop, 8)
+    spec = build_spec(run_config, 8)
     return spec, StreamWatch(spec, loop, tmp_path / "stream_metrics")
 
 
@@ -144,7 +144,7 @@ def test_a_busy_worker_is_slow_work_not_a_stall(tmp_path):
 
 @pytest.mark.parametrize("field", ["watch_interval_s", "poll_interval_s"])
 def test_the_watch_and_refresh_intervals_are_checked_on_construction(field):
-    from pipelines.sections import LoopConfig
+    from rlax_core.rollout import LoopConfig
     from rlax_core.config import ConfigError
 
     with pytest.raises(ConfigError, match=field):

@@ -3,7 +3,7 @@
 import pytest
 
 from rlax_core.utils.timeline import HOPS, median_hops, step_timeline
-from transforms.rollout import step_timeline_clocks
+from rlax_core.rollout.metrics import step_timeline_clocks
 
 
 def _trainer_row(step, *, wait_start, read, publish, commit):

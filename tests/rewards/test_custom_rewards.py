@@ -187,9 +187,8 @@ class _RecordWorker(beam.DoFn):
 @pytest.mark.slow  # about 30 s: Prism, a worker pool and its worker process start
 def test_a_reward_in_a_file_outside_the_package_scores_rollouts_on_prism_workers(tmp_path, worker_pool):
     from pipelines.runners import pipeline_options
-    from rlax_core.inference.config import EngineConfig, SamplingParams
-    from rlax_core.weights.config import WeightStoreConfig
-    from transforms.rollout import RolloutSpec, ScoreRollouts
+    from tests.support.rollout_spec import rollout_spec
+    from transforms.rollout import ScoreRollouts
 
     (tmp_path / "outside").mkdir()
     rewards = write(tmp_path / "outside" / "vowel_reward.py", """
@@ -198,10 +197,7 @@ def test_a_reward_in_a_file_outside_the_package_scores_rollouts_on_prism_workers
             return count / 10, {"vowels": count}
     """)
     config = RewardConfig(functions={"pr_vowels": f"{rewards}:vowels"}, terms={"pr_vowels": 1.0})
-    spec = RolloutSpec(run="r", run_seed=0, model_path="unused", train_set="unused", train_set_size=0,
-                       rollout_root=str(tmp_path / "rollouts"), weights=WeightStoreConfig(root=str(tmp_path / "w"), run_id="r"),
-                       engine=EngineConfig(), sampling=SamplingParams(n=2), prompts_per_step=1, total_steps=1,
-                       rewards=config)
+    spec = rollout_spec(tmp_path, run="r", samples_per_prompt=2, rewards=config)
     groups = [{"example": {**EXAMPLE, "id": f"ex{i}"}, "texts": texts,
                "rows": [{"completion_ids": [1, 2], "finish_reason": "stop"} for _ in texts]}
               for i, texts in enumerate([["aaa", "bcd"], ["queue", ""]])]

@@ -96,14 +96,10 @@ def test_a_malformed_example_costs_its_own_samples_only():
 
 
 def test_score_rollouts_isolates_samples_and_counts_failures_on_a_test_pipeline(tmp_path):
-    from rlax_core.inference.config import EngineConfig, SamplingParams
-    from rlax_core.weights.config import WeightStoreConfig
-    from transforms.rollout import RolloutSpec, ScoreRollouts
+    from tests.support.rollout_spec import rollout_spec
+    from transforms.rollout import ScoreRollouts
 
-    spec = RolloutSpec(run="r", run_seed=0, model_path="unused", train_set="unused", train_set_size=0,
-                       rollout_root=str(tmp_path / "rollouts"), weights=WeightStoreConfig(root=str(tmp_path / "w"), run_id="r"),
-                       engine=EngineConfig(), sampling=SamplingParams(n=2), prompts_per_step=1, total_steps=1,
-                       rewards=_code_config())
+    spec = rollout_spec(tmp_path, run="r", samples_per_prompt=2, rewards=_code_config())
     example = make_example(source="isolation", prompt="write f", task="code", tests=TESTS)
     without_tests = {**example, "id": "no-tests", "tests": None}
     groups = [{"example": example, "texts": [HONEST, FAKE_SETUP_FAILURE]},

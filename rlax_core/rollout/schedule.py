@@ -1,4 +1,4 @@
-"""The prompt schedule: which prompts step ``s`` samples, and when step ``s`` may be generated.
+"""The prompt schedule: which prompts step ``s`` samples, when step ``s`` may be generated, in what units.
 
 Pure functions (no Beam, no clock), so that a preempted rollout worker, a retried bundle and a test
 all compute the same answer:
@@ -21,9 +21,26 @@ all compute the same answer:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from typing import Iterable
 
 import numpy as np
+
+from rlax_core.data.rollout_store import RolloutStore
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkUnit:
+    """Some prompt slots of one schedule step to generate, and the newest version known when scheduled."""
+
+    step: int
+    version: int
+    slots: tuple[int, ...]
+    # The step's timeline (wall clocks, time.time()): when this process first saw ``version`` in the
+    # side input and when the unit was scheduled (rlax_core.utils.timeline joins them).
+    version_seen_t: float = dataclasses.field(default=0.0, compare=False)
+    scheduled_t: float = dataclasses.field(default=0.0, compare=False)
 
 
 def _mix(*parts: object) -> int:
@@ -79,3 +96,10 @@ def steps_to_generate(latest_version: int, max_staleness: int, total_steps: int,
         raise ValueError(f"latest_version and max_staleness must be >= 0, got {latest_version}, {max_staleness}")
     last = min(latest_version + max_staleness, total_steps - 1)
     return [s for s in range(latest_version, last + 1) if s not in done]
+
+
+def complete_steps(store: RolloutStore, prompts_per_step: int, candidates: Iterable[int]) -> set[int]:
+    """Which of ``candidates`` are fully generated (a restarted pipeline skips them): every group is in
+    the store, or (dynamic sampling may drop groups, even all of them) the step's marker is."""
+    keys = store.list_groups()
+    return {step for step in candidates if store.is_step_complete(step, prompts_per_step, keys)}

@@ -1,6 +1,7 @@
-"""What one rollout worker process holds: the engine its harness threads share, and how they share it.
+"""What one rollout worker process holds: its ``EngineHost``, the weight version it follows, and how
+its harness threads share the engine.
 
-``GenerateRollouts`` (``transforms.rollout``) acquires one ``_Worker`` per process through
+``GenerateRollouts`` (``transforms.rollout``) acquires one ``RolloutWorker`` per process through
 ``apache_beam.utils.shared.Shared``: the model loads and compiles once, and every DoFn instance and
 harness thread of the process generates with it. On an accelerator VM that one process owns the
 chips (the recipes' ``no_use_multiple_sdk_containers``) and its threads' units are combined into
@@ -11,19 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import socket
 import threading
 import time
 from typing import Optional
 
-from rlax_core.tasks.prompts import prompt_ids
+from rlax_core.rollout.host import EngineHost
+from rlax_core.rollout.schedule import rollout_prompt_id, sample_seed
+from rlax_core.rollout.spec import RolloutSpec
 from rlax_core.utils import startup
+from rlax_core.utils.compile_cache import enable_compilation_cache
 
 logger = logging.getLogger(__name__)
 
 
-class _Worker:
+class RolloutWorker:
     """What one worker process holds: engine, tokenizer and the version its weights are at.
 
     Its threads share the engine by combining: a thread that finds the engine busy leaves its units
@@ -32,45 +34,36 @@ class _Worker:
     version is fresh enough for in one call, and hands each thread its own results.
     """
 
-    def __init__(self, spec):  # a transforms.rollout.RolloutSpec
-        from rlax_core.utils.compile_cache import enable_compilation_cache
-        from rlax_core.utils.devices import use_cpu_cores_as_devices
-
+    def __init__(self, spec: RolloutSpec):
         startup.mark("worker_start")
-        if spec.engine.replicas != 1:
-            use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
         enable_compilation_cache(spec.compilation_cache_dir, enabled=spec.compilation_cache)
-        from rlax_core.inference.engine import _mode_of as sampling_mode
-        from rlax_core.inference.replicas import ReplicatedEngine
-        from rlax_core.models import from_pretrained
-        from rlax_core.models.tokenizer import load_tokenizer
+        # The engine's modules load after EngineHost has made each CPU core a device (before JAX starts).
+        from rlax_core.inference.engine import sampling_mode
         from rlax_core.weights.follower import WeightFollower
         from rlax_core.weights.store import WeightStore
 
-        model = from_pretrained(spec.model_path, dtype=spec.model_dtype)
-        self.model_config = model.config
-        self.tokenizer = load_tokenizer(spec.model_path)
-        startup.mark("worker_model")
+        self.host = EngineHost(spec.engine, spec.model_path, dtype=spec.model_dtype, version=-1,
+                               compile_modes=(sampling_mode(spec.sampling()),))
+        startup.mark("engine_compiled")
         self.store = WeightStore(spec.weights)
         self.follower = WeightFollower(self.store, dtype=spec.model_dtype)  # the engine's dtype, not the publisher's
-        self.engine = ReplicatedEngine(spec.engine, model.config, model.params, version=-1)
-        # Compile now, while the worker starts, rather than in the first units' engine calls.
-        self.engine.warm_up(modes=(sampling_mode(spec.sampling),))
-        startup.mark("engine_compiled")
-        self._spec = spec
+        self.spec = spec
         startup.write_stamps(spec.rollout_root, spec.run, "worker")
-        self.lock = threading.Lock()  # one generate at a time per process: the engine is not reentrant
         self._waiting: list[_Batch] = []
         self._waiting_lock = threading.Lock()
-        self._prompt_ids: dict[str, tuple[int, ...]] = {}  # by example id, tokenized on first use
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.engine_calls = 0  # generate calls made for this process's threads (combined units count once)
 
-    def prompt_ids(self, example: dict) -> tuple[int, ...]:
-        ids = self._prompt_ids.get(example["id"])
-        if ids is None:
-            ids = self._prompt_ids[example["id"]] = tuple(prompt_ids(example, self.tokenizer))
-        return ids
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def requests(self, step: int, slots: list[tuple[int, dict]]) -> list:
+        """The engine requests of some prompt slots of ``step``: ``slots`` pairs each with its example."""
+        from rlax_core.inference.engine import Request
+
+        spec, sampling = self.spec, self.spec.sampling()
+        return [Request(self.host.prompt_ids(example), sampling, prompt_id=rollout_prompt_id(spec.run, step, slot),
+                        seed=sample_seed(spec.run_seed, step)) for slot, example in slots]
 
     def follow(self, version: int) -> tuple[int | None, int]:
         """Bring the engine to the newest version <= ``version`` that verifies (a refused one is skipped:
@@ -80,7 +73,7 @@ class _Worker:
         started = time.monotonic()
         if self.follower.refresh(up_to=version):
             loaded, params = self.follower.take()
-            self.engine.update_weights(params, loaded)
+            self.host.engine.update_weights(params, loaded)
             logger.info("rollout worker: loaded weights version %d in %.2f s", loaded, time.monotonic() - started)
         # Versions newly refused; one forgotten in the refresh (repaired) is no refusal.
         return self.follower.version, len(set(self.follower.refused) - refused_before)
@@ -91,7 +84,7 @@ class _Worker:
         batch = _Batch(units, version)
         with self._waiting_lock:
             self._waiting.append(batch)
-        with self.lock:
+        with self.host.lock:
             if not batch.done:
                 with self._waiting_lock:
                     combined, self._waiting = self._waiting, []
@@ -110,11 +103,11 @@ class _Worker:
             requests = [r for b, i in usable for r in b.units[i][0]]
             if loaded is not None:
                 startup.mark("worker_first_weights")
-            completions = self.engine.generate(requests) if requests else []
+            completions = self.host.engine.generate(requests) if requests else []
             self.engine_calls += bool(requests)
             if self.engine_calls == 1 and requests:
                 startup.mark("worker_first_generated")
-                startup.write_stamps(self._spec.rollout_root, self._spec.run, "worker")
+                startup.write_stamps(self.spec.rollout_root, self.spec.run, "worker")
         except Exception as error:  # every waiting thread fails with the engine's reason
             for b in combined:
                 b.error, b.done = error, True

@@ -1,0 +1,19 @@
+"""The rollout, without Beam: what the rollout fleet computes, whatever runs it.
+
+    config.py      LoopConfig: the ``loop:`` section (samples per prompt, sampling, rewards, pacing)
+    spec.py        RolloutSpec: the run's sections a worker needs, picklable (holds them, copies none)
+    schedule.py    the prompt schedule (pure functions of run seed and step) and its work units
+    claims.py      claims on steps in flight, so that the schedule offers a step once at a time
+    scheduler.py   StepScheduler: a tick's work units (pacing, the store, the claims)
+    host.py        EngineHost: the one engine of a process, shared by its threads (rollouts and RunInference)
+    worker.py      RolloutWorker: a host that follows the weight store and combines its threads' calls
+    generation.py  work units -> rollout groups (rows through rlax_core.data.records), scoring
+    metrics.py     a step's rollout-side metrics from its groups' summaries
+
+``transforms.rollout`` wires these into the Beam streaming pipeline, one thin DoFn per stage.
+"""
+
+from rlax_core.rollout.config import LoopConfig
+from rlax_core.rollout.spec import RolloutSpec
+
+__all__ = ["LoopConfig", "RolloutSpec"]

@@ -1,0 +1,47 @@
+"""``LoopConfig``: the rollout side of the online loop (YAML section ``loop:``, ``loop.KEY=VALUE``).
+
+The trainer's section owns what both halves share (``trainer.groups_per_step`` prompts per step,
+``trainer.total_steps``, ``trainer.max_staleness``); the engine's owns ``engine.max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before a config names them)
+from rlax_core.config import require
+from rlax_core.rewards.config import RewardConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """The rollout side of the online loop (``loop.KEY=VALUE`` on the command line)."""
+
+    train_set: str = ""  # parquet file or folder of Example rows (the difficulty filter's output)
+    samples_per_prompt: int = 8  # G
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
+    rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
+    drop_uniform_groups: bool = False  # DAPO dynamic sampling
+    groups_per_unit: int = 1  # prompt groups per work unit: every worker of the fleet shares every step
+    # How often the stream reads the weight store's newest version: a new one is seen and scheduled
+    # within about this long (transforms.live_side_input). Listing a bucket costs; a local folder little.
+    poll_interval_s: float = 1.0
+    heartbeat_s: float = 1.0  # the schedule also ticks this often without a new version (re-offers deferred steps)
+    max_runtime_s: float = 3600.0  # the impulses stop after this: a forgotten pipeline ends by itself
+    # How often the driver reads the rollout store to see the run end or the stream stall; apart from
+    # poll_interval_s so that a short side-input refresh does not shorten the stall window or add listings.
+    watch_interval_s: float = 1.0
+    stall_polls: int = 300  # watch polls with steps waiting and no group written: the stream has stalled
+
+    def __post_init__(self):
+        require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
+        require(self.temperature > 0, "temperature", "> 0 (RL samples; greedy gives identical groups)")
+        require(0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        require(self.groups_per_unit >= 1, "groups_per_unit", "at least 1")
+        require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
+        require(self.heartbeat_s > 0, "heartbeat_s", "> 0")
+        require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
+        require(self.watch_interval_s > 0, "watch_interval_s", "> 0")
+        require(self.stall_polls >= 1, "stall_polls", "at least 1")

@@ -1,0 +1,71 @@
+"""A schedule step's rollout-side metrics, from the summaries of its groups.
+
+A group's summary is small (it travels through a GroupByKey to the step's last stage); the step's
+row is written beside the rollout store (``RolloutStore.write_step_metrics``) and joined with the
+trainer's by ``rlax launch``.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def group_summary(group: dict, *, written: bool) -> dict:
+    """What the step's metrics need of one group (small: it travels through a GroupByKey)."""
+    rows = group["rows"]
+    return {
+        "slot": group["key"][1],
+        "written": written,
+        "rewards": [row["reward"] for row in rows],
+        "passes": [bool(json.loads(row["reward_info"]).get("pass", False)) for row in rows],
+        "lengths": [len(row["completion_ids"]) for row in rows],
+        "versions": [row["policy_version"] for row in rows],
+        "generate_seconds": group["generate_seconds"],
+        "worker": group["worker"],
+        "timeline": group.get("timeline", {}),  # a group made outside GenerateRollouts may carry none
+    }
+
+
+def step_metrics(step: int, summaries: list[dict]) -> dict:
+    """Rollout-side metrics of one schedule step from its groups' summaries."""
+    rewards = [r for s in summaries for r in s["rewards"]]
+    passes = [p for s in summaries for p in s["passes"]]
+    lengths = [n for s in summaries for n in s["lengths"]]
+    seconds = sum(s["generate_seconds"] for s in summaries)
+    return {
+        "step": step,
+        "policy_version": min(v for s in summaries for v in s["versions"]),
+        "groups": len(summaries),
+        "groups_dropped_uniform": sum(not s["written"] for s in summaries),
+        "workers": len({s["worker"] for s in summaries}),  # SDK processes that generated the step
+        # Engine calls that generated it (one clock per call): more than one per worker splits its batch.
+        "engine_calls": len({(s["worker"], s["timeline"].get("generate_call_t")) for s in summaries}),
+        "reward_mean": sum(rewards) / len(rewards),
+        "pass_rate": sum(passes) / len(passes),
+        "response_length_mean": sum(lengths) / len(lengths),
+        "rollout_seconds": seconds,
+        "rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else None,
+        **step_timeline_clocks([s["timeline"] for s in summaries]),
+    }
+
+
+# How a step's groups' clocks combine into the step's: it starts with its first group and ends with its last.
+_FIRST = ("version_seen_t", "scheduled_t", "generate_call_t")
+_LAST = ("swap_s", "generated_t", "scored_t", "written_t")
+
+
+def step_timeline_clocks(clocks: list[dict]) -> dict:
+    """The step's ``timeline/...`` metrics from its groups' clocks (format: rlax_core.utils.timeline);
+    clocks a group lacks are left out."""
+    row = {}
+    scheduled = [c["scheduled_version"] for c in clocks if c.get("scheduled_version") is not None]
+    if scheduled:
+        row["timeline/scheduled_version"] = min(scheduled)
+    swapped = [c["swap_version"] for c in clocks if c.get("swap_version") is not None]
+    if swapped:
+        row["timeline/swap_version"] = max(swapped)
+    for name in _FIRST + _LAST:
+        values = [c[name] for c in clocks if c.get(name) is not None]
+        if values:
+            row[f"timeline/{name}"] = (min if name in _FIRST else max)(values)
+    return row
