@@ -1,7 +1,7 @@
 """Inside the program's sandbox: run the candidate program, then compute what the judge asks for.
 
 A standalone script (standard library only) that ``code_verifier.py`` ships into the program's sandbox
-beside ``plain_data.py`` and ``job.json``. It decides nothing. The program runs once (then the task's
+beside ``plain_data.py``; its job (JSON) arrives on stdin. It decides nothing. The program runs once (then the task's
 setup code, in the same namespace); the driver says on fd 5 whether that worked, then answers the
 requests that arrive on fd 4 from the judge (``code_judge.py``, another sandbox): look up names, call
 a function with arguments. Each answer is one JSON line of plain data (``plain_data.py``); an object
@@ -135,9 +135,8 @@ def _send(line: bytes) -> None:
 
 
 def main() -> None:
-    with open("job.json", encoding="utf-8") as handle:
-        job = json.load(handle)
-    os.remove("job.json")
+    with open(0, "rb", closefd=False) as handle:  # the job arrives on stdin once the check starts
+        job = json.loads(handle.read())
     signal.signal(signal.SIGALRM, _on_alarm)
     sys.setrecursionlimit(10_000)
     seconds, max_bytes = job["per_call_seconds"], job["max_reply_bytes"]

@@ -1,7 +1,7 @@
 """Inside the judge's sandbox: run a task's tests and decide every verdict; the program is elsewhere.
 
 A standalone script (standard library only) that ``code_verifier.py`` ships into a sandbox of its own,
-beside ``plain_data.py`` and ``job.json``. The program under test runs in another sandbox (other
+beside ``plain_data.py``; its job (JSON) arrives on stdin. The program under test runs in another sandbox (other
 namespaces, another uid) behind ``code_driver.py``; the only link is a pair of pipes: requests go out
 on fd 4, plain-data answers come back on fd 5. Verdicts go to fd 3, which only this process holds.
 
@@ -368,9 +368,8 @@ def _prompt_definitions(prompt: str, namespace: dict) -> None:
 
 
 def main() -> None:
-    with open("job.json", encoding="utf-8") as handle:
-        job = json.load(handle)
-    os.remove("job.json")
+    with open(0, "rb", closefd=False) as handle:  # the job arrives on stdin once the check starts
+        job = json.loads(handle.read())
     verdicts = os.fdopen(VERDICT_FD, "w", buffering=1)
     tests, seconds = job["tests"], job["per_test_seconds"]
 

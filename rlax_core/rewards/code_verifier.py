@@ -18,6 +18,7 @@ cannot reach.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -26,11 +27,13 @@ import os
 import random
 import re
 import signal
+import threading
 from pathlib import Path
 from typing import Any, Iterable
 
 from rlax_core.config import require
-from rlax_core.rewards.sandbox import SANDBOX_UID_BASE, SANDBOX_UID_COUNT, SandboxLimits, SandboxReport, run_sandboxed
+from rlax_core.rewards.sandbox import (SANDBOX_UID_BASE, SANDBOX_UID_COUNT, PreparedSandbox, SandboxLimits,
+                                      SandboxReport, StaleSandbox)
 
 DRIVER = Path(__file__).with_name("code_driver.py")
 JUDGE = Path(__file__).with_name("code_judge.py")
@@ -38,6 +41,8 @@ PLAIN_DATA = Path(__file__).with_name("plain_data.py")
 MAX_REPLY_BYTES = 1 << 20  # one answer of the program, as plain data
 # The judge outlives the program's wall-clock limit by this much, so it sees the program end and says so.
 JUDGE_MARGIN_S = 5.0
+# A prepared sandbox pair waits this long for a check, then ends (the pool starts another when needed).
+IDLE_SECONDS = 300.0
 VERDICT_LINE_BYTES = 4096  # the judge's longest verdict line (code_judge.py cuts each to fit)
 VERDICTS = ("passed", "failed", "error", "timeout", "memory", "file_size", "crashed", "killed")
 
@@ -142,33 +147,60 @@ def _scripts() -> tuple[str, str, str]:
     return DRIVER.read_text(), JUDGE.read_text(), PLAIN_DATA.read_text()
 
 
+class PreparedCheck:
+    """A program sandbox and a judge sandbox, started and wired to each other, waiting for one check.
+
+    Both interpreters are up (``PreparedSandbox``) before the check is known: a pool of these
+    (``CodeVerifier``) starts the next pair while the current check runs. The jobs arrive on stdin.
+    """
+
+    def __init__(self, limits: SandboxLimits = SandboxLimits()):
+        self.limits = limits
+        to_program, from_program, lifeline = os.pipe(), os.pipe(), os.pipe()
+        program_uid, judge_uid = (SANDBOX_UID_BASE + n for n in random.sample(range(SANDBOX_UID_COUNT), 2))
+        driver, judge_script, plain_data = _scripts()
+        self.program = PreparedSandbox({"driver.py": driver, "plain_data.py": plain_data}, ["driver.py"], limits,
+                                       channels={4: to_program[0], 5: from_program[1]}, uid=program_uid,
+                                       lifeline=lifeline[0], idle_seconds=IDLE_SECONDS)
+        self.judge = PreparedSandbox(
+            {"judge.py": judge_script, "plain_data.py": plain_data}, ["judge.py"],
+            dataclasses.replace(limits, wall_seconds=limits.wall_seconds + JUDGE_MARGIN_S),
+            channels={4: to_program[1], 5: from_program[0], 6: lifeline[1]}, uid=judge_uid, idle_seconds=IDLE_SECONDS)
+
+    @property
+    def waiting(self) -> bool:
+        return self.program.waiting and self.judge.waiting
+
+    def run(self, program: str, tests: CodeTests, per_test_seconds: float) -> CodeResult:
+        limits = self.limits
+        program_job = {"program": program, "setup": tests.setup, "per_call_seconds": per_test_seconds,
+                       "max_reply_bytes": MAX_REPLY_BYTES}
+        judge_job = {"tests": list(tests.cases), "setup": tests.setup,
+                     "prompt": tests.prompt if tests.entry_point else "", "entry_point": tests.entry_point,
+                     "per_test_seconds": per_test_seconds, "ready_seconds": limits.wall_seconds + JUDGE_MARGIN_S / 2,
+                     "max_reply_bytes": MAX_REPLY_BYTES, "verdict_line_bytes": VERDICT_LINE_BYTES}
+        try:
+            self.judge.start(json.dumps(judge_job).encode(), verdict_channel_bytes(len(tests.cases), limits))
+            self.program.start(json.dumps(program_job).encode())
+        except StaleSandbox:
+            self.cancel()
+            raise
+        try:
+            judge = self.judge.report()
+        finally:
+            report = self.program.report()  # the judge is gone: its lifeline ends a program still running
+        return CodeResult(_verdicts(judge, report, len(tests.cases), limits), judge.wall_seconds,
+                          judge.isolated and report.isolated)
+
+    def cancel(self) -> None:
+        self.judge.cancel()
+        self.program.cancel()
+
+
 def run_tests(program: str, tests: CodeTests, limits: SandboxLimits = SandboxLimits(),
               per_test_seconds: float = 5.0) -> CodeResult:
     """Run ``program`` in one sandbox and its tests in another (the judge); a verdict for every test."""
-    to_program, from_program, lifeline = os.pipe(), os.pipe(), os.pipe()
-    program_uid, judge_uid = (SANDBOX_UID_BASE + n for n in random.sample(range(SANDBOX_UID_COUNT), 2))
-    program_job = {"program": program, "setup": tests.setup, "per_call_seconds": per_test_seconds,
-                   "max_reply_bytes": MAX_REPLY_BYTES}
-    judge_job = {"tests": list(tests.cases), "setup": tests.setup, "prompt": tests.prompt if tests.entry_point else "",
-                 "entry_point": tests.entry_point, "per_test_seconds": per_test_seconds,
-                 "ready_seconds": limits.wall_seconds + JUDGE_MARGIN_S / 2, "max_reply_bytes": MAX_REPLY_BYTES,
-                 "verdict_line_bytes": VERDICT_LINE_BYTES}
-    driver, judge_script, plain_data = _scripts()
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="code-program") as side:
-        program_run = side.submit(
-            run_sandboxed, {"driver.py": driver, "plain_data.py": plain_data,
-                            "job.json": json.dumps(program_job)}, ["driver.py"], limits,
-            channels={4: to_program[0], 5: from_program[1]}, uid=program_uid, lifeline=lifeline[0])
-        try:
-            judge = run_sandboxed(
-                {"judge.py": judge_script, "plain_data.py": plain_data, "job.json": json.dumps(judge_job)},
-                ["judge.py"], dataclasses.replace(limits, wall_seconds=limits.wall_seconds + JUDGE_MARGIN_S),
-                channels={4: to_program[1], 5: from_program[0], 6: lifeline[1]}, uid=judge_uid,
-                results_bytes=verdict_channel_bytes(len(tests.cases), limits))
-        finally:
-            report = program_run.result()  # the judge is gone: its lifeline ends a program still running
-    return CodeResult(_verdicts(judge, report, len(tests.cases), limits), judge.wall_seconds,
-                      judge.isolated and report.isolated)
+    return PreparedCheck(limits).run(program, tests, per_test_seconds)
 
 
 class VerdictChannelOverflow(RuntimeError):
@@ -219,14 +251,38 @@ def _death(report: SandboxReport, limits: SandboxLimits) -> tuple[str, str]:
 class CodeVerifier:
     """A pool running many sandboxed checks in parallel (each check is its own process tree)."""
 
-    def __init__(self, workers: int = 2, limits: SandboxLimits = SandboxLimits(), per_test_seconds: float = 5.0):
+    def __init__(self, workers: int = 2, limits: SandboxLimits = SandboxLimits(), per_test_seconds: float = 5.0,
+                 prepared: int | None = None):
         require(workers >= 1, "workers", "must be >= 1")
         self.limits, self.per_test_seconds = limits, per_test_seconds
         # Threads suffice: each one waits on a child process, which does the work and holds no GIL.
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="code-verifier")
+        # Sandbox pairs started ahead of the checks (one per worker by default): a check takes a waiting
+        # pair and starts the next at once, so interpreter start-up overlaps the checks.
+        self._prepared_count = workers if prepared is None else prepared
+        self._prepared: collections.deque[PreparedCheck] = collections.deque()
+        self._prepared_lock = threading.Lock()
+        self._closed = False
+
+    def _take_prepared(self) -> PreparedCheck:
+        with self._prepared_lock:
+            taken = None
+            while self._prepared and taken is None:
+                candidate = self._prepared.popleft()
+                if candidate.waiting:
+                    taken = candidate
+                else:
+                    candidate.cancel()  # its idle time ran out
+            while not self._closed and len(self._prepared) < self._prepared_count:
+                self._prepared.append(PreparedCheck(self.limits))
+        return taken or PreparedCheck(self.limits)
 
     def check(self, completion: str, tests: CodeTests) -> CodeResult:
-        return run_tests(build_program(completion, tests), tests, self.limits, self.per_test_seconds)
+        program = build_program(completion, tests)
+        try:
+            return self._take_prepared().run(program, tests, self.per_test_seconds)
+        except StaleSandbox:  # it ended between the look and the start: once more, on a fresh pair
+            return PreparedCheck(self.limits).run(program, tests, self.per_test_seconds)
 
     def submit(self, completion: str, tests: CodeTests) -> concurrent.futures.Future:
         """One check on the pool; its future holds the result or what stopped the check."""
@@ -238,6 +294,10 @@ class CodeVerifier:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        with self._prepared_lock:
+            self._closed = True
+            while self._prepared:
+                self._prepared.popleft().cancel()
 
     def __enter__(self) -> "CodeVerifier":
         return self

@@ -10,6 +10,7 @@ See the launcher's docstring for what the sandbox contains.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -260,20 +261,94 @@ def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
     Raises :class:`SandboxUnavailable` when no program could run (the sandbox could not be built, or
     the launcher failed); everything the program does ends in the report instead.
     """
-    channels = dict(channels or {})
+    channels = _checked_channels(channels)
     owned = [*channels.values(), *([lifeline] if lifeline is not None else [])]
     try:
-        if any(target <= 3 for target in channels):
-            raise ValueError(f"channel fds must be above 3 (0-3 are stdin, stdout, stderr, results): {sorted(channels)}")
-        return _run_launcher(files, argv, limits, env, channels, uid, lifeline, owned, results_bytes)
+        return _run_launcher(files, argv, limits, env, channels, uid, lifeline, None, owned, results_bytes)
     finally:
         for fd in owned:
             os.close(fd)
 
 
+def _checked_channels(channels: Mapping[int, int] | None) -> dict[int, int]:
+    channels = dict(channels or {})
+    if any(target <= 3 for target in channels):
+        for fd in channels.values():
+            os.close(fd)  # handed over, as documented, even when refused
+        raise ValueError(f"channel fds must be above 3 (0-3 are stdin, stdout, stderr, results): {sorted(channels)}")
+    return channels
+
+
+class StaleSandbox(RuntimeError):
+    """A prepared sandbox that ended before its job came (its idle time ran out): prepare another."""
+
+
+class PreparedSandbox:
+    """A sandbox started ahead of its job, its interpreter up and waiting: ``start`` gives it the job.
+
+    Like :func:`run_sandboxed`, but the program's stdin is a pipe that ``start`` writes (then closes)
+    and its wall clock starts only then; until then it may wait ``idle_seconds``. A pool of these hides
+    the start of a sandbox's interpreter from the checks that use it (``code_verifier.CodeVerifier``).
+    """
+
+    def __init__(self, files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits = SandboxLimits(),
+                 env: Mapping[str, str] | None = None, channels: Mapping[int, int] | None = None,
+                 uid: int | None = None, lifeline: int | None = None, idle_seconds: float = 300.0):
+        channels = _checked_channels(channels)
+        stdin_read, self._stdin = os.pipe()
+        start_read, self._start = os.pipe()
+        channels[0] = stdin_read
+        owned = [*channels.values(), *([lifeline] if lifeline is not None else []), start_read]
+        self._report: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                self._report.set_result(_run_launcher(files, argv, limits, env, channels, uid, lifeline,
+                                                      (start_read, idle_seconds), owned, None))
+            except BaseException as error:  # noqa: BLE001 - the waiting caller gets it from report()
+                self._report.set_exception(error)
+            finally:
+                for fd in owned:
+                    os.close(fd)
+
+        threading.Thread(target=run, name="sandbox-prepared", daemon=True).start()
+
+    @property
+    def waiting(self) -> bool:
+        """Still up and waiting for its job (not ended, not started)."""
+        return not self._report.done() and self._start is not None
+
+    def start(self, stdin: bytes, results_bytes: int | None = None) -> None:
+        """Give the program its input now (``results_bytes``: the results channel's cap, as in run_sandboxed)."""
+        try:
+            with open(self._start, "wb") as go:
+                self._start = None
+                go.write(marshal.dumps({"results_bytes": results_bytes}))
+            with open(self._stdin, "wb") as sink:
+                self._stdin = None
+                sink.write(stdin)
+        except BrokenPipeError:
+            self.cancel()
+            raise StaleSandbox("the prepared sandbox ended before its job came") from None
+
+    def report(self) -> SandboxReport:
+        """How it ended (waits for it); raises what :func:`run_sandboxed` would."""
+        return self._report.result()
+
+    def cancel(self) -> None:
+        """Give it up unstarted: its program is killed without running a job."""
+        for name in ("_start", "_stdin"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)
+
+
 def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits,
                   env: Mapping[str, str] | None, channels: dict[int, int], uid: int | None,
-                  lifeline: int | None, owned: list[int], results_bytes: int | None) -> SandboxReport:
+                  lifeline: int | None, deferred: tuple[int, float] | None, owned: list[int],
+                  results_bytes: int | None) -> SandboxReport:
+    """``deferred``: (the read end of the start pipe, the idle limit) for a prepared sandbox."""
     global _warned_isolation
     python, readonly_dirs, symlinks = _python_and_mounts()
     job = {
@@ -285,14 +360,16 @@ def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
         "limits": dataclasses.asdict(limits),
         "isolate": limits.isolate,
         "uid": SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_COUNT) if uid is None else uid,
-        # By position among the fds handed to the launcher (``owned``): channels first, then the lifeline.
+        # By position among the fds handed to the launcher (``owned``): channels, the lifeline, the start pipe.
         "channels": [[target, position] for position, target in enumerate(channels)],
         "lifeline": None if lifeline is None else len(channels),
+        "start": None if deferred is None else len(owned) - 1,
+        "idle_seconds": None if deferred is None else deferred[1],
         "results_bytes": results_bytes,
         "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0",
                 **(env or {})},
     }
-    timeout = limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S
+    timeout = limits.wall_seconds + OUTER_TIMEOUT_MARGIN_S + (deferred[1] if deferred else 0.0)
     fields = _Launcher.get(python).run(marshal.dumps(job), owned, timeout)
     report = SandboxReport(**{**fields, "overflowed": tuple(fields.get("overflowed", ()))})
     if not report.isolated and limits.isolate and not _warned_isolation:

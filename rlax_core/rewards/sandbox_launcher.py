@@ -23,7 +23,10 @@ Channels back: fd 1 and 2 (the program's stdout/stderr) and fd 3 (the program's 
 up to ``output_bytes`` (the results up to the job's ``results_bytes`` when it gives one, for a caller
 whose results grow with its work); a stream cut there is named in the report's ``overflowed``. A
 failure to build the sandbox comes back on a close-on-exec pipe of its own (``setup_error``), which
-closes as the program starts, so no program can claim one. A job may also hand the program pipe ends of its caller's (``channels``:
+closes as the program starts, so no program can claim one. A prepared sandbox (``start`` in the job)
+is built and its program started before its input exists: the program's stdin is then the caller's
+pipe, and the wall clock (``idle_seconds`` until then) starts when the caller's settings arrive on the
+start pipe; end-of-file there without settings gives the run up. A job may also hand the program pipe ends of its caller's (``channels``:
 program fd -> inherited fd, all above 3): this launcher keeps no copy of them once the program has
 them, so the peer at the other end sees end-of-file when the program's last process is gone. A
 ``lifeline`` (an inherited read end the program does not get) ends the run early: when its write end
@@ -220,6 +223,11 @@ def run_job(job: dict) -> dict:
     if job.get("lifeline") is not None:
         lifeline = fcntl.fcntl(job["lifeline"], fcntl.F_DUPFD, CHANNEL_FD_BASE)
         os.close(job["lifeline"])
+    go = None  # a prestarted sandbox: its wall clock starts when the caller writes its settings here
+    if job.get("start") is not None:
+        go = fcntl.fcntl(job["start"], fcntl.F_DUPFD, CHANNEL_FD_BASE)
+        os.close(job["start"])
+    go_data = bytearray()
     pipes = {name: os.pipe() for name in ("stdout", "stderr", "results", "setup")}
     setup_read, setup_write = pipes["setup"]
     pipes["setup"] = setup_read, fcntl.fcntl(setup_write, fcntl.F_DUPFD_CLOEXEC, SETUP_FD)
@@ -240,7 +248,7 @@ def run_job(job: dict) -> dict:
         exited = os.pidfd_open(pid)
     except (AttributeError, OSError):
         exited = None
-    deadline = start + limits["wall_seconds"]
+    deadline = start + (job["idle_seconds"] if go is not None else limits["wall_seconds"])
     timed_out, stopped, status, usage = False, False, None, None
     while True:
         if status is None:
@@ -263,8 +271,21 @@ def run_job(job: dict) -> dict:
                 deadline = time.monotonic() + 1.0
                 continue
             break
-        watched = list(open_fds) + [fd for fd in (lifeline, exited if status is None else None) if fd is not None]
+        watched = list(open_fds) + [fd for fd in (lifeline, go, exited if status is None else None) if fd is not None]
         ready, _, _ = select.select(watched, [], [], min(0.05, deadline - now))
+        if go is not None and go in ready:
+            ready.remove(go)
+            chunk = os.read(go, 4096)
+            go_data += chunk
+            if not chunk:  # the settings are complete: the job starts now (none: the caller gave it up)
+                os.close(go)
+                go, settings = None, marshal.loads(bytes(go_data)) if go_data else None
+                start = deadline = time.monotonic()
+                if settings is not None:
+                    caps["results"] = settings.get("results_bytes") or caps["results"]
+                    deadline = start + limits["wall_seconds"]
+                else:
+                    stopped = True
         if exited is not None and exited in ready:
             ready.remove(exited)  # wait4 at the top of the loop reaps it
         if lifeline is not None and lifeline in ready:
@@ -323,8 +344,9 @@ def _handle(fds: list) -> None:
         with open(job_fd, "rb") as source:
             job = marshal.loads(source.read())
         job["channels"] = [[target, handed[position]] for target, position in job["channels"]]
-        if job.get("lifeline") is not None:
-            job["lifeline"] = handed[job["lifeline"]]
+        for name in ("lifeline", "start"):
+            if job.get(name) is not None:
+                job[name] = handed[job[name]]
         reply = {"report": run_job(job)}
     except BaseException as error:  # noqa: BLE001 - no sandbox ran: the caller must hear why
         reply = {"error": f"{type(error).__name__}: {error}"}
