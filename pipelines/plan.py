@@ -65,8 +65,9 @@ def _template_of(spec: str) -> str:
     """Where the shape of ``model.path`` is written: the checkpoint itself, or the model template beside
     a weight store's versions or a checkpoint folder's steps. A remote plain path is not probed."""
     from rlax_core.training.policy_source import PREFIXES, parse_policy_source
+    from rlax_core.utils.paths import is_remote
 
-    if spec.partition(":")[0] in PREFIXES or "://" not in spec:
+    if spec.partition(":")[0] in PREFIXES or not is_remote(spec):
         return parse_policy_source(spec).template
     return spec
 

@@ -38,6 +38,7 @@ from safetensors.numpy import save_file
 from rlax_core.config import InputError
 from rlax_core.models.config import PUBLISHED_CONFIGS, ModelConfig
 from rlax_core.models.transformer import Params, forward
+from rlax_core.utils.paths import is_remote
 
 SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -170,7 +171,7 @@ def _get_path(tree: Mapping, path: tuple[str, ...]):
 @contextlib.contextmanager
 def local_copy(path: str) -> Iterator[Path]:
     """A local view of ``path``: itself, or a temporary copy of a remote (gs://, ...) folder or file."""
-    if "://" not in path or path.startswith("file://"):
+    if not is_remote(path):
         yield Path(path.removeprefix("file://"))
         return
     import fsspec
@@ -337,7 +338,7 @@ def read_model_config(path: str | os.PathLike) -> ModelConfig:
     """
     path = str(path)
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    if "://" in path and not path.startswith("file://"):
+    if is_remote(path):
         if name in PUBLISHED_CONFIGS:
             return PUBLISHED_CONFIGS[name]
         import fsspec
@@ -432,7 +433,7 @@ def save_pretrained(model: Model, path: str | os.PathLike, max_shard_size: int |
     else:
         names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
 
-    remote = "://" in str(path) and not str(path).startswith("file://")
+    remote = is_remote(path)
     with tempfile.TemporaryDirectory(prefix="rlax-save-") if remote else contextlib.nullcontext(str(path)) as out:
         out = Path(str(out).removeprefix("file://"))
         out.mkdir(parents=True, exist_ok=True)

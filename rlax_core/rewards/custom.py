@@ -32,6 +32,7 @@ from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
 from rlax_core.rewards.registry import REWARDS, RewardResult, RewardTerm, Sample, register_reward
+from rlax_core.utils.paths import is_remote
 
 # Packages of this repository whose import registers reward terms (the tasks' terms, e.g. story_word).
 BUILTIN_MODULES = ("rlax_core.rewards.terms", "rlax_core.tasks")
@@ -55,7 +56,7 @@ def import_reward_module(spec: str) -> ModuleType:
             return importlib.import_module(spec)
         except Exception as error:  # noqa: BLE001 - whatever the user's module raised, named
             raise RewardImportError(f"reward module {spec}: {type(error).__name__}: {error}") from error
-    where = spec if "://" in spec and not spec.startswith("file://") else os.path.abspath(spec.removeprefix("file://"))
+    where = spec if is_remote(spec) else os.path.abspath(spec.removeprefix("file://"))
     name = "rlax_user_rewards_" + hashlib.sha1(where.encode("utf-8")).hexdigest()[:12]
     with _lock:
         if name in sys.modules:
@@ -123,7 +124,7 @@ class _FunctionReward(RewardTerm):
 
 
 def _read_source(spec: str) -> str:
-    if "://" in spec and not spec.startswith("file://"):
+    if is_remote(spec):
         import fsspec
 
         try:

@@ -18,6 +18,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from rlax_core.training.ledger import DataLedger
+from rlax_core.utils.paths import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 class Checkpointer:
     def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
         # orbax wants absolute paths; URLs (gs://...) pass through.
-        self.directory = str(directory) if "://" in str(directory) else os.path.abspath(directory)
+        local = str(directory).removeprefix("file://")
+        self.directory = str(directory) if is_remote(directory) else os.path.abspath(local)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "ledger"))
 

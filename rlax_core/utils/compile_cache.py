@@ -20,6 +20,8 @@ import logging
 import os
 from pathlib import Path
 
+from rlax_core.utils.paths import is_remote
+
 log = logging.getLogger(__name__)
 
 ENV_DIR = "RLAX_COMPILATION_CACHE_DIR"  # where the cache lives when the config names no folder
@@ -49,8 +51,8 @@ def enable_compilation_cache(directory: str = "", *, enabled: bool = True) -> st
     folder = directory or default_cache_dir()
     if _configured == folder:
         return folder
-    if "://" not in folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
+    if not is_remote(folder):
+        Path(folder.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", folder)
     # Every program, however small: the engine's buckets compile in well under JAX's default 1 s
     # threshold each on a CPU, yet together they are most of a rollout worker's start-up.

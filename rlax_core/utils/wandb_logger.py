@@ -16,6 +16,7 @@ import os
 from typing import Any, Literal, Mapping
 
 from rlax_core.config import require
+from rlax_core.utils.paths import is_remote
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +32,7 @@ class WandbConfig:
 
     def __post_init__(self):
         require(bool(self.project), "project", "a W&B project name")
-        require(self.dir is None or "://" not in self.dir, "dir", "a local folder (wandb writes its files locally)")
+        require(self.dir is None or not is_remote(self.dir), "dir", "a local folder (wandb writes its files locally)")
 
 
 class WandbLogger:
@@ -42,7 +43,7 @@ class WandbLogger:
             import wandb
         except ImportError:
             raise ImportError("trainer.wandb.enabled needs the wandb package: pip install 'rlax-beam[wandb]'") from None
-        directory = config.dir or (f"{metrics_dir}/wandb" if "://" not in metrics_dir else "wandb")
+        directory = config.dir or (f"{metrics_dir.removeprefix('file://')}/wandb" if not is_remote(metrics_dir) else "wandb")
         os.makedirs(directory, exist_ok=True)
         self.run = wandb.init(project=config.project, entity=config.entity, name=config.name, group=config.group,
                               tags=list(config.tags) or None, mode=config.mode, dir=directory,

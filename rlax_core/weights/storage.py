@@ -21,6 +21,8 @@ from typing import BinaryIO, ContextManager, Protocol
 
 import numpy as np
 
+from rlax_core.utils.paths import is_remote
+
 
 class Storage(Protocol):
     url: str
@@ -181,6 +183,6 @@ def open_storage(root: str) -> Storage:
     """``/a/folder`` or ``file:///a/folder`` -> LocalStorage; ``gs://...`` or ``memory://...`` -> fsspec."""
     if root.startswith("file://"):
         return LocalStorage(root[len("file://"):])
-    if "://" in root:
+    if is_remote(root):
         return FsspecStorage(root)
     return LocalStorage(root)
