@@ -21,50 +21,43 @@ import sys
 
 from rlax_core.config import ConfigError, InputError
 
-# name -> (module, one-line summary shown when the module has not landed yet)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "quickstart": ("pipelines.quickstart", "curate -> filter -> RL -> evaluate on stories260K, all on this machine"),
-    "curate": ("pipelines.curate", "Beam batch: normalise, dedup and decontaminate raw datasets"),
-    "filter": ("pipelines.filter_difficulty", "Beam batch: keep prompts whose pass rate lies in a band"),
-    "evaluate": ("pipelines.evaluate", "Beam batch: pass@k, maj@k and lengths of a checkpoint on eval sets"),
-    "generate": ("pipelines.generate", "generate text from a model (greedy or sampled)"),
-    "train": ("pipelines.train", "the JAX trainer job: learn from rollout groups, publish weights"),
-    "rollout": ("pipelines.rl_stream", "Beam streaming: generate and score rollouts with the latest weights"),
-    "launch": ("pipelines.launch", "run the trainer and the rollout pipeline together on this machine"),
-    "plan": ("pipelines.plan", "memory per chip of the rollout engine and the trainer against the declared hardware"),
+# name -> the module that implements it; its ``HELP`` is the one summary of the command
+SUBCOMMANDS: dict[str, str] = {
+    "quickstart": "pipelines.quickstart",
+    "curate": "pipelines.curate",
+    "filter": "pipelines.filter_difficulty",
+    "evaluate": "pipelines.evaluate",
+    "generate": "pipelines.generate",
+    "train": "pipelines.train",
+    "rollout": "pipelines.rl_stream",
+    "launch": "pipelines.launch",
+    "plan": "pipelines.plan",
 }
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.-]*=")
 
-EPILOG = """\
-Every subcommand takes --config FILE and dotted overrides (trainer.learning_rate=1e-5), and passes
-Beam's own options (--runner, --project, --region, --temp_location, ...) through to Beam.
+# Every override written here is parsed against RunConfig by tests/foundation/test_cli.py.
+OVERRIDE_EXAMPLE = "trainer.optimizer.learning_rate=1e-5"
+EPILOG = f"""\
+Every subcommand takes --config FILE (a file, or a shipped recipe by name: quickstart) and dotted
+overrides ({OVERRIDE_EXAMPLE}), and passes Beam's own options (--runner, --project, --region,
+--temp_location, ...) through to Beam.
 Start with `rlax quickstart --output runs/quickstart`."""
 
 
-class _NotLanded:
-    """Stands in for a subcommand whose module is not part of this build, and says so plainly."""
+def summary(name: str) -> str:
+    """The ``HELP`` line of a subcommand's module, read from its source: its modules import JAX and
+    Beam (seconds to a minute), which ``rlax --help`` does not need."""
+    import ast
+    import importlib.util
 
-    def __init__(self, name: str, summary: str):
-        self.HELP = f"{summary} (not available yet)"
-        self.name = name
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        pass
-
-    def run(self, args: argparse.Namespace, beam_args: list[str]) -> int:
-        print(f"rlax {self.name}: this entry point is not part of this build yet.", file=sys.stderr)
-        return 2
-
-
-def _load(name: str):
-    module_name, summary = SUBCOMMANDS[name]
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name != module_name:
-            raise
-        return _NotLanded(name, summary)
+    origin = importlib.util.find_spec(SUBCOMMANDS[name]).origin
+    with open(origin, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), origin)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "HELP" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{origin} has no HELP line")
 
 
 def _version() -> str:
@@ -80,7 +73,7 @@ def _version() -> str:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser; ``only`` loads just that subcommand's module (the others show a summary)."""
+    """The full parser; ``only`` loads just that subcommand's module (the others show their summary)."""
     parser = argparse.ArgumentParser(
         prog="rlax",
         description="RLAX on Beam: preemptible RL for LLM reasoning on JAX, orchestrated with Apache Beam.",
@@ -90,9 +83,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     parser.add_argument("--version", action="version", version=f"rlax {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, summary) in SUBCOMMANDS.items():
-        module = _load(name) if only in (None, name) else None
-        help_text = getattr(module, "HELP", summary) if module else summary
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name) if only in (None, name) else None
+        help_text = module.HELP if module else summary(name)
         sub = subparsers.add_parser(name, help=help_text, description=help_text, epilog=EPILOG,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.add_argument("--config", help="YAML run configuration (see configs/)")
@@ -118,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [a for a in argv if OVERRIDE.match(a)]
     argv = [a for a in argv if not OVERRIDE.match(a)]
     command = next((a for a in argv if not a.startswith("-")), None)
-    # `rlax --version` loads no subcommand (their modules import JAX and Beam: seconds to a minute).
-    parser = build_parser(only=command if command in SUBCOMMANDS else ("" if "--version" in argv else None))
+    # `rlax --help` and `rlax --version` load no subcommand (their modules import JAX and Beam).
+    parser = build_parser(only=command if command in SUBCOMMANDS else "")
     args, beam_args = parser.parse_known_args(argv)
     args.overrides = overrides
     if args.command is None:
@@ -128,24 +121,31 @@ def main(argv: list[str] | None = None) -> int:
     from rlax_core.utils.logging import setup_logging
 
     setup_logging(args.log_level)
-    # The one place where a command's bad configuration or missing / unreadable input becomes one
-    # line and a non-zero exit, not a traceback (--log-level DEBUG shows the traceback too).
+    # The one place where a command's bad configuration, missing / unreadable input or full disk
+    # becomes one line and a non-zero exit, not a traceback (--log-level DEBUG shows the traceback too).
     try:
         bare = _bare_words(beam_args)
         if bare:
             raise ConfigError("", f"{bare[0]!r} is neither a flag nor an override; overrides are dotted "
-                                  f"key=value words, e.g. trainer.optimizer.learning_rate=1e-5")
+                                  f"key=value words, e.g. {OVERRIDE_EXAMPLE}")
         return int(args._module.run(args, beam_args) or 0)
-    except ConfigError as error:
-        return _fail(args.command, "config error", error)
-    except (InputError, OSError) as error:  # OSError: a file that is missing, unreadable, or not what it claims
-        return _fail(args.command, "input error", error)
     except KeyboardInterrupt:
         print(f"rlax {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:
+        from rlax_core.utils.resources import LINE_MARK, resource_failure
+
+        resource = resource_failure(error, f"rlax {args.command}")
+        if resource is not None:  # however deep a library wrapped it
+            return _fail(args.command, LINE_MARK.rstrip(": "), resource)
+        if isinstance(error, ConfigError):
+            return _fail(args.command, "config error", error)
+        if isinstance(error, (InputError, OSError)):  # OSError: a file missing, unreadable, not what it claims
+            return _fail(args.command, "input error", error)
+        raise
 
 
-def _fail(command: str, kind: str, error: Exception) -> int:
+def _fail(command: str, kind: str, error: Exception | str) -> int:
     import logging
 
     logging.getLogger(__name__).debug("%s", kind, exc_info=True)

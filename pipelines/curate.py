@@ -5,7 +5,8 @@
 
 writes ``DIR/examples-*.parquet``, ``DIR/dead_letter-*.jsonl`` (each rejected row, its reason and
 the raw record) and ``DIR/stats.json``, where input = kept + duplicate + near_duplicate +
-contaminated + dead_lettered. ``--config configs/curate_gsm8k_math.yaml`` gives the same settings
+contaminated + dead_lettered. A run that keeps no row (an empty, unreadable or wrong-layout input)
+fails with the dead letters' reasons unless ``--allow-empty``. ``--config configs/curate_gsm8k_math.yaml`` gives the same settings
 from YAML; flags given on the command line win. Beam's own flags (``--runner``,
 ``--direct_num_workers``, Dataflow options) pass through.
 """
@@ -14,17 +15,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import logging
-import time
 
 import apache_beam as beam
 
-from rlax_core.config import ConfigError, to_dict
+from rlax_core.config import ConfigError
 from rlax_core.data.adapters import FORMATS
 from rlax_core.data.curation import STAT_NAMES, CurateConfig, InputSpec, eval_set_name
-from pipelines.dataflow_job import is_dry_run, print_dry_run
-from pipelines.runners import pipeline_options, require_input
+from pipelines.batch import BatchCommand
+from pipelines.inputs import require_dataset, require_rows
 from transforms.decontaminate import DropContaminated, NgramIndex
 from transforms.dedup import DropExactDuplicates, DropNearDuplicates
 from transforms.examples import ToExamples
@@ -32,7 +30,6 @@ from transforms.stats import CurationStats
 from transforms.io import ReadRawRecords, WriteExamples, WriteJsonFile, WriteJsonLines, read_json
 
 HELP = "Beam batch: normalise, dedup and decontaminate raw datasets"
-logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decontaminate-against", action="append", default=[], metavar="PATH",
                         help="evaluation set whose prompts must not leak into the output (repeatable; layout detected)")
     parser.add_argument("--output", help="output folder (local or gs://)")
+    BatchCommand.add_arguments(parser)
 
 
 def load_curate_config(path: str | None, overrides: list[str]) -> tuple[CurateConfig, list[str]]:
@@ -126,23 +124,29 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    config, config_beam_args = resolve_config(args)
+def check_inputs(config: CurateConfig) -> None:
     for spec in config.inputs:
-        require_input(spec.path, "input")
+        require_dataset(spec.path, "input")
     for spec in config.decontaminate_against:
-        require_input(spec.path, "eval set")
-    logger.info("curate config: %s", json.dumps(to_dict(config)))
-    start = time.perf_counter()
-    options = pipeline_options(config_beam_args, beam_args)
-    if is_dry_run(options):  # translate for Dataflow, submit nothing
-        return print_dry_run("curate", options, lambda pipeline: build(pipeline, config))
-    with beam.Pipeline(options=options) as pipeline:
-        build(pipeline, config)
+        require_dataset(spec.path, "eval set")
+
+
+def finish(config: CurateConfig, seconds: float, allow_empty: bool) -> int:
     stats = read_json(output_path(config.output, "stats.json"))
     print(format_stats(stats))
     print(f"input {stats['input']:,} rows; counts add up: {stats['consistent']}; "
-          f"{time.perf_counter() - start:.1f} s; output {config.output}")
+          f"{seconds:.1f} s; output {config.output}")
     if stats["contaminated_by"]:
         print("contaminated by: " + ", ".join(f"{k} {v}" for k, v in sorted(stats["contaminated_by"].items())))
+    reasons = ", ".join(f"{n:,} {reason}" for reason, n in sorted(stats["dead_letter_reasons"].items()))
+    require_rows("curate", stats["kept"], stats["input"], what="example", allow_empty=allow_empty,
+                 see=f"{reasons}; see {output_path(config.output, 'dead_letter-*.jsonl')}" if reasons
+                 else ", ".join(spec.path for spec in config.inputs))
     return 0 if stats["consistent"] else 1
+
+
+COMMAND = BatchCommand("curate", resolve_config, check_inputs, build, finish)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    return COMMAND.run(args, beam_args)

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import logging
-import time
 
 import apache_beam as beam
 
-from rlax_core.config import InputError, require, to_dict
+from rlax_core.config import InputError, require
 from rlax_core.data.curation import InputSpec, eval_set_name
-from pipelines.dataflow_job import is_dry_run, print_dry_run
-from pipelines.runners import pipeline_options, require_input, require_model
+from pipelines.batch import BatchCommand
+from pipelines.inputs import require_dataset, require_model
 from pipelines.sections import EvaluateConfig
 from transforms.evaluation import BuildReport, per_prompt_result
 from transforms.examples import ToExamples
@@ -39,7 +36,6 @@ from transforms.io import (ReadRawRecords, TakeSmallestIds, WriteJsonFile, Write
                            read_json)
 
 HELP = "Beam batch: pass@k, maj@k and lengths of a checkpoint on eval sets"
-logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,11 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, help="samples per prompt (n)")
     parser.add_argument("--limit", type=int, help="prompts per evaluation set (first N by id)")
     parser.add_argument("--output", help="output folder (local or gs://)")
+    BatchCommand.add_arguments(parser)
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]:
     """The ``evaluate:`` section of the run config with the command-line flags on top; and the config's Beam options."""
-    from pipelines.config import load_section, require_given
+    from pipelines.config import load_section, require_given, resolve_asset
 
     run_config = load_section(args.config, args.overrides, "evaluate")
     config = run_config.evaluate
@@ -70,6 +67,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]
         changes["limit"] = args.limit
     if args.output:
         changes["output"] = args.output
+    # assets:NAME is a model shipped in the package: the recipe runs from any folder
+    changes["models"] = tuple(resolve_asset(model) for model in changes.get("models", config.models))
     config = dataclasses.replace(config, **changes)
     require(not config.model_names or len(config.model_names) == len(config.models), "model_names",
             f"one name per model ({len(config.models)}), or none")
@@ -118,7 +117,7 @@ def _input_stats(outcomes: list, paths: list[str]) -> dict:
     return stats
 
 
-def check_inputs(stats: dict, report: dict, out: str) -> None:
+def check_inputs_used(stats: dict, report: dict, out: str) -> None:
     """Refuse a run that evaluated nothing: an eval set without a usable row, or no result at all."""
     for path, entry in stats.items():
         if entry["rows"] == 0:
@@ -129,28 +128,31 @@ def check_inputs(stats: dict, report: dict, out: str) -> None:
         raise InputError(f"nothing was evaluated (every prompt was skipped; see {out}/samples-*.jsonl)")
 
 
-def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    config, config_beam_args = resolve_config(args)
+def check_inputs(config: EvaluateConfig) -> None:
     for model in config.models:
         require_model(model)
     for spec in config.eval_sets:
-        require_input(spec.path, "eval set")
-    logger.info("evaluate config: %s", json.dumps(to_dict(config)))
-    start = time.perf_counter()
-    options = pipeline_options(config_beam_args, beam_args)
-    if is_dry_run(options):  # translate for Dataflow, submit nothing
-        return print_dry_run("evaluate", options, lambda pipeline: build(pipeline, config))
-    with beam.Pipeline(options=options) as pipeline:
-        build(pipeline, config)
-    out = config.output.rstrip("/")
+        require_dataset(spec.path, "eval set")
+
+
+def finish(config: EvaluateConfig, seconds: float, allow_empty: bool) -> int:
     from apache_beam.io.filesystems import FileSystems
 
+    out = config.output.rstrip("/")
     with FileSystems.open(f"{out}/report.md") as handle:
         print(handle.read().decode("utf-8"))
     report = read_json(f"{out}/report.json")
     inputs = read_json(f"{out}/inputs.json")
-    check_inputs(inputs, report, out)
+    if not allow_empty:
+        check_inputs_used(inputs, report, out)
     rejected = sum(n for entry in inputs.values() for n in entry["rejected"].values())
-    print(f"rlax evaluate: {len(report['models'])} model(s), {time.perf_counter() - start:.1f} s; output {config.output}"
+    print(f"rlax evaluate: {len(report['models'])} model(s), {seconds:.1f} s; output {config.output}"
           + (f"; {rejected} row(s) rejected, see {out}/rejected-*.jsonl" if rejected else ""))
     return 0
+
+
+COMMAND = BatchCommand("evaluate", resolve_config, check_inputs, build, finish)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    return COMMAND.run(args, beam_args)

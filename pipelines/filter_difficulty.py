@@ -8,7 +8,8 @@ verified (math answers by the math verifier, other tasks by their reward's pass 
 prompt's pass rate decides: kept when ``low <= pass rate <= high``. Writes
 ``DIR/examples-*.parquet`` (kept rows with ``pass_rate``, ``n_samples``, ``filter_model_version``),
 ``DIR/rejected-*.jsonl`` (too easy, too hard, skipped, unreadable, with reasons),
-``DIR/pass_rate_histogram.png`` and ``DIR/stats.json``.
+``DIR/pass_rate_histogram.png`` and ``DIR/stats.json``. A run that keeps no prompt fails with the
+rejections' counts unless ``--allow-empty``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
-import time
 from collections import Counter
 
 import apache_beam as beam
 
-from rlax_core.config import to_dict
 from rlax_core.data.curation import InputSpec
 from rlax_core.eval.report import pass_rate_histogram
-from pipelines.dataflow_job import is_dry_run, print_dry_run
-from pipelines.runners import pipeline_options, require_input, require_model
+from pipelines.batch import BatchCommand
+from pipelines.inputs import require_dataset, require_model, require_rows
 from pipelines.sections import FilterConfig
 from transforms.difficulty import KeepPassRateBand, pass_rates_of
 from transforms.examples import ToExamples
@@ -35,7 +33,6 @@ from transforms.io import (ReadRawRecords, TakeSmallestIds, WriteNamedFiles, Wri
                            WriteJsonLines, read_json)
 
 HELP = "Beam batch: keep prompts whose pass rate lies in a band"
-logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,11 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--high", type=float, help="highest pass rate kept")
     parser.add_argument("--limit", type=int, help="only the first N prompts by id")
     parser.add_argument("--output", help="output folder (local or gs://)")
+    BatchCommand.add_arguments(parser)
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[FilterConfig, list[str]]:
     """The ``filter:`` section of the run config with the command-line flags on top; and the config's Beam options."""
-    from pipelines.config import load_section, require_given
+    from pipelines.config import load_section, require_given, resolve_asset
 
     run_config = load_section(args.config, args.overrides, "filter")
     config = run_config.filter
@@ -61,6 +59,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[FilterConfig, list[str]]:
         top["generation"] = dataclasses.replace(config.generation, **generation)
     config = dataclasses.replace(config, **top)
     require_given(config, {"input": "--input", "output": "--output", "generation.model": "--model"})
+    # assets:NAME is the model shipped in the package: the recipe runs from any folder
+    config = dataclasses.replace(config, generation=dataclasses.replace(
+        config.generation, model=resolve_asset(config.generation.model)))
     return config, run_config.beam.args("filter")
 
 
@@ -100,19 +101,24 @@ def _stats(outcomes: dict, rates: list, config: FilterConfig) -> dict:
             "model": config.generation.model, "model_version": config.model_version or config.generation.label}
 
 
-def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    config, config_beam_args = resolve_config(args)
-    require_input(config.input, "input")
+def check_inputs(config: FilterConfig) -> None:
+    require_dataset(config.input, "input")
     require_model(config.generation.model)
-    logger.info("filter config: %s", json.dumps(to_dict(config)))
-    start = time.perf_counter()
-    options = pipeline_options(config_beam_args, beam_args)
-    if is_dry_run(options):  # translate for Dataflow, submit nothing
-        return print_dry_run("filter", options, lambda pipeline: build(pipeline, config))
-    with beam.Pipeline(options=options) as pipeline:
-        build(pipeline, config)
+
+
+def finish(config: FilterConfig, seconds: float, allow_empty: bool) -> int:
     stats = read_json(f"{config.output.rstrip('/')}/stats.json")
     print(json.dumps(stats, indent=2))
-    print(f"rlax filter: kept {stats['kept']} of {stats['prompts']} prompts in {time.perf_counter() - start:.1f} s; "
-          f"output {config.output}")
+    print(f"rlax filter: kept {stats['kept']} of {stats['prompts']} prompts in {seconds:.1f} s; output {config.output}")
+    outcomes = ", ".join(f"{stats[k]} {k.replace('_', ' ')}" for k in ("too_easy", "too_hard", "skipped", "unreadable")
+                         if stats[k])
+    require_rows("filter", stats["kept"], stats["prompts"], what="prompt", allow_empty=allow_empty,
+                 see=f"{outcomes}; see {config.output.rstrip('/')}/rejected-*.jsonl" if outcomes else config.input)
     return 0
+
+
+COMMAND = BatchCommand("filter", resolve_config, check_inputs, build, finish)
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    return COMMAND.run(args, beam_args)

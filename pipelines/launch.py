@@ -122,14 +122,15 @@ def log_dir(run_config) -> Path:
 
 
 def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, metrics_dir: str, timeout_s: float,
-                     poll_s: float = 2.0, max_rollout_restarts: int = 0) -> None:
+                     poll_s: float = 2.0, max_rollout_restarts: int = 0, run_paths: Sequence[str] = ()) -> None:
     """Until the trainer exits 0; raise if the trainer fails, or the timeout passes.
 
     A rollout job that exits because its stream stalled (``EXIT_STALLED``) or failed (any other
     non-zero exit: a worker error, a crashed local runner) is restarted, at most
     ``max_rollout_restarts`` times in all: its writes are idempotent and a restarted stream skips what
     is in the store, so nothing is generated twice. After that the run stops with the last reason.
-    One that exits 0 has generated every step.
+    One that exits 0 has generated every step. A job that failed because a disk or quota ran out
+    is named first, with the path (its own, or the first of ``run_paths`` that is full): ``ResourceError``.
     """
     from pipelines.stream_watch import EXIT_STALLED
 
@@ -151,11 +152,13 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
             log.info("launch: %d of %d trainer steps after %.0f s", steps, total_steps, time.monotonic() - started)
         if code is not None:
             if code != 0:
+                raise_resource_failure(trainer, run_paths)
                 raise RuntimeError(f"the trainer exited with code {code}; last lines of {trainer.log_path}:\n"
                                    f"{trainer.tail()}")
             return
         rollout_code = rollout.popen.poll()
         if rollout_code is not None and rollout_code != 0:
+            raise_resource_failure(rollout, run_paths)  # a restart would meet the same full disk
             stalled = rollout_code == EXIT_STALLED
             reason = (stall_reason(rollout) if stalled else
                       f"the rollout pipeline exited with code {rollout_code}; last lines of {rollout.log_path}:\n"
@@ -170,6 +173,17 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
             raise TimeoutError(f"the trainer did not finish {total_steps} steps within {timeout_s:.0f} s "
                                f"({steps} done); see {trainer.log_path} and {rollout.log_path}")
         time.sleep(poll_s)
+
+
+def raise_resource_failure(process: Process, run_paths: Sequence[str] = ()) -> None:
+    """Raise ``ResourceError`` (one line: what ran out, the path, the job) when the failed job's log
+    says a disk or quota ran out; a full disk otherwise reads as "exited with code 1"."""
+    from rlax_core.utils.resources import ResourceError, resource_failure_in_log
+
+    line = resource_failure_in_log(process.tail(200), run_paths)
+    if line is not None:
+        raise ResourceError(f"the {process.name} job (pid {process.popen.pid}) failed: {line}; its log: "
+                            f"{process.log_path}")
 
 
 def stall_reason(process: Process) -> str:
@@ -264,24 +278,22 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     resumes from its newest checkpoint and the rollout pipeline skips the steps already written.
     """
     launched_at = time.time()
-    from rlax_core.config import ConfigError
     from rlax_core.utils.paths import join
     from pipelines.config import find_config
     from pipelines.plan import check_memory
+    from pipelines.inputs import require_examples, require_model
     from pipelines.rl_stream import load_configs
     from pipelines.run_folder import claim
-    from pipelines.runners import require_input, require_model
 
     overrides = list(overrides)
     if train_set:
         overrides.append(f"loop.train_set={train_set}")
     config = str(find_config(config).resolve()) if config else None  # the jobs may start in another folder
     run_config, loop = load_configs(config, overrides)
-    if not loop.train_set:
-        raise ConfigError("loop.train_set", "say which prompts to train on: --train-set PATH (or loop.train_set=PATH)")
+    loop.require_train_set()
     # Both jobs would fail on these inputs, each in its own log; say it once, before starting either.
-    require_input(loop.train_set, "train set")
     require_model(run_config.model.resolved_path())
+    require_examples(loop.train_set)
     check_memory(run_config)  # both roles run here: refuse before either starts
     if claim(run_config.run.output_dir, resume=resume, flag="run.output_dir"):
         log.info("launch: resuming the run in %s", run_config.run.output_dir)
@@ -295,7 +307,9 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     try:
         wait_for_trainer(trainer, rollout, total_steps=run_config.trainer.total_steps,
                          metrics_dir=trainer_metrics_dir(run_config), timeout_s=timeout_s,
-                         max_rollout_restarts=max_rollout_restarts)
+                         max_rollout_restarts=max_rollout_restarts,
+                         run_paths=[output, run_config.weight_store().root, run_config.rollout_root(),
+                                    trainer_metrics_dir(run_config), str(logs)])
     finally:
         for process in (rollout, trainer):
             process.stop(stop_grace_s)
@@ -318,16 +332,20 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.rehearse:
         from pipelines.rehearse import run_from_args
 
-        return run_from_args(args, beam_args)
+        return run_from_args(args, beam_args, launch)  # the loop stage is this module's launch()
+    from rlax_core.config import require
     from pipelines.run_folder import claim
 
+    require(args.timeout_s > 0, "--timeout-s", f"seconds > 0, got {args.timeout_s:g}")
+    require(args.stop_grace_s >= 0, "--stop-grace-s", f"seconds >= 0, got {args.stop_grace_s:g}")
+    require(args.max_rollout_restarts >= 0, "--max-rollout-restarts", f">= 0, got {args.max_rollout_restarts}")
     # Before the config's imports (a minute on a busy machine): the output and input named on the command line.
     overrides = list(args.overrides)
     if args.output:
         claim(args.output, resume=args.resume)
         overrides.append(f"run.output_dir={args.output}")
     if args.train_set:
-        from pipelines.runners import require_input  # Beam's file systems read local and gs:// alike
+        from pipelines.inputs import require_input  # Beam's file systems read local and gs:// alike
 
         require_input(args.train_set, "train set")
     where = launch(args.config, overrides, beam_args, train_set=args.train_set, timeout_s=args.timeout_s,

@@ -218,8 +218,11 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from rlax_core.config import require
     from pipelines.run_folder import claim
 
+    require(args.filter_prompts >= 1, "--filter-prompts", f"a number of prompts >= 1, got {args.filter_prompts}")
+    require(args.timeout_s > 0, "--timeout-s", f"seconds > 0, got {args.timeout_s:g}")
     output = Path(args.output).resolve()
     resumed = claim(output, resume=args.resume)  # before the imports below: a minute on a busy machine
     if resumed:

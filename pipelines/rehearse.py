@@ -2,15 +2,17 @@
 
     rlax launch --config configs/qwen25_7b_math_dataflow_tpu.yaml --rehearse --output runs/rehearse-math
 
-runs the recipe's four stages in order, as the recipe wires them (curate -> filter -> the trainer and
-the rollout stream together -> evaluate), with the same config file and one fixed set of overrides
-(:func:`rehearsal_overrides`), nothing else changed:
+checks the recipe as written against its ``hardware:`` section (``rlax plan``; a recipe that would not
+fit fails here), then runs its four stages in order, as the recipe wires them (curate -> filter -> the
+trainer and the rollout stream together -> evaluate), each by its own function, with the same config
+file and one fixed set of overrides (:func:`rehearsal_overrides`), nothing else changed:
 
 * the model: a tiny random model of the same architecture (the recipe model's ``config.json`` when
   it is on this machine, else Qwen2's, the family of the recipes' models) over the real tokenizer
   (``--tokenizer``, default the Qwen2 tokenizer of ``tests/fixtures``), so prompts are the real
   prompts, token for token;
-* the data: a few rows (``--rows``) of the same datasets (``--data``, default ``tests/fixtures/data``):
+* the data: a few rows (``--rows``) of the same datasets (``--data``, default ``tests/fixtures/data`` of a
+  checkout; an installed rlax has none, and the rehearsal names the files it needs):
   each input of the recipe is matched to the fixture folder of its dataset (``.../gsm8k/train.jsonl``
   -> ``gsm8k/``); training inputs take the first rows, evaluation sets the rows after them, so
   decontamination has real work and removes nothing by accident;
@@ -30,7 +32,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rlax_core.config import ConfigError
 from rlax_core.utils.paths import is_remote, join
@@ -132,15 +134,26 @@ def rehearsal_overrides(run_config, *, output: str, state: Path, model: Path, da
     ]
 
 
-def rehearse(config: str, output: str, *, data: Path = DEFAULT_DATA, tokenizer: Path = DEFAULT_TOKENIZER,
-             rows: int = 6, timeout_s: float = 1200.0) -> dict[str, str]:
-    """Run the recipe's stages in order on this machine; returns where their outputs are."""
-    from pipelines.cli import main
+def rehearse(config: str, output: str, run_loop: Callable[..., dict], *, user_overrides: Sequence[str] = (),
+             data: Path = DEFAULT_DATA, tokenizer: Path = DEFAULT_TOKENIZER, rows: int = 6,
+             timeout_s: float = 1200.0) -> dict[str, str]:
+    """Run the recipe's stages in order on this machine; returns where their outputs are.
+
+    First, ``rlax plan``'s check of the recipe as written (with ``user_overrides``, the command
+    line's) against its ``hardware:`` section: a recipe that would not fit its chips fails here,
+    before the rehearsal's tiny model and shapes hide it. Each
+    stage is its own function (the batch commands' ``COMMAND.execute``, and ``run_loop``: the
+    caller's ``pipelines.launch.launch``), on the recipe's config with the rehearsal's overrides.
+    """
+    from pipelines import curate, evaluate, filter_difficulty
     from pipelines.config import load_run_config
+    from pipelines.plan import check_memory
 
     if not config:
         raise ConfigError("--config", "--rehearse rehearses a recipe: give --config RECIPE")
-    run_config = load_run_config(config)
+    run_config = load_run_config(config, user_overrides)
+    check_memory(run_config)
+    require_rehearsal_files(run_config, Path(data), Path(tokenizer))
     name = run_config.run.name
     if not is_remote(output):
         output = str(Path(output).resolve())
@@ -150,19 +163,35 @@ def rehearse(config: str, output: str, *, data: Path = DEFAULT_DATA, tokenizer: 
         shutil.rmtree(state)  # a rehearsal starts from nothing, as the production run would
     state.mkdir(parents=True)
     model = tiny_model(run_config.model.path, Path(tokenizer), state / "tiny_model")
-    overrides = rehearsal_overrides(run_config, output=output, state=state, model=model, data=Path(data), rows=rows)
-    for stage in ("curate", "filter"):
+    overrides = [*user_overrides,  # the rehearsal's own come last: they win where both set a key
+                 *rehearsal_overrides(run_config, output=output, state=state, model=model, data=Path(data), rows=rows)]
+    rehearsed = load_run_config(config, overrides)
+    for stage, command, section in (("curate", curate.COMMAND, rehearsed.curate),
+                                    ("filter", filter_difficulty.COMMAND, rehearsed.filter)):
         log.info("rehearse %s: %s", name, stage)
-        if main([stage, "--config", config, *overrides]) != 0:
+        if command.execute(section, rehearsed.beam.args(stage)) != 0:
             raise RuntimeError(f"rehearsal of {config}: rlax {stage} failed")
     log.info("rehearse %s: launch (trainer + rollout stream)", name)
-    if main(["launch", "--config", config, "--timeout-s", str(timeout_s), *overrides]) != 0:
-        raise RuntimeError(f"rehearsal of {config}: rlax launch failed")
+    run_loop(config, overrides, [], timeout_s=timeout_s)
     log.info("rehearse %s: evaluate", name)
-    if main(["evaluate", "--config", config, *overrides]) != 0:
+    if evaluate.COMMAND.execute(rehearsed.evaluate, rehearsed.beam.args("evaluate")) != 0:
         raise RuntimeError(f"rehearsal of {config}: rlax evaluate failed")
     return {"curated": join(output, "curated"), "filtered": join(output, "filtered"),
             "metrics": join(output, "metrics"), "evaluation": join(output, "eval"), "run state": str(state)}
+
+
+def require_rehearsal_files(run_config, data: Path, tokenizer: Path) -> None:
+    """The rows and the tokenizer the rehearsal reads, named in one line when they are not here (an
+    installed rlax has no tests/fixtures: give --data and --tokenizer)."""
+    inputs = [*run_config.curate.inputs, *run_config.curate.decontaminate_against, *run_config.evaluate.eval_sets]
+    needed = sorted({spec.path.rstrip("/").split("/")[-2] for spec in inputs})
+    missing = [f"{data / folder}/*.jsonl" for folder in needed if not sorted((data / folder).glob("*.jsonl"))]
+    if missing:
+        raise ConfigError("--data", f"the rehearsal reads a few rows of each dataset of the recipe: "
+                                    f"{', '.join(missing)} (a checkout has them in tests/fixtures/data; give --data FOLDER)")
+    if not any((tokenizer / name).exists() for name in ("tokenizer.json", "vocab.json", "tokenizer.model")):
+        raise ConfigError("--tokenizer", f"{tokenizer} holds no tokenizer (tokenizer.json, vocab.json + merges.txt or "
+                                         "tokenizer.model): give the recipe model's tokenizer folder")
 
 
 def add_arguments(parser) -> None:
@@ -174,12 +203,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="with --rehearse: the real tokenizer")
 
 
-def run_from_args(args, beam_args: Sequence[str]) -> int:
+def run_from_args(args, beam_args: Sequence[str], run_loop: Callable[..., dict]) -> int:
+    """``rlax launch --rehearse``: ``run_loop`` is the launch's own function that runs the loop stage."""
+    from rlax_core.config import require
+
     if beam_args:
         raise ConfigError("", f"a rehearsal runs locally; it takes no Beam options: {' '.join(beam_args)}")
+    require(args.rows >= 1, "--rows", f"rows per dataset >= 1, got {args.rows}")
     output = args.output or f"runs/rehearse/{Path(args.config or 'recipe').stem}"
-    where = rehearse(args.config, output, data=Path(args.data), tokenizer=Path(args.tokenizer), rows=args.rows,
-                     timeout_s=args.timeout_s)
+    where = rehearse(args.config, output, run_loop, user_overrides=args.overrides, data=Path(args.data),
+                     tokenizer=Path(args.tokenizer), rows=args.rows, timeout_s=args.timeout_s)
     print("rlax launch --rehearse: every stage passed.")
     width = max(map(len, where))
     for key, path in where.items():

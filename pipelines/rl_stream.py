@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from typing import Sequence
 
@@ -103,9 +102,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     # The in-process (loopback) workers compile here; remote ones configure their own from the spec.
     enable_compilation_cache(run_config.run.compilation_cache_dir, enabled=run_config.run.compilation_cache)
-    if not loop.train_set:
-        print("rlax rollout: say which prompts to train on: --train-set PATH (or loop.train_set=PATH)", file=sys.stderr)
-        return 2
+    loop.require_train_set()
     from rlax_core.data.training_set import read_examples
 
     examples = read_examples(loop.train_set)
@@ -130,5 +127,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if is_dry_run(options):  # translate for Dataflow, submit nothing
         return print_dry_run("rollout", options, lambda pipeline: build(pipeline, spec, loop))
 
-    metrics_dir = None if "://" in run_config.run.output_dir else Path(run_config.run.output_dir) / "stream_metrics"
+    from rlax_core.utils.paths import is_remote
+
+    metrics_dir = None if is_remote(run_config.run.output_dir) else Path(run_config.run.output_dir) / "stream_metrics"
     return run_stream(runner_args, spec, loop, build, metrics_dir=metrics_dir)

@@ -110,33 +110,6 @@ def pipeline_options(config_args: Sequence[str], command_line_args: Sequence[str
     return options
 
 
-def require_input(path: str, what: str) -> None:
-    """Fail before a pipeline starts when ``path`` (file, folder or glob; local or gs://) names nothing.
-
-    A Beam pipeline would otherwise meet the missing input on a worker, minutes later and many log
-    lines deep, or (an input that every row fails to adapt) finish "successfully" with nothing.
-    """
-    from apache_beam.io.filesystems import FileSystems
-
-    from rlax_core.config import InputError
-
-    if path.startswith("hf:"):
-        return  # a Hugging Face hub name: only the reader can tell
-    try:
-        found = FileSystems.exists(path) or any(m.metadata_list for m in FileSystems.match([path]))
-    except Exception as error:  # noqa: BLE001 - a malformed glob or an unreachable bucket: say which input
-        raise InputError(f"{what} {path}: cannot be read ({' '.join(str(error).split())})") from None
-    if not found:
-        raise InputError(f"{what} {path}: no such file or folder")
-
-
-def require_model(spec: str) -> None:
-    """:func:`require_input` for a model: a checkpoint path, ``weights:STORE[@V]`` or ``checkpoint:DIR[@STEP]``."""
-    from rlax_core.training.policy_source import parse_policy_source
-
-    require_input(parse_policy_source(spec).path, "model")
-
-
 # ----------------------------------------------------------------------------- a Prism that dies with us
 
 

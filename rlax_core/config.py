@@ -5,10 +5,10 @@ Every section of a run is a frozen dataclass owned by the package it configures 
 ``__post_init__`` with :func:`require`; this module turns plain mappings (from YAML and from
 ``key=value`` overrides) into those dataclasses and reports every failure with its full key path::
 
-    config = load_config("configs/quickstart.yaml", ["trainer.learning_rate=1e-5"], RunConfig)
+    config = load_config("configs/quickstart.yaml", ["trainer.optimizer.learning_rate=1e-5"], RunConfig)
 
 Errors name the path and what is allowed, e.g.
-``trainer.learning_rate: expected a float, got 'fast'`` or
+``trainer.optimizer.learning_rate: expected a float, got 'fast'`` or
 ``engine.num_slots: unknown key; allowed: max_new_tokens, num_slots, page_size``.
 """
 
@@ -159,7 +159,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=VALUE`` -> (["a", "b", "c"], VALUE parsed as YAML)."""
     key, sep, raw = text.partition("=")
     if not sep or not key or any(not part or not part.replace("_", "").replace("-", "").isalnum() for part in key.split(".")):
-        raise ConfigError("", f"bad override {text!r}: expected dotted.key=value, e.g. trainer.learning_rate=1e-5")
+        raise ConfigError("", f"bad override {text!r}: expected dotted.key=value, "
+                              "e.g. trainer.optimizer.learning_rate=1e-5")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as error:

@@ -12,6 +12,11 @@ import json
 import threading
 from typing import Any
 
+from rlax_core.config import InputError
+
+# What the rollout reads of every training row (rlax_core.data.records' Example schema names them all).
+REQUIRED_FIELDS = ("id", "prompt", "task")
+
 _cache: dict[str, tuple[dict[str, Any], ...]] = {}
 _cache_lock = threading.Lock()
 
@@ -20,7 +25,7 @@ def read_examples(path: str) -> list[dict[str, Any]]:
     """Example rows from a parquet file, a folder or glob of parquet shards or a JSON-lines file (local or gs://).
 
     Rows come back sorted by ``id``: the prompt schedule indexes rows, so their order must not depend
-    on how shards were written.
+    on how shards were written. Rows without the Example schema's required fields raise ``InputError``.
     """
     import fsspec
     import pyarrow.parquet as pq
@@ -42,6 +47,10 @@ def read_examples(path: str) -> list[dict[str, Any]]:
                 rows.extend(pq.read_table(handle).to_pylist())
     if not rows:
         raise FileNotFoundError(f"no examples under {path}")
+    missing = [name for name in REQUIRED_FIELDS if name not in rows[0]]
+    if missing:
+        raise InputError(f"{path}: not Example rows (no {', '.join(missing)}; found {', '.join(sorted(rows[0]))}); "
+                         "rows of another layout become Example rows through rlax curate --format NAME")
     return sorted(rows, key=lambda r: r["id"])
 
 

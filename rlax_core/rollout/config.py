@@ -45,3 +45,8 @@ class LoopConfig:
         require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
         require(self.watch_interval_s > 0, "watch_interval_s", "> 0")
         require(self.stall_polls >= 1, "stall_polls", "at least 1")
+
+    def require_train_set(self) -> None:
+        """``rlax rollout`` and ``rlax launch`` refuse, alike, a loop that names no training prompts."""
+        require(bool(self.train_set), "loop.train_set",
+                "say which prompts to train on: --train-set PATH (or loop.train_set=PATH)")

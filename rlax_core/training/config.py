@@ -2,7 +2,7 @@
 
 Built like every other section (see ``rlax_core.config``): a frozen dataclass validated on
 construction, loadable from YAML under the ``trainer:`` key with dotted overrides
-(``trainer.learning_rate=1e-5``).
+(``trainer.optimizer.learning_rate=1e-5``).
 """
 
 from __future__ import annotations

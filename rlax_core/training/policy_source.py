@@ -63,6 +63,35 @@ def tokenizer_path(spec: str) -> str:
     return tokenizer_source_of(parse_policy_source(spec).template)
 
 
+def check_policy(spec: str) -> PolicySource:
+    """Resolve ``spec`` without loading any parameters, or raise ``CheckpointError`` naming what is missing:
+    a weight store's model template and the version asked for (else some committed version), a
+    checkpoint folder's template and the step asked for (else some step). A plain model path is
+    only parsed: ``from_pretrained`` says what a folder lacks."""
+    source = parse_policy_source(spec)
+    if source.kind == "model":
+        return source
+    if not _exists(f"{source.template}/config.json"):
+        raise CheckpointError(f"{spec}: no model template {source.template}/config.json (rlax train writes it "
+                              "beside the weight versions and checkpoints it makes)")
+    if source.kind == "weights":
+        import fsspec
+
+        from rlax_core.weights.manifest import parse_version_name
+
+        fs, root = fsspec.core.url_to_fs(f"{source.path.rstrip('/')}/committed")
+        names = [n.rstrip("/").rsplit("/", 1)[-1] for n in (fs.ls(root, detail=False) if fs.isdir(root) else [])]
+        available = sorted(v for v in map(parse_version_name, names) if v is not None)
+        what = "committed weight version"
+    else:
+        available = _checkpoint_steps(source.path)
+        what = "complete checkpoint"
+    if not available or (source.version is not None and source.version not in available):
+        asked = "" if source.version is None else f" {source.version}"
+        raise CheckpointError(f"{spec}: no {what}{asked}; there are: {', '.join(map(str, available)) or 'none'}")
+    return source
+
+
 def load_policy(spec: str, dtype="float32") -> Model:
     """The model ``spec`` names (see the module docstring), its params cast to ``dtype``."""
     import jax
@@ -131,10 +160,15 @@ def _exists(path: str) -> bool:
 
 def _is_checkpoint_folder(path: str) -> bool:
     """A folder of orbax checkpoints: numbered sub-folders, each with its ``state`` item."""
+    return bool(_checkpoint_steps(path))
+
+
+def _checkpoint_steps(path: str) -> list[int]:
+    """The numbered sub-folders of ``path`` that hold a ``state`` item, in order."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(path)
     if not fs.isdir(root):
-        return False
-    steps = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
-    return any(s.isdigit() and fs.exists(f"{root.rstrip('/')}/{s}/state") for s in steps)
+        return []
+    names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
+    return sorted(int(n) for n in names if n.isdigit() and fs.exists(f"{root.rstrip('/')}/{n}/state"))

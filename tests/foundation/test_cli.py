@@ -81,3 +81,55 @@ def test_a_bare_word_is_not_taken_for_a_beam_option(capsys):
     error = capsys.readouterr().err.strip()
     assert "'trainer.optimizer.learning_rate' is neither a flag nor an override" in error and "key=value" in error
     assert "\n" not in error
+
+
+def _taught_texts():
+    """What the CLI teaches: `rlax --help`'s epilog, every docstring of pipelines/ and rlax_core/, and the
+    strings of every config / input error hint and flag help there."""
+    import ast
+    from pathlib import Path
+
+    from pipelines import cli
+
+    yield "rlax --help", cli.EPILOG
+    root = Path(__file__).resolve().parents[2]
+    for path in sorted(root.glob("pipelines/*.py")) + sorted(root.glob("rlax_core/**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                if ast.get_docstring(node):
+                    yield f"{path.name}: a docstring", ast.get_docstring(node)
+            name = getattr(node, "func", None)
+            if getattr(name, "id", getattr(name, "attr", None)) in ("ConfigError", "InputError", "require", "add_argument"):
+                for part in ast.walk(node):
+                    if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                        yield f"{path.name}: a hint", part.value
+
+
+def test_every_override_the_cli_teaches_parses_against_the_run_config():
+    import dataclasses
+    import re
+
+    from pipelines.config import RunConfig, load_run_config
+
+    sections = "|".join(field.name for field in dataclasses.fields(RunConfig))
+    # section.key=value, a value being a word or a bracketed YAML list / mapping; KEY=VALUE placeholders are not examples
+    token = re.compile(rf"(?<![\w.-])((?:{sections})\.[a-z_][\w.]*=(?:\[[^\]]*\]|\{{[^}}]*\}}|[^\s`'\"),;]+))")
+    taught = {match.group(1).rstrip("."): where for where, text in _taught_texts() for match in token.finditer(text)}
+    assert "trainer.optimizer.learning_rate=1e-5" in taught and len(taught) >= 8, taught
+    for override, where in taught.items():
+        try:
+            load_run_config(None, [override])
+        except ValueError as error:
+            pytest.fail(f"{where} teaches {override!r}, which does not parse: {error}")
+
+
+def test_no_command_re_enters_the_cli():
+    """A command calls other commands' functions (the rehearsal its stages), never `pipelines.cli` again."""
+    import ast
+    from pathlib import Path
+
+    for path in Path(__file__).resolve().parents[2].glob("pipelines/*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) else
+                     [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            assert "pipelines.cli" not in names or path.name == "cli.py", f"{path.name} imports pipelines.cli"

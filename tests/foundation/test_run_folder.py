@@ -97,3 +97,20 @@ def test_a_resumed_report_says_so():
               "rl": {"steps": 2, "groups_per_step": 8, "samples_per_prompt": 8, "max_staleness": 1, "seconds": 1.0}}
     assert "resumed" not in markdown({**report, "resumed": False})
     assert "This run was resumed (`--resume`)" in markdown({**report, "resumed": True})
+
+
+def test_shipped_recipes_find_their_models_from_another_folder(tmp_path, monkeypatch):
+    """By name, from a folder that is not the repository: the model each recipe names is found."""
+    import argparse
+
+    from pipelines import evaluate, filter_difficulty
+    from pipelines.inputs import require_model
+
+    monkeypatch.chdir(tmp_path)
+    flags = dict(config=None, overrides=[], input="x.jsonl", model=None, samples=None, low=None, high=None, limit=None,
+                 output="out", eval_set=[], allow_empty=False)
+    filtered, _ = filter_difficulty.resolve_config(argparse.Namespace(**{**flags, "config": "filter_stories260k"}))
+    evaluated, _ = evaluate.resolve_config(argparse.Namespace(**{**flags, "config": "evaluate_stories260k", "model": []}))
+    for model in (filtered.generation.model, *evaluated.models):
+        assert Path(model).is_absolute()
+        require_model(model)

@@ -1,0 +1,72 @@
+"""One skeleton for the Beam batch commands (``rlax curate``, ``rlax filter``, ``rlax evaluate``).
+
+Each command module gives its parts; :meth:`BatchCommand.run` puts them in the same order for all:
+
+1. ``resolve(args)``: the config file, dotted overrides and flags -> the command's config section
+   and the config's Beam options (``ConfigError`` on a bad value);
+2. ``check_inputs(config)``: every input resolved before anything heavy (``pipelines.inputs``);
+3. Beam options: the config's and the command line's (``pipelines.runners.pipeline_options``);
+   ``--dry_run`` translates the job for Dataflow and submits nothing (``pipelines.dataflow_job``);
+4. ``build(pipeline, config)``: the job, run to its end (a full disk named with the output's path:
+   ``rlax_core.utils.resources``);
+5. ``finish(config, seconds, allow_empty)``: read what the job wrote, refuse a job that wrote nothing
+   from a non-empty input unless ``--allow-empty``, print it; returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchCommand:
+    name: str
+    resolve: Callable[[argparse.Namespace], tuple[Any, list[str]]]
+    check_inputs: Callable[[Any], None]
+    build: Callable[[Any, Any], None]
+    finish: Callable[[Any, float, bool], int]
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """The flags every batch command takes."""
+        parser.add_argument("--allow-empty", action="store_true",
+                            help="succeed even when the job writes no row (by default an empty result fails)")
+
+    def run(self, args: argparse.Namespace, beam_args: list[str]) -> int:
+        """The command line's entry point: steps 1 to 5."""
+        config, config_beam_args = self.resolve(args)
+        return self.execute(config, config_beam_args, beam_args, allow_empty=args.allow_empty)
+
+    def execute(self, config: Any, config_beam_args: list[str], beam_args: list[str] = (), *,
+                allow_empty: bool = False) -> int:
+        """Steps 2 to 5 for a config already resolved (``rlax launch --rehearse`` runs the stages so)."""
+        import apache_beam as beam
+
+        from rlax_core.config import to_dict
+        from rlax_core.utils.resources import ResourceError, resource_failure
+        from pipelines.dataflow_job import is_dry_run, print_dry_run
+        from pipelines.runners import pipeline_options
+
+        self.check_inputs(config)
+        log.info("%s config: %s", self.name, json.dumps(to_dict(config)))
+        started = time.perf_counter()
+        options = pipeline_options(config_beam_args, beam_args)
+        if is_dry_run(options):  # translate for Dataflow, submit nothing
+            return print_dry_run(self.name, options, lambda pipeline: self.build(pipeline, config))
+        try:
+            with beam.Pipeline(options=options) as pipeline:
+                self.build(pipeline, config)
+        except Exception as error:
+            # A runner passes a worker's full disk on as text without the path: name the output's.
+            line = resource_failure(error, f"rlax {self.name}", where=[config.output])
+            if line is None:
+                raise
+            raise ResourceError(line) from error
+        return self.finish(config, time.perf_counter() - started, allow_empty)
