@@ -25,11 +25,11 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rlax_core.rewards import RewardConfig  # noqa: E402
 from rlax_core.rewards.answers import extract_answer  # noqa: E402
@@ -39,8 +39,9 @@ from rlax_core.rewards.registry import Sample  # noqa: E402
 from rlax_core.rewards.terms import BoxedAnswer, FencedCode, ThinkThenAnswer  # noqa: E402
 from rlax_core.tasks.story import score_story  # noqa: E402
 
+from answers import MEASURABLE_S, best_cpu_seconds  # noqa: E402 - the same clock as the extraction benchmark
+
 BUDGET_S = 0.05  # per sample, all host-side scorers together
-MEASURABLE_S = 1e-3  # below this the process clock's resolution decides the growth: reported as null
 _SCAN = re.compile(r"[\n{}\\#`\d]")
 _HUMANEVAL = CodeTests(cases=("check(f)",), prompt="from typing import List\n\ndef f(xs: List[int]) -> int:\n",
                        entry_point="f")
@@ -81,24 +82,16 @@ def host_scorers() -> dict[str, Callable[[str], object]]:
     }
 
 
-def cpu_seconds(function: Callable[[], object], repeats: int = 1) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        function()
-        best = min(best, time.process_time() - start)
-    return max(best, 1e-6)
-
-
-def score_all(text: str) -> None:
-    for scorer in host_scorers().values():
-        scorer(text)
-
-
 def measure(name: str, text: str, doubled: str, repeats: int) -> dict:
-    one = cpu_seconds(lambda: score_all(text), repeats)
-    two = cpu_seconds(lambda: score_all(doubled), repeats)
-    scan = cpu_seconds(lambda: sum(1 for _ in _SCAN.finditer(text)), repeats)
+    scorers = list(host_scorers().values())
+
+    def score_all(sample: str) -> None:
+        for scorer in scorers:
+            scorer(sample)
+
+    one = best_cpu_seconds(lambda: score_all(text), repeats)
+    two = best_cpu_seconds(lambda: score_all(doubled), repeats)
+    scan = best_cpu_seconds(lambda: sum(1 for _ in _SCAN.finditer(text)), repeats)
     return {"input": name, "chars": len(text), "seconds": round(one, 4), "budget_seconds": BUDGET_S,
             "within_budget": one <= BUDGET_S, "seconds_2x": round(two, 4),
             "growth": round(two / one, 2) if one >= MEASURABLE_S else None,

@@ -146,9 +146,9 @@ def main() -> None:
     for prefix, checks in (("code", jobs), ("mbpp", mbpp_jobs(len(jobs)))):  # HumanEval, then 3-assert checks
         out[f"{prefix}_baseline_subprocess"], out[f"{prefix}_baseline_passed"] = bench_code_baseline(checks)
         for workers in (1, 2):
-            out[f"{prefix}_sandbox_w{workers}"], out[f"{prefix}_sandbox_w{workers}_passed"] = bench_code(checks, workers)
-            out[f"{prefix}_sandbox_w{workers}_vs_baseline"] = round(
-                out[f"{prefix}_sandbox_w{workers}"] / out[f"{prefix}_baseline_subprocess"], 3)
+            ours = f"{prefix}_sandbox_w{workers}"
+            out[ours], out[f"{ours}_passed"] = bench_code(checks, workers)
+            out[f"{ours}_vs_baseline"] = round(out[ours] / out[f"{prefix}_baseline_subprocess"], 3)
     out["pathological_timeout_s"] = args.pathological_timeout
     out["pathological_seconds"] = bench_pathological(args.pathological_timeout)
     out["pathological_max_over_timeout_s"] = round(

@@ -1,8 +1,8 @@
 """Inside the program's sandbox: run the candidate program, then compute what the judge asks for.
 
 A standalone script (standard library only) that ``code_verifier.py`` ships into the program's sandbox
-beside ``plain_data.py``; its job (JSON) arrives on stdin. It decides nothing. The program runs once (then the task's
-setup code, in the same namespace); the driver says on fd 5 whether that worked, then answers the
+beside ``plain_data.py``; its job (JSON) arrives on stdin. It decides nothing. The program runs once
+(then the task's setup code, in the same namespace); the driver says on fd 5 whether that worked, then answers the
 requests that arrive on fd 4 from the judge (``code_judge.py``, another sandbox): look up names, call
 a function with arguments. Each answer is one JSON line of plain data (``plain_data.py``); an object
 that is not plain data goes back as a numbered handle the judge can only call or pass back. Each

@@ -1,8 +1,8 @@
 """Inside the judge's sandbox: run a task's tests and decide every verdict; the program is elsewhere.
 
 A standalone script (standard library only) that ``code_verifier.py`` ships into a sandbox of its own,
-beside ``plain_data.py``; its job (JSON) arrives on stdin. The program under test runs in another sandbox (other
-namespaces, another uid) behind ``code_driver.py``; the only link is a pair of pipes: requests go out
+beside ``plain_data.py``; its job (JSON) arrives on stdin. The program under test runs in another
+sandbox (other namespaces, another uid) behind ``code_driver.py``; the only link is a pair of pipes: requests go out
 on fd 4, plain-data answers come back on fd 5. Verdicts go to fd 3, which only this process holds.
 
 Trusted names come first: the task's prompt (HumanEval's helpers such as ``poly``; its entry point is

@@ -26,8 +26,8 @@ failure to build the sandbox comes back on a close-on-exec pipe of its own (``se
 closes as the program starts, so no program can claim one. A prepared sandbox (``start`` in the job)
 is built and its program started before its input exists: the program's stdin is then the caller's
 pipe, and the wall clock (``idle_seconds`` until then) starts when the caller's settings arrive on the
-start pipe; end-of-file there without settings gives the run up. A job may also hand the program pipe ends of its caller's (``channels``:
-program fd -> inherited fd, all above 3): this launcher keeps no copy of them once the program has
+start pipe; end-of-file there without settings gives the run up. A job may also hand the program
+pipe ends of its caller's (``channels``: program fd -> inherited fd, all above 3): this launcher keeps no copy of them once the program has
 them, so the peer at the other end sees end-of-file when the program's last process is gone. A
 ``lifeline`` (an inherited read end the program does not get) ends the run early: when its write end
 closes (the peer is done), the program has ``LIFELINE_GRACE_S`` to exit, then it is killed. The wall-clock limit is enforced here, from outside the

@@ -35,7 +35,8 @@ def test_build_program_still_finds_the_entry_point():
     from rlax_core.rewards.code_verifier import CodeTests, build_program, extract_code
 
     tests = CodeTests(cases=("check(f)",), prompt="import math\ndef f(x):\n", entry_point="f")
-    assert build_program("```python\n  def f (x):\n    return x\n```", tests) == "import math\n  def f (x):\n    return x\n"
+    indented = "```python\n  def f (x):\n    return x\n```"
+    assert build_program(indented, tests) == "import math\n  def f (x):\n    return x\n"
     assert build_program("    return x\n", tests) == "import math\ndef f(x):\n    return x\n"
     assert build_program("\n" * 1000 + "def f(x):\n    return 1\n", tests).startswith("import math\n\n")
     assert extract_code("```py  \nA\n```\n```Python3\t\nB\n```") == "B\n"
