@@ -329,6 +329,9 @@ class PreparedSandbox:
                 sink.write(stdin)
         except BrokenPipeError:
             self.cancel()
+            # It ended: because it could not be built (that SandboxUnavailable goes up), or it idled out.
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                self._report.result(timeout=OUTER_TIMEOUT_MARGIN_S)
             raise StaleSandbox("the prepared sandbox ended before its job came") from None
 
     def report(self) -> SandboxReport:

@@ -59,3 +59,15 @@ def test_the_pool_replaces_stale_pairs():
             prepared.cancel()  # as if their idle time had run out
         assert verifier.check("def f(x):\n    return x * x\n", square).all_passed
         assert not verifier.check("def f(x):\n    return x\n", square).all_passed
+
+
+def test_a_sandbox_that_cannot_be_built_says_so_when_its_job_comes():
+    from rlax_core.rewards import SandboxUnavailable
+
+    impossible = SandboxLimits(**{**LIMITS.__dict__, "open_files": 1 << 40})
+    sandbox = PreparedSandbox({"main.py": READS_STDIN}, ["main.py"], impossible)
+    deadline = time.monotonic() + 30
+    while sandbox.waiting and time.monotonic() < deadline:
+        time.sleep(0.1)  # its handler has reported and gone: the start pipe is closed
+    with pytest.raises(SandboxUnavailable, match="sandbox setup failed"):
+        sandbox.start(b"job")
