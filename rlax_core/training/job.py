@@ -15,6 +15,11 @@ On start the loop resumes from the newest complete checkpoint by itself, or else
 initial parameters and publishes them as version 0 so that the rollout fleet can begin. When
 ``stop`` is set (SIGTERM: a preemption notice) it finishes the step in flight, checkpoints, waits
 for the checkpoint and the publication to land, and returns.
+
+LoRA (``trainer.lora.rank > 0``): the initial parameters are the frozen base; version 0 is that base
+in full, and every later version is adapter-only on it (``rlax_core.weights.adapters``). Checkpoints
+hold the adapters; a resumed run takes the base from the initial parameters again. Each export is
+the merged model plus a PEFT folder (``ROOT/step_XXXXXXXX/adapter``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import numpy as np
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.export import MODEL_CONFIG, export_hf
+from rlax_core.models.lora_export import export_peft
 from rlax_core.parallel.mesh import initialize_distributed, make_mesh
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.batching import make_batch
@@ -43,6 +49,7 @@ from rlax_core.utils import startup
 from rlax_core.utils.metrics import MetricsWriter
 from rlax_core.utils.wandb_logger import WandbLogger
 from rlax_core.weights import AsyncPublisher, WeightStore, is_fresh_enough
+from rlax_core.weights.adapters import adapter_reference, is_adapter_version
 from rlax_core.weights.repair import heal_if_refused
 
 log = logging.getLogger(__name__)
@@ -149,6 +156,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
     is_chief = jax.process_index() == 0
 
     resumed_from = checkpointer.latest_step()
+    if config.lora.enabled and resumed_from is not None:
+        trainer.load_base(initial_params)
     if resumed_from is None:
         state, ledger = trainer.init_state(initial_params), DataLedger()
     else:
@@ -156,11 +165,11 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         log.info("resumed from checkpoint %d (%d groups consumed, %d dropped)", resumed_from,
                  len(ledger.consumed), len(ledger.dropped))
     ref_params = None
-    if algorithm.uses_reference:
+    if algorithm.uses_reference and not config.lora.enabled:  # LoRA: the reference is the trainer's base
         ref_params = jax.device_put(jax.tree.map(lambda x: np.asarray(x, trainer.param_dtype), initial_params),
                                     trainer.param_shardings)
     step = int(state.step)
-    publisher = _Publisher(weights)
+    publisher = _Publisher(weights, trainer)
     startup.mark("trainer_publish")
     publisher.publish(step, state.params)
     published = step  # the newest version handed to the publisher: its commit time goes in the next row
@@ -207,7 +216,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
                 checkpointer.save(step, state, ledger)
                 last_saved = step
             if export is not None and config.export_every and step % config.export_every == 0:
-                _export(export, step, model_config, state.params)
+                _export(export, step, model_config, state.params, trainer)
             if metrics is not None:
                 tokens = float(batch["attention_mask"].sum())
                 versions = batch["policy_versions"][batch["sample_mask"] > 0]
@@ -231,7 +240,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         if last_saved != step:
             checkpointer.save(step, state, ledger)
         if export is not None and not preempted and not _exported(export, step):
-            _export(export, step, model_config, state.params)
+            _export(export, step, model_config, state.params, trainer)
         if preempted:
             log.info("stop requested: checkpointed step %d and leaving", step)
     finally:
@@ -270,17 +279,24 @@ def _timeline(wait_start_t: float, read_t: float, publish_t: float | None, previ
     return row
 
 
-def _export(export: HFExport, step: int, model_config: ModelConfig, params: Any) -> None:
-    """Every host takes part in gathering the params; the chief writes the folder."""
+def _export(export: HFExport, step: int, model_config: ModelConfig, params: Any, trainer: Trainer) -> None:
+    """Every host takes part in gathering the params; the chief writes the folder (LoRA: the merged
+    model, and the adapters as a PEFT folder inside it)."""
+    adapters = None
+    if trainer.lora.enabled:
+        adapters, params = params, trainer.policy_params(params)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
-        params = multihost_utils.process_allgather(params, tiled=True)
+        params, adapters = multihost_utils.process_allgather((params, adapters), tiled=True)
     else:
-        params = jax.device_get(params)
+        params, adapters = jax.device_get((params, adapters))
     if jax.process_index() != 0:
         return
     started = time.monotonic()
+    if adapters is not None:  # first: the folder is complete once export_hf writes config.json
+        export_peft(f"{export.folder(step)}/adapter", model_config, trainer.lora, adapters,
+                    base_model=export.tokenizer_source)
     export_hf(export.folder(step), model_config, params, tokenizer_source=export.tokenizer_source,
               generation=export.generation)
     log.info("exported step %d as a Hugging Face folder: %s (%.1f s)", step, export.folder(step),
@@ -297,8 +313,10 @@ def _exported(export: HFExport, step: int) -> bool:
 class _Publisher:
     """Weight versions out: asynchronous on one host, collective (every host writes its shards) on many."""
 
-    def __init__(self, store: WeightStore | None):
+    def __init__(self, store: WeightStore | None, trainer: Trainer):
         self.store = store
+        self.trainer = trainer
+        self.adapter: dict[str, Any] | None = None  # LoRA: the manifest entry naming the base version
         self.multi_host = jax.process_count() > 1
         self.async_publisher = AsyncPublisher(store) if store is not None and not self.multi_host else None
         self._sync_commits: dict[int, float] = {}
@@ -313,14 +331,33 @@ class _Publisher:
             # Already there: published by this run before a restart; the resumed run recomputes
             # bit-identical parameters, and committed versions are immutable.
             return
+        adapter = None
+        if self.trainer.lora.enabled:
+            adapter = self._lora_base(version, params)
+            if adapter is None:
+                return  # this version was the base itself
         if self.async_publisher is not None:
-            self.async_publisher.submit(version, params)
+            self.async_publisher.submit(version, params, adapter=adapter)
         else:
-            self.store.publish(version, params)
+            self.store.publish(version, params, adapter=adapter)
             self._sync_commits = {v: t for v, t in self._sync_commits.items() if v >= version - 1}
             self._sync_commits[version] = time.time()
         if jax.process_index() == 0:
             self.store.gc()
+
+    def _lora_base(self, version: int, adapters: Any) -> dict[str, Any] | None:
+        """The adapter entry for ``version``; first the base: version 0 when this run published it (in
+        full), else the policy of ``version`` published in full, which then is the base (None returned)."""
+        if self.adapter is None:
+            if version > 0 and self.store.is_committed(0) and not is_adapter_version(self.store, 0):
+                self.adapter = adapter_reference(self.store, 0, self.trainer.lora)
+            else:
+                self.store.publish(version, self.trainer.policy_params(adapters))  # synchronous: pinned next
+                if jax.process_index() != 0:  # host 0 commits once every host's part is written
+                    next(self.store.watch(after=version - 1))
+                self.adapter = adapter_reference(self.store, version, self.trainer.lora)
+                return None
+        return self.adapter
 
     def heal(self, version: int, params: Any) -> None:
         """Repair ``version`` if readers reported it refused (single host: the whole params are in hand)."""

@@ -5,9 +5,14 @@
     load_policy("weights:gs://bucket/run/weights")       # its newest committed version
     load_policy("checkpoint:runs/x/checkpoints@10")      # the params of orbax checkpoint 10
     load_policy("runs/x/checkpoints")                    # detected: the newest checkpoint
+    load_policy("runs/x/peft/step_00000010")             # a PEFT LoRA folder, merged into its base model
 
-Without a prefix, a folder holding ``committed/`` is a weight store and a folder of numbered orbax
-checkpoints is a checkpoint folder; anything else goes to ``from_pretrained``. Versions and
+Without a prefix, a folder holding ``committed/`` is a weight store, a folder of numbered orbax
+checkpoints is a checkpoint folder and a folder with ``adapter_config.json`` is a PEFT adapter
+(merged into the model its ``base_model_name_or_path`` names); anything else goes to
+``from_pretrained``. A LoRA run's weight versions are adapter-only: they load merged into their base
+version (``rlax_core.weights.adapters``); its checkpoints hold adapters only, so evaluate its versions
+or exports instead. Versions and
 checkpoints hold parameters only: the architecture, tokenizer and generation settings come from the
 *model template* ``rlax train`` writes beside them (``WEIGHTS/model/``, ``CHECKPOINTS/model/``: an
 exported Hugging Face folder without weights, ``rlax_core.models.export``).
@@ -24,20 +29,27 @@ from rlax_core.models.checkpoint import CheckpointError, Model, from_pretrained,
 from rlax_core.models.config import ModelConfig
 
 MODEL_TEMPLATE = "model"  # the sub-folder holding the model template, in a weight store and a checkpoint folder
-PREFIXES = ("weights", "checkpoint")
+PREFIXES = ("weights", "checkpoint", "adapter")
 
 _VERSIONED = re.compile(r"^(?P<path>.+?)(?:@(?P<version>\d+))?$")
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicySource:
-    kind: Literal["model", "weights", "checkpoint"]
-    path: str  # the model folder / file, the weight store's root, or the checkpoint folder
+    kind: Literal["model", "weights", "checkpoint", "adapter"]
+    path: str  # the model folder / file, the weight store's root, the checkpoint folder, or the PEFT folder
     version: int | None = None  # weights / checkpoint: None is the newest
 
     @property
     def template(self) -> str:
         """The folder holding this policy's config.json and tokenizer."""
+        if self.kind == "adapter":
+            from rlax_core.models.lora_export import read_peft_config
+
+            base = read_peft_config(self.path).get("base_model_name_or_path")
+            if not base:
+                raise CheckpointError(f"{self.path}: adapter_config.json names no base_model_name_or_path")
+            return base
         return self.path if self.kind == "model" else f"{self.path.rstrip('/')}/{MODEL_TEMPLATE}"
 
 
@@ -53,6 +65,8 @@ def parse_policy_source(spec: str) -> PolicySource:
         return PolicySource("weights", path)
     if _is_checkpoint_folder(path):
         return PolicySource("checkpoint", path)
+    if _exists(f"{path}/adapter_config.json"):
+        return PolicySource("adapter", path)
     return PolicySource("model", spec)
 
 
@@ -101,6 +115,14 @@ def load_policy(spec: str, dtype="float32") -> Model:
     source = parse_policy_source(spec)
     if source.kind == "model":
         return from_pretrained(source.path, dtype=dtype)
+    if source.kind == "adapter":
+        from rlax_core.models.lora import merge
+        from rlax_core.models.lora_export import load_peft
+
+        base = from_pretrained(source.template, dtype="float32")
+        lora, adapters = load_peft(source.path, base.config)
+        params = jax.jit(merge, static_argnums=2)(base.params, adapters, lora)
+        return Model(base.config, jax.tree.map(lambda x: x.astype(jnp.dtype(dtype)), params))
     config = _template_config(source)
     params = _weight_version(source) if source.kind == "weights" else _checkpoint_params(source)
     cast = jnp.dtype(dtype)
@@ -130,9 +152,11 @@ def _weight_version(source: PolicySource):
     except FileNotFoundError:
         raise CheckpointError(f"weights:{source.path}: version {source.version} is not committed; committed: "
                               f"{', '.join(str(int(n[5:13])) for n in committed)}") from None
+    from rlax_core.weights.adapters import load_policy as load_version
+
     with WeightStore(WeightStoreConfig(root=source.path, run_id=marker.run_id)) as store:
         version = source.version if source.version is not None else store.latest()
-        return store.load(version, as_numpy=True)
+        return load_version(store, version, as_numpy=True)[0]
 
 
 def _checkpoint_params(source: PolicySource):

@@ -1,5 +1,7 @@
 """LoRA adapters out as a Hugging Face PEFT folder (and back), and a merged full folder beside it."""
 
+import shutil
+
 import jax
 import numpy as np
 import pytest
@@ -58,3 +60,25 @@ def test_peft_loads_our_adapters_onto_the_base_and_the_merged_export_equals_it(t
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
     np.testing.assert_allclose(merged_theirs, theirs, atol=1e-4, rtol=0)
     assert np.abs(base_theirs - theirs).max() > 1e-2  # the adapters change the logits that agree
+
+
+def test_evaluate_and_generate_take_a_peft_folder_or_an_adapter_version(tmp_path):
+    from rlax_core.training.policy_source import load_policy, parse_policy_source
+    from rlax_core.weights import WeightStore, WeightStoreConfig
+    from rlax_core.weights.adapters import publish_adapters
+
+    base, adapters = base_and_adapters()
+    merged = jax.tree.map(np.asarray, merge(base, adapters, LORA))
+    save_pretrained(Model(CONFIG, base), tmp_path / "base")
+    export_peft(tmp_path / "adapter", CONFIG, LORA, adapters, base_model=str(tmp_path / "base"))
+    assert parse_policy_source(str(tmp_path / "adapter")).kind == "adapter"
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+                 load_policy(str(tmp_path / "adapter")).params, merged)
+
+    with WeightStore(WeightStoreConfig(root=str(tmp_path / "weights"), run_id="r")) as store:
+        store.publish(0, base)
+        publish_adapters(store, 1, adapters, base_version=0, lora=LORA)
+    (tmp_path / "weights" / "model").mkdir()  # the model template rlax train writes beside its versions
+    shutil.copyfile(tmp_path / "base" / "config.json", tmp_path / "weights" / "model" / "config.json")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+                 load_policy(f"weights:{tmp_path / 'weights'}@1").params, merged)

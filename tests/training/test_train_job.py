@@ -25,6 +25,8 @@ GROUPS_PER_STEP = 2
 
 # PPO: a critic with its own Adam state, the KL in the reward, 2 epochs x 2 mini-batches per batch.
 PPO = ({"preset": "ppo"}, {"ppo_epochs": 2, "mini_batches": 2, "value_model": {"optimizer": {"learning_rate": 1e-3}}})
+# LoRA with a KL to the base: adapters and their Adam moments in the checkpoint, adapter-only versions.
+LORA = ({"preset": "grpo", "kl_coef": 0.01}, {"lora": {"rank": 4, "alpha": 8.0}})
 
 
 def make_run(tmp_path: Path, name: str, model_dir: Path, algorithm=None, trainer=None) -> Path:
@@ -83,7 +85,7 @@ def load_final(output: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm, trainer", [(None, None), PPO], ids=["grpo", "ppo-value-model"])
+@pytest.mark.parametrize("algorithm, trainer", [(None, None), PPO, LORA], ids=["grpo", "ppo-value-model", "lora"])
 def test_sigkill_and_restart_resumes_bit_identically(tmp_path, model_dir, algorithm, trainer):
     # Uninterrupted: every group is there from the start.
     config = make_run(tmp_path, "straight", model_dir, algorithm, trainer)
@@ -107,8 +109,10 @@ def test_sigkill_and_restart_resumes_bit_identically(tmp_path, model_dir, algori
     assert step_a == step_b == 6
     leaves_a, leaves_b = jax_leaves(state_a), jax_leaves(state_b)
     assert len(leaves_a) == len(leaves_b) > 10
-    if trainer is not None:  # the critic and its Adam moments are in the checkpoint too
+    if trainer is PPO[1]:  # the critic and its Adam moments are in the checkpoint too
         assert any("value_opt_state" in path for path, _ in leaves_a)
+    if trainer is LORA[1]:  # adapters only: no base kernel in the checkpoint
+        assert all("lora_" in path for path, _ in leaves_a if "params" in path and "opt_state" not in path)
     for (path, a), (_, b) in zip(leaves_a, leaves_b):
         np.testing.assert_array_equal(a, b, err_msg=path)  # params, Adam moments, counts, step, RNG: bit for bit
     assert ledger_a == ledger_b
@@ -120,6 +124,14 @@ def test_sigkill_and_restart_resumes_bit_identically(tmp_path, model_dir, algori
     assert committed[-1] == 6
     steps = [row["step"] for row in read_metrics(tmp_path / "killed" / "metrics")]
     assert steps[-3:] == [4, 5, 6] and "train/loss" in read_metrics(tmp_path / "killed" / "metrics")[-1]
+    if trainer is LORA[1]:  # version 0 is the base in full; every later one is adapters pinned to it
+        import json
+
+        manifests = {v: json.loads((tmp_path / "killed" / "weights" / f"step_{v:08d}" / "manifest.json").read_text())
+                     for v in (0, 6)}
+        assert manifests[0].get("adapter") is None and manifests[6]["adapter"]["base_version"] == 0
+        assert all("lora_" in t["name"] for t in manifests[6]["tensors"])
+        assert (tmp_path / "killed" / "hf" / "step_00000006" / "adapter" / "adapter_config.json").is_file()
 
 
 def jax_leaves(tree):
