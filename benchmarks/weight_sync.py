@@ -22,6 +22,12 @@ to one that writes deltas (``full_snapshot_every``); a reader that holds the pre
 each. It reports bytes written and read per version, publish-to-loaded for both, and a cold reader
 (holding nothing) that rebuilds the newest version from the last full one and the chain.
 
+Adapter-only versions (``--adapter-versions``, default 3; LoRA rank ``--lora-rank`` on q, k, v, o,
+gate, up, down): the same model published per step in full, and as adapters on a base version 0 that
+the reader already holds (``rlax_core.weights.adapters``). Reported: bytes written and read per version
+and publish-to-loaded, where "loaded" is the engine's complete params (for an adapter version: the
+adapters merged into the held base, on the device), and a cold reader that holds nothing.
+
     python benchmarks/weight_sync.py                     # 25m and 500m on a local temp folder
     python benchmarks/weight_sync.py --sizes 25m --root gs://bucket/bench   # any store root
 """
@@ -46,7 +52,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlax_core.models import ModelConfig, init_params  # noqa: E402
+from rlax_core.models.lora import LoraConfig, init_adapters  # noqa: E402
 from rlax_core.weights import AsyncPublisher, WeightStore, WeightStoreConfig  # noqa: E402
+from rlax_core.weights.adapters import adapter_reference, load_policy  # noqa: E402
 from rlax_core.weights.storage import open_storage  # noqa: E402
 from rlax_core.weights.tree import flatten_params, unflatten_params  # noqa: E402
 
@@ -239,6 +247,73 @@ def bench_deltas(name: str, config: ModelConfig, root: str, engine_dtype: str, v
     }
 
 
+def bench_adapters(name: str, config: ModelConfig, root: str, engine_dtype: str, versions: int, rank: int) -> dict:
+    """Full versions against adapter-only versions of the same model, side by side in the same run."""
+    lora = LoraConfig(rank=rank, alpha=2.0 * rank)
+    params = init_params(config, jax.random.key(0), jnp.float32)
+    run_id = f"bench-lora-{name}-{uuid.uuid4().hex[:6]}"
+    store_root = f"{root.rstrip('/')}/{run_id}"
+    publish_dtype = None if engine_dtype == "float32" else engine_dtype
+    configs = {mode: WeightStoreConfig(root=f"{store_root}/{mode}", run_id=run_id, publish_dtype=publish_dtype,
+                                       gc_grace_s=0.0, keep=1) for mode in ("full", "adapter")}
+    writers = {mode: WeightStore(c) for mode, c in configs.items()}
+    readers = {mode: WeightStore(c) for mode, c in configs.items()}
+    publishers = {mode: AsyncPublisher(store) for mode, store in writers.items()}
+    writers["adapter"].publish(0, params)  # the base, once: version 0 of a LoRA run
+    reference = adapter_reference(writers["adapter"], 0, lora)
+    held_base = None  # the reader loads the base with the first (uncounted) adapter version, and holds it
+    rows = {mode: [] for mode in configs}
+    for version in range(1, versions + 2):  # the first round warms up the merge's compilation; not counted
+        adapters = jax.tree.map(lambda x, v=version: x + 1e-3 * v, init_adapters(config, lora, jax.random.key(version)))
+        for mode, tree, adapter in (("full", params, None), ("adapter", adapters, reference)):
+            written_before = writers[mode].counters.get("written_bytes", 0)
+            read_before = readers[mode].counters.get("read_bytes", 0)
+            start = time.perf_counter()
+            publishers[mode].submit(version, tree, adapter=adapter)
+            publishers[mode].flush(timeout_s=1800)
+            committed_s = time.perf_counter() - start
+            if mode == "full":
+                loaded, pulled_s = _timed(lambda: jax.block_until_ready(readers[mode].load(version, dtype=engine_dtype)))
+            else:
+                (loaded, held_base), pulled_s = _timed(lambda: jax.block_until_ready(
+                    load_policy(readers[mode], version, held_base=held_base, dtype=engine_dtype)))
+            del loaded
+            writers[mode].gc()
+            if version > 1:
+                rows[mode].append(dict(committed_s=committed_s, pulled_s=pulled_s,
+                                       written_bytes=writers[mode].counters["written_bytes"] - written_before,
+                                       read_bytes=readers[mode].counters["read_bytes"] - read_before))
+    with WeightStore(configs["adapter"]) as cold:  # holds nothing: the base, then the adapters
+        (loaded, _), cold_pulled_s = _timed(lambda: jax.block_until_ready(
+            load_policy(cold, versions + 1, dtype=engine_dtype)))
+        del loaded
+        cold_read_bytes = cold.counters["read_bytes"]
+    kept = sorted(writers["adapter"].versions())
+    for mode in configs:
+        publishers[mode].close()
+        writers[mode].close()
+        readers[mode].close()
+    open_storage(store_root).delete_tree("")
+
+    def summary(mode):
+        best = {key: min(r[key] for r in rows[mode]) for key in ("committed_s", "pulled_s")}
+        return {**{k: round(v, 4) for k, v in best.items()},
+                "publish_to_loaded_s": round(best["committed_s"] + best["pulled_s"], 4),
+                "written_bytes_per_version": int(np.mean([r["written_bytes"] for r in rows[mode]])),
+                "read_bytes_per_version": int(np.mean([r["read_bytes"] for r in rows[mode]]))}
+
+    full, adapter = summary("full"), summary("adapter")
+    adapter["cold_reader"] = {"pulled_s": round(cold_pulled_s, 4), "read_bytes": cold_read_bytes,
+                              "what": "a reader holding nothing: the base version and the adapters, merged"}
+    return {
+        "lora": lora.to_json(), "adapter_params": int(sum(x.size for x in jax.tree.leaves(adapters))),
+        "published_dtype": engine_dtype, "versions": versions, "versions_kept_by_gc": kept, "full": full,
+        "adapter": adapter,
+        "adapter_bytes_over_full": round(adapter["written_bytes_per_version"] / full["written_bytes_per_version"], 5),
+        "adapter_publish_to_loaded_over_full": round(adapter["publish_to_loaded_s"] / full["publish_to_loaded_s"], 3),
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="25m,500m", help="comma-separated subset of: " + ", ".join(SIZES))
@@ -251,6 +326,9 @@ def main(argv=None) -> int:
                         help="versions (AdamW steps) to publish full and as deltas; 0 skips the delta comparison")
     parser.add_argument("--delta-lr", type=float, default=1e-6)
     parser.add_argument("--full-snapshot-every", type=int, default=8)
+    parser.add_argument("--adapter-versions", type=int, default=3,
+                        help="versions to publish full and adapter-only (LoRA); 0 skips the comparison")
+    parser.add_argument("--lora-rank", type=int, default=16)
     args = parser.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SIZES]
@@ -268,6 +346,9 @@ def main(argv=None) -> int:
                 deltas["delta_publish_to_loaded_over_raw_write_read"] = round(
                     (deltas["delta"]["committed_s"] + deltas["delta"]["pulled_s"]) / raw_round_trip, 3)
                 results[name]["deltas"] = deltas
+            if args.adapter_versions > 0:
+                results[name]["adapters"] = bench_adapters(name, SIZES[name], root, args.engine_dtype,
+                                                           args.adapter_versions, args.lora_rank)
     print(json.dumps({"benchmark": "weight_sync", "backend": jax.default_backend(), "devices": jax.device_count(),
                       "cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
                       "root": "local temp folder" if args.root is None else args.root, "sizes": results}, indent=1))

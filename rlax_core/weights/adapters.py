@@ -71,7 +71,7 @@ def load_policy(store: WeightStore, version: int, *, held_base: HeldBase | None 
     try:
         manifest = store.manifest(version)
     except WeightStoreError as error:  # counted as WeightStore.load counts it
-        raise store._refuse(error, version) from None
+        raise store.refuse(error, version) from None
     if manifest.adapter is None:
         return store.load(version, dtype=dtype, sharding=sharding, as_numpy=as_numpy), None
     try:
@@ -79,15 +79,15 @@ def load_policy(store: WeightStore, version: int, *, held_base: HeldBase | None 
         pinned = str(manifest.adapter["base_checksum"])
         lora = LoraConfig.from_json(manifest.adapter["lora"])
     except (KeyError, TypeError, ValueError) as error:
-        raise store._refuse(ManifestError(f"version {version}: unreadable adapter entry ({error})"), version) from None
+        raise store.refuse(ManifestError(f"version {version}: unreadable adapter entry ({error})"), version) from None
     if held_base is None or held_base.version != base_version or held_base.checksum != pinned:
         found = store.marker(base_version).manifest_checksum
         if found != pinned:
-            raise store._refuse(IntegrityError(
+            raise store.refuse(IntegrityError(
                 f"adapter version {version} applies to version {base_version} with manifest checksum {pinned}, "
                 f"but that version's is {found}"), version)
         if store.manifest(base_version).adapter is not None:
-            raise store._refuse(ManifestError(f"adapter version {version} names adapter version {base_version} as "
+            raise store.refuse(ManifestError(f"adapter version {version} names adapter version {base_version} as "
                                               "its base; a base must be a full version"), version)
         held_base = HeldBase(base_version, pinned, store.load(base_version, dtype=dtype, sharding=sharding,
                                                               as_numpy=as_numpy))

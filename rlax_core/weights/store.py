@@ -165,7 +165,8 @@ class WeightStore:
         held = self._held
         return None if held is None else held.version
 
-    def _refuse(self, error: WeightStoreError, version: int) -> WeightStoreError:
+    def refuse(self, error: WeightStoreError, version: int) -> WeightStoreError:
+        """Count and log why ``version`` is refused; returns ``error`` to raise."""
         self.count(f"rejected/{error.reason}", version)
         log.error("weight version %d refused: %s", version, error)
         return error
@@ -270,7 +271,7 @@ class WeightStore:
 
             process_index, process_count = jax.process_index(), jax.process_count()
         if self.is_committed(version):
-            raise self._refuse(VersionExistsError(f"version {version} is already committed in {self.storage.url}; "
+            raise self.refuse(VersionExistsError(f"version {version} is already committed in {self.storage.url}; "
                                                   "committed versions are immutable"), version)
         started = time.monotonic()
         folder = mf.version_dir(version)
@@ -292,7 +293,7 @@ class WeightStore:
                     kept[record.name] = assemble(record, {shard.file: values.reshape(shard.shape)
                                                           for shard, values in written})
         except StorageTimeoutError as error:
-            raise self._refuse(error, version) from None
+            raise self.refuse(error, version) from None
         finally:
             for _, futures in pending:  # after a failure, shards still queued are not written
                 for future in futures:
@@ -411,7 +412,7 @@ class WeightStore:
             with contextlib.ExitStack() as leases:
                 manifest, flat = self._read_version(version, leases)
         except WeightStoreError as error:
-            raise self._refuse(error, version) from None
+            raise self.refuse(error, version) from None
         held = self._held
         if self.keeps_versions_in_memory and (held is None or version >= held.version):
             self._held = HeldVersion(version, manifest.chain_length, flat)
