@@ -40,6 +40,7 @@ import numpy as np
 
 from rlax_core.inference import programs
 from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.inference.episodes import EpisodeTurns
 from rlax_core.inference.kv_cache import KVCache, PageAllocator, init_kv_cache, kv_pool_shape, pages_needed
 from rlax_core.inference.pallas_attention import kernel_for_backend
 from rlax_core.inference.sharding import (decoding_param_shardings, engine_mesh, kv_pool_sharding,
@@ -62,6 +63,9 @@ class Request:
     sampling: SamplingParams = SamplingParams()
     prompt_id: int | str = 0
     seed: int = 0
+    # > 0: each sample is the first turn of an episode of at most this many tokens (prompt, turns and
+    # observations): its pages are reserved for all of them and kept between turns (``continue_episode``).
+    episode_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     weight_version: int
+    episode: int | None = None  # an episode's handle for ``continue_episode`` / ``end_episode``
 
 
 @dataclasses.dataclass
@@ -91,6 +96,10 @@ class _Sequence:
     version: int = -1
     finish_reason: FinishReason | None = None
     text_checked_upto: int = 0  # tokens already searched for stop strings
+    episode: int | None = None  # set for the turns of an episode (``episode_tokens``)
+    cached: int = 0  # leading prompt tokens already in its pages (a continued episode)
+    key_offset: int = 0  # policy tokens of the episode's earlier turns: the keys' token index starts there
+    cache_version: int = -1  # the weight version that computed its cached tokens
 
 
 class _SlotState:
@@ -182,6 +191,7 @@ class Engine:
         self._slots = _SlotState(config.num_slots, config.pages_per_sequence)
         self._running: list[_Sequence | None] = [None] * config.num_slots
         self._queue: deque[_Sequence] = deque()
+        self._episodes = EpisodeTurns(self)
         self._finished: list[_Sequence] = []
         self._next_order = 0
         self.stats = {"prefill_calls": 0, "shared_prefills": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0,
@@ -246,12 +256,25 @@ class Engine:
         jax.block_until_ready(self._cache)
 
     def has_unfinished(self) -> bool:
-        return bool(self._queue) or any(seq is not None for seq in self._running)
+        return bool(self._queue) or self._episodes.queued() or any(seq is not None for seq in self._running)
+
+    def continue_episode(self, episode: int, observation_ids: Sequence[int], sampling: SamplingParams) -> None:
+        """Append ``observation_ids`` to a finished turn of ``episode`` and queue its next turn.
+
+        The history stays in the episode's pages: only the new tokens are computed. See ``episodes``.
+        """
+        self._episodes.continue_(episode, observation_ids, sampling)
+
+    def end_episode(self, episode: int) -> None:
+        """Free the pages of an episode whose last turn has finished."""
+        self._episodes.end(episode)
 
     def step(self) -> list[tuple[int, Completion]]:
         """Admit and prefill what fits, decode one chunk, retire what finished: (order, completion) pairs."""
         self._maybe_swap_weights()
         if self._pending_weights is None:
+            # Continued turns first: they hold their pages already, and finishing episodes frees pages.
+            self._episodes.admit([slot for slot, seq in enumerate(self._running) if seq is None])
             self._admit()
         if any(seq is not None for seq in self._running):
             self._decode_chunk()
@@ -266,6 +289,7 @@ class Engine:
         for slot, seq in enumerate(self._running):
             if seq is not None and seq.request.prompt_id == prompt_id:
                 self._retire(slot, "abort")
+        self._episodes.abort(prompt_id)
 
     def update_weights(self, params: Any, version: int) -> None:
         """Use ``params`` (same structure, shapes and dtypes: no recompilation) for sequences started from now.
@@ -302,6 +326,8 @@ class Engine:
             raise ValueError(f"request {request.prompt_id!r}: stop_strings need an Engine built with detokenize=")
         if not 0 <= request.seed < 2**31:
             raise ValueError(f"request {request.prompt_id!r}: seed must lie in [0, 2**31)")
+        if request.episode_tokens:
+            self._episodes.validate_first_turn(request)
         prompt_key_id(request.prompt_id)  # raises on a bad id
 
     def _stop_ids(self, sampling: SamplingParams) -> tuple[int, ...]:
@@ -314,12 +340,14 @@ class Engine:
         admitted: list[tuple[int, _Sequence]] = []
         while self._queue and len(admitted) < len(free_slots):
             seq = self._queue[0]
-            budget = len(seq.request.prompt_ids) + seq.request.sampling.max_new_tokens
+            budget = seq.request.episode_tokens or len(seq.request.prompt_ids) + seq.request.sampling.max_new_tokens
             pages = self._allocator.allocate(pages_needed(budget, self.config.page_size))
             if pages is None:
                 break  # FIFO: the head waits for pages rather than being overtaken and starved
             self._queue.popleft()
             seq.pages, seq.version = pages, self._version
+            if seq.request.episode_tokens:
+                seq.episode, seq.cache_version = self._episodes.new_handle(), self._version
             admitted.append((free_slots[len(admitted)], seq))
         if admitted:
             self._prefill_group(admitted)
@@ -341,15 +369,19 @@ class Engine:
         if prefixes:
             length = config.bucket_for(max(len(seq.request.prompt_ids) - 1 for seq in prefixes))
             self._copy_prefixes_to_siblings(admitted, owners, pages_needed(length, config.page_size))
-        slots = self._slots
         for slot, seq in admitted:
-            self._running[slot] = seq
-            self._fill_sampling(slots, slot, seq)
-            slots.page_table[slot] = 0
-            slots.page_table[slot, : len(seq.pages)] = seq.pages
-            slots.length[slot] = len(seq.request.prompt_ids) - 1
-            slots.last_token[slot] = seq.request.prompt_ids[-1]
-            slots.active[slot] = True
+            self._start_slot(slot, seq)
+
+    def _start_slot(self, slot: int, seq: _Sequence) -> None:
+        """Decode ``seq`` in ``slot`` from its last prompt token (every earlier one is in its pages)."""
+        slots = self._slots
+        self._running[slot] = seq
+        self._fill_sampling(slots, slot, seq)
+        slots.page_table[slot] = 0
+        slots.page_table[slot, : len(seq.pages)] = seq.pages
+        slots.length[slot] = len(seq.request.prompt_ids) - 1
+        slots.last_token[slot] = seq.request.prompt_ids[-1]
+        slots.active[slot] = True
 
     def _prefill_prompts(self, prefixes: list[_Sequence]) -> None:
         """One prefill call: these prompts but their last tokens, left-padded to one bucket, into their pages."""
@@ -462,8 +494,11 @@ class Engine:
         self._running[slot] = None
         self._slots.active[slot] = False
         self._slots.page_table[slot] = 0
-        self._allocator.free(seq.pages)
-        seq.pages = []
+        if seq.episode is not None and reason != "abort":
+            self._episodes.park(seq)  # its pages wait for the next turn or end_episode
+        else:
+            self._allocator.free(seq.pages)
+            seq.pages = []
         self._finish(seq, reason)
 
     def _finish(self, seq: _Sequence, reason: FinishReason) -> None:
@@ -475,8 +510,8 @@ class Engine:
         return [(seq.order, Completion(
             prompt_id=seq.request.prompt_id, sample_index=seq.sample_index, seed=seq.request.seed,
             prompt_ids=tuple(int(t) for t in seq.request.prompt_ids), completion_ids=tuple(seq.tokens),
-            logprobs=tuple(seq.logprobs), finish_reason=seq.finish_reason, weight_version=seq.version))
-            for seq in done]
+            logprobs=tuple(seq.logprobs), finish_reason=seq.finish_reason, weight_version=seq.version,
+            episode=seq.episode)) for seq in done]
 
     def _maybe_swap_weights(self) -> None:
         with self._lock:

@@ -1,0 +1,141 @@
+"""Multi-turn episodes in the engine: a turn continues from the cached history, exactly."""
+
+import jax
+import numpy as np
+import pytest
+
+from rlax_core.inference.config import SamplingParams
+from rlax_core.inference.engine import Engine, Request
+
+TURN = SamplingParams(temperature=1.0, max_new_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(stories, small_engine_config):
+    model, tokenizer = stories
+    return Engine(small_engine_config, model.config, model.params, detokenize=tokenizer.decode)
+
+
+def _full_forward_logprobs(model, ids, padded_to=288):
+    mask = np.zeros((1, padded_to), np.int32)
+    mask[0, :len(ids)] = 1
+    padded = np.zeros((1, padded_to), np.int32)
+    padded[0, :len(ids)] = ids
+    logits = np.asarray(model(padded, mask)[0, :len(ids)])
+    return np.asarray(jax.nn.log_softmax(logits[:-1], axis=-1))[np.arange(len(ids) - 1), ids[1:]]
+
+
+def _run_episodes(engine, prompts, observations, seed=5):
+    """Every episode: a first turn, then one turn after each observation; returns transcripts."""
+    finished = {}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(Request(prompt, TURN, prompt_id=i, seed=seed, episode_tokens=160))
+    transcripts = {i: {"ids": list(p), "policy": [0] * len(p), "logprobs": [0.0] * len(p), "versions": []}
+                   for i, p in enumerate(prompts)}
+    turns = {i: 0 for i in range(len(prompts))}
+    while engine.has_unfinished():
+        for _, completion in engine.step():
+            record = transcripts[completion.prompt_id]
+            assert list(completion.prompt_ids) == record["ids"]
+            record["ids"] += completion.completion_ids
+            record["policy"] += [1] * len(completion.completion_ids)
+            record["logprobs"] += completion.logprobs
+            record["versions"].append(completion.weight_version)
+            turn = turns[completion.prompt_id]
+            if turn < len(observations):
+                obs = observations[turn]
+                record["ids"] += obs
+                record["policy"] += [0] * len(obs)
+                record["logprobs"] += [0.0] * len(obs)
+                turns[completion.prompt_id] += 1
+                engine.continue_episode(completion.episode, obs, TURN)
+            else:
+                finished[completion.prompt_id] = completion.episode
+                engine.end_episode(completion.episode)
+    assert sorted(finished) == list(range(len(prompts)))
+    return transcripts
+
+
+def test_turn_logprobs_equal_a_full_forward_of_the_transcript(engine, stories):
+    model, tokenizer = stories
+    prompts = [tokenizer.encode(t, add_bos=True) for t in ["Once upon a time", "The dog", "A", "Lily saw", "Tom"]]
+    observations = [tokenizer.encode(" Then the sun came out.", add_bos=False), tokenizer.encode(" Mom said:", add_bos=False)]
+    free_before = engine._allocator.num_free
+    calls_before = engine.stats["prefill_calls"]
+    transcripts = _run_episodes(engine, prompts, observations)
+    assert engine._allocator.num_free == free_before  # every page came back
+    assert engine.stats["prefill_calls"] - calls_before <= 2  # first turns only: later turns reuse the prefix
+    for record in transcripts.values():
+        expected = _full_forward_logprobs(model, record["ids"])
+        policy = np.asarray(record["policy"][1:], bool)
+        np.testing.assert_allclose(np.asarray(record["logprobs"][1:])[policy], expected[policy], atol=1e-5)
+        assert len(record["versions"]) == len(observations) + 1
+
+
+def test_episodes_replay_token_for_token(engine, stories):
+    _, tokenizer = stories
+    prompts = [tokenizer.encode(t, add_bos=True) for t in ["Once upon a time", "The dog"]]
+    observations = [tokenizer.encode(" Then it rained.", add_bos=False)]
+    first = _run_episodes(engine, prompts, observations, seed=11)
+    again = _run_episodes(engine, prompts, observations, seed=11)
+    other = _run_episodes(engine, prompts, observations, seed=12)
+    assert [r["ids"] for r in first.values()] == [r["ids"] for r in again.values()]
+    assert [r["ids"] for r in first.values()] != [r["ids"] for r in other.values()]
+
+
+def test_a_turn_after_a_weight_swap_is_computed_by_the_new_weights(stories, small_engine_config):
+    from rlax_core.models.transformer import forward
+
+    model, tokenizer = stories
+    engine = Engine(small_engine_config, model.config, model.params, version=0)
+    prompt = tokenizer.encode("Once upon a time", add_bos=True)
+    [first] = engine.generate([Request(prompt, TURN, prompt_id="a", seed=3, episode_tokens=96)])
+    new_params = jax.tree.map(lambda x: x * 1.05, model.params)
+    engine.update_weights(new_params, version=1)
+    observation = tokenizer.encode(" Then it rained.", add_bos=False)
+    engine.continue_episode(first.episode, observation, TURN)
+    [(_, second)] = [pair for pair in _drain(engine)]
+    assert (first.weight_version, second.weight_version) == (0, 1)
+    ids = list(second.prompt_ids) + list(second.completion_ids)
+    mask = np.ones((1, len(ids)), np.int32)
+    logits = np.asarray(forward(new_params, model.config, np.asarray([ids], np.int32), attention_mask=mask)[0])
+    expected = np.asarray(jax.nn.log_softmax(logits[:-1], axis=-1))[np.arange(len(ids) - 1), ids[1:]]
+    np.testing.assert_allclose(second.logprobs, expected[len(second.prompt_ids) - 1:], atol=1e-5)
+    engine.end_episode(second.episode)
+
+
+def _drain(engine):
+    out = []
+    while engine.has_unfinished():
+        out.extend(engine.step())
+    return out
+
+
+def test_a_parked_episode_holds_pages_not_a_slot(stories, small_engine_config):
+    model, tokenizer = stories
+    engine = Engine(small_engine_config, model.config, model.params)
+    prompt = tokenizer.encode("The dog", add_bos=True)
+    slots = small_engine_config.num_slots
+    parked = engine.generate([Request(prompt, TURN, prompt_id=f"ep{i}", episode_tokens=64) for i in range(slots)])
+    assert engine._episodes.parked() == slots and all(seq is None for seq in engine._running)
+    # While every episode waits for its tool, plain requests use all the slots.
+    done = engine.generate([Request(prompt, TURN, prompt_id=f"other{i}") for i in range(slots)])
+    assert [c.finish_reason for c in done] == ["length"] * slots
+    free = engine._allocator.num_free
+    engine.abort("ep0")  # a parked episode's pages come back on abort ...
+    for completion in parked[1:]:
+        engine.end_episode(completion.episode)  # ... and on its end
+    assert engine._allocator.num_free == free + slots * 8  # 64 tokens in 8-token pages each
+    with pytest.raises(KeyError, match="no finished turn waiting"):
+        engine.continue_episode(parked[1].episode, [5], TURN)
+
+
+def test_a_continuation_that_overruns_the_episode_budget_fails_with_the_reason(stories, small_engine_config):
+    model, tokenizer = stories
+    engine = Engine(small_engine_config, model.config, model.params)
+    [first] = engine.generate([Request([1, 5, 6], TURN, prompt_id="b", episode_tokens=24)])
+    with pytest.raises(ValueError, match="exceed its episode_tokens=24"):
+        engine.continue_episode(first.episode, [7] * 5, TURN)
+    with pytest.raises(ValueError, match="must hold the prompt and its first turn"):
+        engine.add_request(Request([1, 5, 6], TURN, episode_tokens=8))
+    engine.end_episode(first.episode)
