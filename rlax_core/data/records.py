@@ -1,7 +1,10 @@
 """The records that flow between pipelines: one module owns their schemas.
 
 ``Example``  a prompt with its reference answer (curation -> filtering -> RL -> evaluation).
-``Rollout``  one sampled completion, stamped with the weight version that generated it.
+``Rollout``  one sampled completion, stamped with the weight version that generated it; or one
+             multi-turn episode (docs/multi_turn.md): its completion is every turn with the
+             observations between them, and three more fields say which tokens the policy sampled,
+             which version sampled each turn, and what each turn returned.
 
 Rows travel through Beam as plain ``dict``s (cheap to pickle, easy to test) and are written to
 parquet with the schemas below, so a reader of any stage sees the same columns and types.
@@ -46,8 +49,15 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("finish_reason", pa.string(), nullable=False),  # "stop", "length" or "abort"
         pa.field("reward", pa.float32()),
         pa.field("reward_info", pa.string()),  # JSON object from the verifier
+        # Multi-turn episodes; null for a single-turn rollout (every completion token is the policy's).
+        pa.field("policy_mask", pa.list_(pa.int8())),  # per completion token: 1 sampled, 0 observation
+        pa.field("turn_versions", pa.list_(pa.int64())),  # weight version of each turn (policy_version: the oldest)
+        pa.field("episode", pa.string()),  # JSON: per turn its token span, reward, observation and tool calls
     ]
 )
+# Fields a row may leave out (they are null then): rollouts written before episodes existed, and
+# every single-turn rollout, need not name them.
+OPTIONAL_ROLLOUT_FIELDS = ("policy_mask", "turn_versions", "episode")
 
 EXAMPLE_FIELDS = tuple(EXAMPLE_SCHEMA.names)
 ROLLOUT_FIELDS = tuple(ROLLOUT_SCHEMA.names)
@@ -105,7 +115,12 @@ def scored_row(row: dict[str, Any], reward: float, info: dict[str, Any]) -> dict
 
 
 def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows (dicts) as a table of ``schema``; a missing column or a wrong type raises with its name."""
+    """Rows (dicts) as a table of ``schema``; a missing column or a wrong type raises with its name.
+
+    Only the rollout's optional fields (``OPTIONAL_ROLLOUT_FIELDS``) may be missing: they are null then.
+    """
+    if schema.equals(ROLLOUT_SCHEMA) and any(name not in row for row in rows for name in OPTIONAL_ROLLOUT_FIELDS):
+        rows = [{**dict.fromkeys(OPTIONAL_ROLLOUT_FIELDS), **row} for row in rows]
     missing = [name for name in schema.names if any(name not in row for row in rows)]
     if missing:
         raise ValueError(f"rows lack field(s) {missing} of schema {schema.names}")

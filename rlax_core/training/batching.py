@@ -1,7 +1,9 @@
 """From rollout groups (parquet tables) to the fixed-shape arrays of one training batch.
 
 Rows keep the order of the groups and of ``sample_idx`` within a group. Each row is the prompt
-followed by the completion, left-aligned and right-padded to ``max_seq_len``; arrays about
+followed by the completion, left-aligned and right-padded to ``max_seq_len``. The loss mask covers
+the completion's policy tokens: all of them, or for a multi-turn episode those its ``policy_mask``
+marks (observation and tool-output tokens are context, never trained on). Arrays about
 *predicted* tokens have length ``max_seq_len - 1`` (position t predicts token t + 1). The batch is
 padded with empty rows (mask 0) to a multiple of ``row_multiple`` so that it splits evenly over the
 devices and micro-batches.
@@ -47,11 +49,15 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
         if len(row["behavior_logprobs"]) != n_completion:
             raise ValueError(f"rollout {row['group_id']}#{row['sample_idx']}: {len(row['behavior_logprobs'])} "
                              f"behavior log-probs for {n_completion} completion tokens")
+        policy = row.get("policy_mask")
+        if policy is not None and len(policy) != n_completion:
+            raise ValueError(f"rollout {row['group_id']}#{row['sample_idx']}: a policy_mask of {len(policy)} "
+                             f"for {n_completion} completion tokens")
         batch["tokens"][i, :n_prompt] = prompt
         batch["tokens"][i, n_prompt:n_prompt + n_completion] = completion
         batch["attention_mask"][i, :n_prompt + n_completion] = 1
         # Completion token k sits at position n_prompt + k and is predicted at position n_prompt + k - 1.
-        batch["loss_mask"][i, n_prompt - 1:n_prompt - 1 + n_completion] = 1.0
+        batch["loss_mask"][i, n_prompt - 1:n_prompt - 1 + n_completion] = 1.0 if policy is None else policy
         batch["behavior_logprobs"][i, n_prompt - 1:n_prompt - 1 + n_completion] = row["behavior_logprobs"]
         batch["rewards"][i] = 0.0 if row["reward"] is None else row["reward"]
         batch["group_ids"][i] = group_index[row["group_id"]]
