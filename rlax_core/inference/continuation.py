@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from rlax_core.inference.kv_cache import KVCache, gather_pages, write_pages
-from rlax_core.inference.programs import _pin
+from rlax_core.inference.sharding import kv_pool_sharding
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward_with_cache
 
@@ -64,4 +64,8 @@ def extend(params, cache: KVCache, tokens, positions, page_table, *, model_confi
     # Only the cache is returned: the compiler drops the classifier.
     _, cache = forward_with_cache(params, model_config, tokens, jnp.maximum(positions, 0), cache, attend,
                                   last_token_only=True)
-    return _pin(cache, mesh)
+    if mesh is None:
+        return cache
+    # A tensor-parallel replica's cache keeps its KV-head sharding through the donation (as ``programs``).
+    pin = lambda pool: jax.lax.with_sharding_constraint(pool, kv_pool_sharding(pool.shape, mesh))
+    return KVCache(tuple(map(pin, cache.k)), tuple(map(pin, cache.v)))
