@@ -97,12 +97,17 @@ _CONTAINERS = (list, dict, set, bytearray, tuple)
 
 
 def _call(target, args: list, kwargs: dict, request: dict, handles: Handles) -> dict:
-    """The call's value (or exception), which argument it returned, and the arguments it changed.
+    """The call's value (or exception) and the arguments it changed.
 
     The program works on copies of the test's arguments; the judge mirrors what the call did to them
-    (``mutated``: their new contents; ``alias``: the result is that argument itself), so a test that
-    looks at an argument after the call sees what it would in-process.
+    (``mutated``: their new contents), and an argument that the value holds, or is, travels as a
+    reference to the judge's own object: a test that looks at an argument after the call, or at the
+    identity of what came back, sees what it would in-process.
     """
+    sent = list(zip((["arg", i] for i in range(len(args))), request["args"], args))
+    sent += [(["kwarg", key], wire, kwargs[key]) for key, wire in request["kwargs"].get("v", ())
+             if type(key) is str and key in kwargs]
+    shared = {id(value): where for where, _, value in sent if isinstance(value, _CONTAINERS)}
     try:
         result = target(*args, **kwargs)
     except CallTimeout:
@@ -110,15 +115,14 @@ def _call(target, args: list, kwargs: dict, request: dict, handles: Handles) -> 
     except BaseException as error:  # noqa: BLE001 - the program's exception is its answer
         reply = {"error": _error(error)}
     else:
-        alias = next((["arg", i] for i, arg in enumerate(args) if result is arg and type(arg) in _CONTAINERS),
-                     None) or next((["kwarg", k] for k, arg in kwargs.items()
-                                    if result is arg and type(arg) in _CONTAINERS), None)
-        reply = {"alias": alias} if alias else {"value": plain_data.to_wire(result, handles.number)}
-    sent = list(zip((["arg", i] for i in range(len(args))), request["args"], args))
-    sent += [(["kwarg", key], wire, kwargs[key]) for key, wire in request["kwargs"].get("v", ())
-             if type(key) is str and key in kwargs]
-    mutated = [[*where, now] for where, before, value in sent if isinstance(value, _CONTAINERS)
-               for now in [plain_data.to_wire(value, handles.number)] if now != before]
+        reply = {"value": plain_data.to_wire(result, handles.number, shared)}
+    mutated = []
+    for where, before, value in sent:
+        if isinstance(value, _CONTAINERS):
+            others = {key: tag for key, tag in shared.items() if key != id(value)}  # itself: its contents
+            now = plain_data.to_wire(value, handles.number, others)
+            if now != before:
+                mutated.append([*where, now])
     if mutated:
         reply["mutated"] = mutated
     return reply

@@ -167,10 +167,10 @@ class Program:
             pass
         self.outstanding = None
 
-    def _value(self, reply: dict):
+    def _value(self, reply: dict, argument=None):
         if "value" in reply:
             try:
-                return plain_data.from_wire(reply["value"], self.remote)
+                return plain_data.from_wire(reply["value"], self.remote, argument)
             except plain_data.BadWireData as error:
                 raise _judge(ChannelError(f"the program's answer is not plain data: {error}")) from None
         raise _as_exception(reply.get("error"))
@@ -183,23 +183,23 @@ class Program:
         except plain_data.NotPlainData as error:
             raise _judge(plain_data.NotPlainData(f"an argument cannot be sent to the program: {error}")) from None
         reply = self._request(request)
-        # What the call did to the program's copies of the arguments happens to the test's own, as in-process.
+        # What the call did to the program's copies of the arguments happens to the test's own, as in-process;
+        # an argument in the answer (or the answer itself) is the test's own object.
         sent = {("arg", i): arg for i, arg in enumerate(args)} | {("kwarg", k): arg for k, arg in kwargs.items()}
+
+        def argument(tag):
+            return sent[tuple(tag)]  # anything else (not a list, not an argument): bad data
+
         for change in reply.get("mutated") or ():
             if type(change) is not list or len(change) != 3 or tuple(change[:2]) not in sent:
                 raise _judge(ChannelError("the program's answer names an argument it was not given"))
             try:
-                new = plain_data.from_wire(change[2], self.remote)
+                new = plain_data.from_wire(change[2], self.remote, argument)
             except plain_data.BadWireData as error:
                 raise _judge(ChannelError(f"the program's changed argument is not plain data: {error}")) from None
             if not _mirror(sent[tuple(change[:2])], new):
                 raise _judge(ChannelError("the program's changed argument does not match the one it was given"))
-        alias = reply.get("alias")
-        if alias is not None:
-            if type(alias) is not list or tuple(alias) not in sent:
-                raise _judge(ChannelError("the program's answer names an argument it was not given"))
-            return sent[tuple(alias)]  # it returned its argument: the test gets its own object back
-        return self._value(reply)
+        return self._value(reply, argument)
 
     def resolve(self, names: list) -> dict:
         reply = self._request({"op": "resolve", "names": names})

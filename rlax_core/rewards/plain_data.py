@@ -12,7 +12,9 @@ sending one that a plain function could have returned.
 Wire form: JSON, where ``None``/``bool``/``str``/finite ``float``/small ``int`` and ``list`` are
 themselves, and everything else is an object with a ``"$"`` tag. ``Counter``, ``OrderedDict`` and
 ``defaultdict`` travel as dicts and are rebuilt from the judge's own ``collections``; a builtin
-data type or exception class (``int`` passed as an argument) travels by name.
+data type or exception class (``int`` passed as an argument) travels by name. A container the
+receiver already holds (an argument of the call being answered) may travel as ``{"$": "ref"}``, which
+decodes only through the receiver's own ``refs``: to that very object, or to nothing.
 """
 
 import builtins
@@ -42,15 +44,24 @@ def dump(wire) -> str:
     return json.dumps(wire, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def to_wire(value, handle_of=None):
-    """The JSON-ready form of ``value`` (see ``encode``)."""
-    return _to_wire(value, handle_of, 0)
+def to_wire(value, handle_of=None, shared=None):
+    """The JSON-ready form of ``value`` (see ``encode``).
+
+    ``shared``: ``id(container) -> tag`` for containers the receiver already holds (the arguments of
+    the call this value answers): each is sent as a reference, so the receiver keeps its identity.
+    """
+    return _to_wire(value, handle_of, 0, shared)
 
 
-def _to_wire(value, handle_of, depth):
+_MUTABLE = (list, dict, set, bytearray)
+
+
+def _to_wire(value, handle_of, depth, shared=None):
     if depth > MAX_DEPTH:
         raise NotPlainData(f"nested deeper than {MAX_DEPTH} levels")
     kind = type(value)
+    if shared and isinstance(value, _MUTABLE) and id(value) in shared:
+        return {"$": "ref", "v": shared[id(value)]}
     if value is None or kind is bool or kind is str:
         return value
     if kind is int:
@@ -58,12 +69,12 @@ def _to_wire(value, handle_of, depth):
     if kind is float:
         return value if math.isfinite(value) else {"$": "float", "v": repr(value)}
     if kind is list:
-        return [_to_wire(item, handle_of, depth + 1) for item in value]
+        return [_to_wire(item, handle_of, depth + 1, shared) for item in value]
     if kind in (tuple, set, frozenset):
-        items = [_to_wire(item, handle_of, depth + 1) for item in value]
+        items = [_to_wire(item, handle_of, depth + 1, shared) for item in value]
         return {"$": kind.__name__, "v": items}
     if kind is dict or kind in _DICTS.values():
-        wire = {"$": "dict", "v": [[_to_wire(k, handle_of, depth + 1), _to_wire(v, handle_of, depth + 1)]
+        wire = {"$": "dict", "v": [[_to_wire(k, handle_of, depth + 1, shared), _to_wire(v, handle_of, depth + 1, shared)]
                                     for k, v in value.items()]}
         if kind is not dict:
             wire["as"] = kind.__name__  # rebuilt as the standard library's own class (a defaultdict without its factory)
@@ -80,7 +91,7 @@ def _to_wire(value, handle_of, depth):
         for item in value:
             if len(items) == ITERATOR_ITEMS:
                 raise NotPlainData(f"an iterator longer than {ITERATOR_ITEMS} items")
-            items.append(_to_wire(item, handle_of, depth + 1))
+            items.append(_to_wire(item, handle_of, depth + 1, shared))
         return {"$": "iter", "v": items}
     if _BUILTIN_TYPES.get(getattr(value, "__name__", None)) is value:
         return {"$": "builtin", "v": value.__name__}  # ``int`` as an argument: the judge has its own
@@ -109,9 +120,10 @@ def _refuse_constant(name):
     raise ValueError(f"{name} is written {{'$': 'float', ...}} here")
 
 
-def from_wire(wire, make_handle=None):
-    """The value of a JSON-ready form (see ``decode``)."""
-    return _from_wire(wire, make_handle, 0)
+def from_wire(wire, make_handle=None, refs=None):
+    """The value of a JSON-ready form (see ``decode``); ``refs(tag)`` resolves a reference (``to_wire``'s
+    ``shared``) to the receiver's own object, and without it a reference is bad data."""
+    return _from_wire(wire, make_handle, 0, refs)
 
 
 _TAGS = {"tuple": tuple, "set": set, "frozenset": frozenset}
@@ -124,24 +136,24 @@ _BUILTIN_TYPES.update({name: cls for name, cls in vars(builtins).items()
                        if isinstance(cls, type) and issubclass(cls, BaseException)})
 
 
-def _from_wire(wire, make_handle, depth):
+def _from_wire(wire, make_handle, depth, refs=None):
     if depth > MAX_DEPTH:
         raise BadWireData(f"nested deeper than {MAX_DEPTH} levels")
     kind = type(wire)
     if wire is None or kind in (bool, int, float, str):
         return wire
     if kind is list:
-        return [_from_wire(item, make_handle, depth + 1) for item in wire]
+        return [_from_wire(item, make_handle, depth + 1, refs) for item in wire]
     if kind is not dict or type(wire.get("$")) is not str:
         raise BadWireData(f"unexpected {kind.__name__}")
     tag, body = wire["$"], wire.get("v")
     try:
         if tag in _TAGS and type(body) is list:
-            return _TAGS[tag](_from_wire(item, make_handle, depth + 1) for item in body)
+            return _TAGS[tag](_from_wire(item, make_handle, depth + 1, refs) for item in body)
         if tag == "iter" and type(body) is list:
-            return iter([_from_wire(item, make_handle, depth + 1) for item in body])
+            return iter([_from_wire(item, make_handle, depth + 1, refs) for item in body])
         if tag == "dict" and type(body) is list and all(type(pair) is list and len(pair) == 2 for pair in body):
-            items = {_from_wire(k, make_handle, depth + 1): _from_wire(v, make_handle, depth + 1) for k, v in body}
+            items = {_from_wire(k, make_handle, depth + 1, refs): _from_wire(v, make_handle, depth + 1, refs) for k, v in body}
             if "as" not in wire:
                 return items
             cls = _DICTS[wire["as"]]
@@ -160,6 +172,8 @@ def _from_wire(wire, make_handle, depth):
             return (bytes if tag == "bytes" else bytearray).fromhex(body)
         if tag == "range" and type(body) is list and len(body) == 3 and all(type(n) is int for n in body):
             return range(*body)
+        if tag == "ref" and refs is not None:
+            return refs(body)
         if tag == "object" and make_handle is not None and type(wire.get("handle")) is int:
             return make_handle(wire["handle"], str(wire.get("type", "object"))[:100])
     except (TypeError, ValueError, KeyError) as error:  # an unhashable key, a malformed pair, bad hex...

@@ -43,11 +43,16 @@ PURE = "def f(xs):\n    return sorted(xs)\n"
     (RETURNS_ITS_ARGUMENT, "xs = [1]\nys = f(xs)\nassert ys is xs and xs == [1, 0]", "passed"),
     (RETURNS_ITS_ARGUMENT, "xs = [1]\nys = f(xs)\nys.append(5)\nassert xs == [1, 0], 'aliased'", "failed"),
     (RETURNS_ITS_ARGUMENT, "xs = [1]\nassert f(xs) is not xs, 'the same list came back'", "failed"),
+    # An argument inside the result, or put inside another argument, is the test's own object too.
+    ("def f(xs):\n    return (xs, len(xs))\n", "xs = [1]\nr = f(xs)\nassert r[0] is xs and r[1] == 1", "passed"),
+    ("def f(xs):\n    return [xs]\n", "xs = [1]\nf(xs)[0].append(2)\nassert xs == [1], 'aliased'", "failed"),
+    ("def f(a, b):\n    a.append(b)\n", "a, b = [], [1]\nf(a, b)\nb.append(2)\nassert a == [[1, 2]]", "passed"),
     # A program that changes its argument and then raises: the change still happened.
     ("def f(xs):\n    xs.clear()\n    raise ValueError('no')\n",
      "xs = [1]\ntry:\n    f(xs)\nexcept ValueError:\n    pass\nassert xs == []", "passed"),
 ], ids=["sorts_in_place", "mutation_seen", "pure_leaves_argument", "nested_identity", "dict_and_set_kwarg",
-        "returns_argument", "alias_then_append", "identity_checked", "mutates_then_raises"])
+        "returns_argument", "alias_then_append", "identity_checked", "argument_in_result", "alias_in_result",
+        "argument_into_argument", "mutates_then_raises"])
 def test_arguments_and_results_are_seen_as_in_process(program, test, in_process):
     assert [reason for reason, _ in _verdicts(program, [test])] == [in_process]
 
@@ -72,3 +77,15 @@ def test_a_caught_channel_limit_does_not_pass():
     program = "def f(x):\n    return object()\n"  # a handle: no attributes here
     reason, detail = _verdicts(program, ["try:\n    f(1).value\nexcept AttributeError:\n    pass"])[0]
     assert reason == "error" and "not plain data" in detail, detail
+
+
+def test_a_reference_decodes_only_to_an_argument_of_the_call():
+    from rlax_core.rewards import plain_data
+
+    mine = [1]
+    assert plain_data.from_wire({"$": "ref", "v": ["arg", 0]}, None, lambda tag: {("arg", 0): mine}[tuple(tag)]) is mine
+    for forged, refs in [({"$": "ref", "v": ["arg", 0]}, None),  # no call to refer to (a name lookup)
+                         ({"$": "ref", "v": ["arg", 7]}, lambda tag: {("arg", 0): mine}[tuple(tag)]),
+                         ({"$": "ref", "v": 3}, lambda tag: {("arg", 0): mine}[tuple(tag)])]:
+        with pytest.raises(plain_data.BadWireData):
+            plain_data.from_wire(forged, None, refs)
