@@ -236,6 +236,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.data.training_set import read_examples
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
+    from rlax_core.weights.adapters import load_policy
     from rlax_core.weights.store import WeightStore
 
     for folder in ("configs", "logs"):
@@ -275,7 +276,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     store = WeightStore(run_config.weight_store())
     final_version = store.latest()
-    final_params = jax.tree.map(jax.numpy.asarray, store.load(final_version))
+    # A LoRA run's versions are adapters: load_policy merges them into their base version.
+    final_params = jax.tree.map(jax.numpy.asarray, load_policy(store, final_version)[0])
     store.close()
     export_final_model(load_run_config(config_path, overrides), base.config, final_params, output / "final_model")
     mark = time.monotonic()

@@ -24,6 +24,7 @@ from jax.sharding import AbstractMesh
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig
 from rlax_core.models.config import ModelConfig
+from rlax_core.models.lora import TARGETS, adapter_logical_axes, init_adapters
 from rlax_core.models.transformer import init_params, param_logical_axes
 from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
 from rlax_core.planning.hardware import CPU, GIB, SliceSpec
@@ -82,9 +83,21 @@ def gib(size: int) -> str:
 
 def _sharded_bytes(model: ModelConfig, dtype: str, mesh_sizes: tuple[int, int, int]) -> int:
     """Bytes per chip of the model's parameters in ``dtype`` on a data x fsdp x tensor mesh."""
-    mesh = AbstractMesh(mesh_sizes, MESH_AXES)
     shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
-    axes = param_logical_axes(model)
+    return _tree_bytes(shapes, param_logical_axes(model), dtype, mesh_sizes)
+
+
+def _targeted_kernels(model: ModelConfig, lora) -> tuple[dict, dict]:
+    """The shapes and axes of the kernels LoRA adapts (the merged copies the trainer's forward holds)."""
+    shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))["layers"]
+    axes = param_logical_axes(model)["layers"]
+    picked = [TARGETS[t][0] for t in lora.targets]
+    return ({p: shapes[m][p]["kernel"] for m, p in picked}, {p: axes[m][p]["kernel"] for m, p in picked})
+
+
+def _tree_bytes(shapes, axes, dtype: str, mesh_sizes: tuple[int, int, int]) -> int:
+    """Bytes per chip of a tree of ``shapes`` in ``dtype``, each leaf placed by its logical ``axes``."""
+    mesh = AbstractMesh(mesh_sizes, MESH_AXES)
     total = 0
     for names, leaf in zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)), jax.tree.leaves(shapes)):
         spec = spec_for(names, leaf.shape, mesh)
@@ -151,7 +164,9 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
     gradients = count_share * (_F32 + _BYTES[dtype])
     optimizer = 2 * params  # AdamW's two moments, in the parameters' dtype (optax's default)
     parts = {"parameters": params, "gradients": gradients, "optimizer state": optimizer}
-    if uses_reference:
+    if trainer.lora.enabled:
+        parts.update(_lora_parts(model, trainer, dtype, sizes, params))
+    elif uses_reference:  # (with LoRA the frozen base is the reference)
         parts["reference policy"] = params
     if uses_value_model:  # a critic of the policy's size, with its own gradients and optimizer
         parts["value model"] = params + gradients + optimizer
@@ -177,9 +192,23 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
                "gradients": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
                "optimizer state": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
                "reference policy": "raise trainer.mesh.fsdp, or drop algorithm.kl_coef",
+               "adapters": "lower trainer.lora.rank or raise trainer.mesh.fsdp",
+               "merged kernels": "adapt fewer trainer.lora.targets, or raise trainer.mesh.fsdp",
+               "merged kernel gradients": "adapt fewer trainer.lora.targets, or raise trainer.mesh.fsdp",
                "value model": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
                "activations": "raise trainer.micro_batches (rows per chip) or trainer.mesh.tensor, set "
                               "trainer.remat, or lower trainer.max_seq_len"})
+
+
+def _lora_parts(model: ModelConfig, trainer: TrainerConfig, dtype: str, sizes, base: int) -> dict[str, int]:
+    """A LoRA trainer's parts: the frozen base, float32 adapters with their gradients and AdamW moments,
+    and the adapted kernels the forward merges (``W + s A B``, in the base's dtype) with their gradient,
+    which the backward forms before contracting it to the adapters'."""
+    adapters = _tree_bytes(jax.eval_shape(lambda: init_adapters(model, trainer.lora, jax.random.key(0))),
+                           adapter_logical_axes(trainer.lora), "float32", sizes)
+    merged = _tree_bytes(*_targeted_kernels(model, trainer.lora), dtype, sizes)
+    return {"parameters": base, "adapters": adapters, "gradients": 2 * adapters, "optimizer state": 2 * adapters,
+            "merged kernels": merged, "merged kernel gradients": merged}
 
 
 def refuse_unless_fits(plans: list[MemoryPlan]) -> None:
