@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     overrides = list(args.overrides)
     if args.train_set:
         overrides.append(f"loop.train_set={args.train_set}")
-    if args.max_runtime_s:
+    if args.max_runtime_s is not None:  # 0 and negatives are refused by LoopConfig, not ignored
         overrides.append(f"loop.max_runtime_s={args.max_runtime_s}")
     run_config, loop = load_configs(args.config, overrides)
     check_memory(run_config, roles=("rollout",))

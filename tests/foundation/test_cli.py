@@ -133,3 +133,13 @@ def test_no_command_re_enters_the_cli():
             names = ([node.module] if isinstance(node, ast.ImportFrom) else
                      [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
             assert "pipelines.cli" not in names or path.name == "cli.py", f"{path.name} imports pipelines.cli"
+
+
+@pytest.mark.parametrize("name", list(SUBCOMMANDS))
+def test_rlax_help_shows_each_module_s_own_summary(name):
+    """One source: `rlax --help` reads each module's HELP without importing it."""
+    import importlib
+
+    from pipelines.cli import summary
+
+    assert summary(name) == importlib.import_module(SUBCOMMANDS[name]).HELP
