@@ -81,3 +81,24 @@ def test_a_sigkilled_launch_leaves_no_live_job_and_a_live_one_refuses_resume(tmp
                 process.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def test_a_launch_whose_weights_fill_their_disk_names_enospc_the_path_and_the_job_first(tmp_path):
+    """The weight store on a 64 KiB tmpfs (a mount namespace of the test's own): the trainer's first
+    publish fills it; the launch's one line names the job, ENOSPC and the path, not "exited with code 1"."""
+    from tests.foundation.test_resource_errors import _can_mount_a_tmpfs
+
+    if not _can_mount_a_tmpfs():
+        pytest.skip("no user namespaces here to mount a tiny tmpfs in")
+    train_set = tmp_path / "train.jsonl"
+    write_jsonl(story_examples("train", 8), train_set)
+    full = tmp_path / "full"
+    full.mkdir()
+    launch = (f"{sys.executable} -m pipelines.cli launch --config quickstart --train-set {train_set} "
+              f"--output {tmp_path / 'run'} weights.root={full}/weights weights.run_id=quickstart --timeout-s 600 " + " ".join(OVERRIDES))
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {full} && exec {launch}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 2, done.stderr[-3000:]
+    line = [line for line in done.stderr.splitlines() if line.startswith("rlax launch: ")][-1]
+    assert line.startswith("rlax launch: resource error: the trainer job (pid "), line
+    assert "no space left on device (ENOSPC)" in line and f"{full}/weights" in line and "in rlax train (pid" in line, line
