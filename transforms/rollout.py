@@ -155,7 +155,7 @@ class ScoreRollouts(beam.DoFn):
     def process(self, group: dict):
         from rlax_core.rollout.generation import score_group
 
-        scored, failed = score_group(self._rewarder, group)
+        scored, failed = score_group(self._rewarder, group, judge_answer=self._spec.loop.judge_answer)
         self._failed.inc(failed)
         yield {**scored, "timeline": {**group.get("timeline", {}), "scored_t": time.time()}}
 

@@ -84,6 +84,10 @@ class EnvConfig:
     tool_format: str = "hermes"
     max_calls_per_turn: int = 4
     tool_workers: int = 4  # tool calls running at once per engine host
+    # In the loop: add the run's reward terms (loop.rewards), scored on the policy's text of the whole
+    # episode, to the environment's turn rewards (tool_use: the verifier judges the answer). False:
+    # the turn rewards are the whole reward (word_chain).
+    judge_answer: bool = True
     python: PythonToolConfig = dataclasses.field(default_factory=PythonToolConfig)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -30,7 +30,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rlax_core.envs.base import Environment, EnvConfig, TurnResult, make_environment
 from rlax_core.inference.config import SamplingParams
-from rlax_core.inference.engine import Completion, Request
 
 TOOL_WAIT_MARGIN_S = 30.0
 
@@ -97,10 +96,24 @@ def run_episodes(engine, tokenizer, config: EnvConfig, starts: Sequence[EpisodeS
                  tool_pool: concurrent.futures.Executor | None = None) -> list[Episode]:
     """Run every start's episodes to their end; results in start order, then sample index.
 
-    ``sampling`` gives temperature, top-k/p and stop settings; each turn's ``max_new_tokens`` is the
-    smaller of ``config.max_turn_tokens`` and what the episode's budget has left. ``environment``
-    (row, sample index) -> Environment overrides the config's (``replay_episodes`` passes recorded ones).
+    ``engine``: an ``Engine``, or a ``ReplicatedEngine`` whose replicas each run their share of the
+    starts (an episode stays on the replica that holds its pages). ``sampling`` gives temperature,
+    top-k/p and stop settings; each turn's ``max_new_tokens`` is the smaller of
+    ``config.max_turn_tokens`` and what the episode's budget has left. ``environment`` (row, sample
+    index) -> Environment overrides the config's (a replay passes ``RecordedEnvironment`` ones).
     """
+    replicas = getattr(engine, "engines", None)
+    if replicas is not None:
+        shares = [list(range(i, len(starts), len(replicas))) for i in range(len(replicas))]
+        with concurrent.futures.ThreadPoolExecutor(len(replicas), thread_name_prefix="episodes") as threads:
+            results = list(threads.map(
+                lambda pair: run_episodes(pair[0], tokenizer, config, [starts[i] for i in pair[1]], sampling,
+                                          environment, tool_pool), zip(replicas, shares)))
+        by_start = {i: episodes for share, result in zip(shares, results) for i, episodes in
+                    zip(share, _per_start(result, [starts[i] for i in share]))}
+        return [episode for i in range(len(starts)) for episode in by_start[i]]
+    from rlax_core.inference.engine import Request
+
     make = environment or (lambda row, _: make_environment(config, row, tokenizer))
     budget = min(config.max_tokens, engine.config.max_seq_len)
     live: dict[tuple[Any, int], _Live] = {}
@@ -122,7 +135,7 @@ def run_episodes(engine, tokenizer, config: EnvConfig, starts: Sequence[EpisodeS
                                    start.prompt_id, start.seed, episode_tokens=budget))
     own_pool = tool_pool is None
     pool = tool_pool or concurrent.futures.ThreadPoolExecutor(config.tool_workers, thread_name_prefix="env-tools")
-    waiting: dict[concurrent.futures.Future, tuple[_Live, Completion]] = {}
+    waiting: dict[concurrent.futures.Future, tuple[_Live, Any]] = {}  # the future of a turn's answer
     deadline_s = config.python.limits.wall_seconds + TOOL_WAIT_MARGIN_S
     try:
         while engine.has_unfinished() or waiting:
@@ -149,12 +162,20 @@ def run_episodes(engine, tokenizer, config: EnvConfig, starts: Sequence[EpisodeS
     return [live[key].episode for key in order]
 
 
+def _per_start(episodes: list[Episode], starts: Sequence[EpisodeStart]) -> list[list[Episode]]:
+    out, at = [], 0
+    for start in starts:
+        out.append(episodes[at:at + start.samples])
+        at += start.samples
+    return out
+
+
 def _turn(sampling: SamplingParams, env: Environment, max_new: int, n: int = 1) -> SamplingParams:
     stops = tuple(dict.fromkeys((*sampling.stop_strings, *env.stop_strings)))
     return dataclasses.replace(sampling, max_new_tokens=max_new, n=n, stop_strings=stops)
 
 
-def _record_turn(state: _Live, completion: Completion, tokenizer) -> bool:
+def _record_turn(state: _Live, completion, tokenizer) -> bool:
     """Append the turn to the transcript; whether the environment should answer it."""
     episode = state.episode
     start = len(episode.completion_ids)
@@ -171,7 +192,7 @@ def _record_turn(state: _Live, completion: Completion, tokenizer) -> bool:
     return completion.finish_reason != "abort"
 
 
-def _answer(engine, tokenizer, config: EnvConfig, sampling: SamplingParams, state: _Live, completion: Completion,
+def _answer(engine, tokenizer, config: EnvConfig, sampling: SamplingParams, state: _Live, completion,
             future: concurrent.futures.Future) -> None:
     """Apply the environment's answer: end the episode, or append the observation and queue the next turn."""
     episode, turn = state.episode, state.episode.turns[-1]

@@ -10,6 +10,7 @@ import dataclasses
 
 import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before a config names them)
 from rlax_core.config import require
+from rlax_core.envs.base import EnvConfig
 from rlax_core.rewards.config import RewardConfig
 
 
@@ -24,6 +25,8 @@ class LoopConfig:
     stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
     rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
     drop_uniform_groups: bool = False  # DAPO dynamic sampling
+    # Multi-turn: each sample is an episode of this environment (docs/multi_turn.md); None: one completion.
+    env: EnvConfig | None = None
     groups_per_unit: int = 1  # prompt groups per work unit: every worker of the fleet shares every step
     # How often the stream reads the weight store's newest version: a new one is seen and scheduled
     # within about this long (transforms.live_side_input). Listing a bucket costs; a local folder little.
@@ -50,3 +53,9 @@ class LoopConfig:
         """``rlax rollout`` and ``rlax launch`` refuse, alike, a loop that names no training prompts."""
         require(bool(self.train_set), "loop.train_set",
                 "say which prompts to train on: --train-set PATH (or loop.train_set=PATH)")
+
+    @property
+    def judge_answer(self) -> bool:
+        """Whether the reward terms score every sample: always for single-turn rollouts, for episodes
+        as ``env.judge_answer`` says."""
+        return self.env is None or self.env.judge_answer

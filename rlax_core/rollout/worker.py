@@ -58,12 +58,29 @@ class RolloutWorker:
         return self.host.name
 
     def requests(self, step: int, slots: list[tuple[int, dict]]) -> list:
-        """The engine requests of some prompt slots of ``step``: ``slots`` pairs each with its example."""
+        """The engine requests of some prompt slots of ``step``: ``slots`` pairs each with its example.
+        With ``loop.env`` they are episode starts (``rlax_core.envs``): each sample is an episode."""
         from rlax_core.inference.engine import Request
 
         spec, sampling = self.spec, self.spec.sampling()
+        if spec.loop.env is not None:
+            from rlax_core.envs.runner import EpisodeStart
+
+            return [EpisodeStart(example, rollout_prompt_id(spec.run, step, slot), sample_seed(spec.run_seed, step),
+                                 sampling.n) for slot, example in slots]
         return [Request(self.host.prompt_ids(example), sampling, prompt_id=rollout_prompt_id(spec.run, step, slot),
                         seed=sample_seed(spec.run_seed, step)) for slot, example in slots]
+
+    def _generate(self, requests: list) -> list:
+        """Completions of requests, or episodes of episode starts, in order (then sample index)."""
+        if not requests:
+            return []
+        if self.spec.loop.env is None:
+            return self.host.engine.generate(requests)
+        from rlax_core.envs.runner import run_episodes
+
+        sampling = self.spec.sampling()
+        return run_episodes(self.host.engine, self.host.tokenizer, self.spec.loop.env, requests, sampling)
 
     def follow(self, version: int) -> tuple[int | None, int]:
         """Bring the engine to the newest version <= ``version`` that verifies (a refused one is skipped:
@@ -103,7 +120,7 @@ class RolloutWorker:
             requests = [r for b, i in usable for r in b.units[i][0]]
             if loaded is not None:
                 startup.mark("worker_first_weights")
-            completions = self.host.engine.generate(requests) if requests else []
+            completions = self._generate(requests)
             self.engine_calls += bool(requests)
             if self.engine_calls == 1 and requests:
                 startup.mark("worker_first_generated")
@@ -119,12 +136,17 @@ class RolloutWorker:
         for b in combined:
             b.loaded, b.results, b.timeline = loaded, [None] * len(b.units), timeline
         for b, i in usable:  # each unit is charged its share of the call, so per-step sums stay true
-            size = sum(r.sampling.n for r in b.units[i][0])
+            size = sum(_samples_of(r) for r in b.units[i][0])
             b.results[i] = completions[position:position + size]
             b.seconds += seconds * size / len(completions)
             position += size
         for b in combined:
             b.done = True
+
+
+def _samples_of(request) -> int:
+    """Results one request makes: an engine Request's ``sampling.n``, an EpisodeStart's ``samples``."""
+    return request.samples if hasattr(request, "samples") else request.sampling.n
 
 
 @dataclasses.dataclass
