@@ -24,6 +24,8 @@ RECIPES = {  # recipe -> (accelerator service option, accelerator machine type, 
     "qwq32b_code_tpu_1024.yaml": ("type:tpu-v6e-slice;topology:2x4", "ct6e-standard-8t", "rlax-worker-tpu"),
     "qwen25_1p5b_math_dataflow_gpu.yaml": ("type:nvidia-l4;count:1;install-nvidia-driver", "g2-standard-8",
                                            "rlax-worker-gpu"),
+    "qwen25_1p5b_math_tool_dataflow_gpu.yaml": ("type:nvidia-l4;count:1;install-nvidia-driver", "g2-standard-8",
+                                                "rlax-worker-gpu"),
 }
 CPU_MACHINES = ("n1-", "n2-", "n2d-", "e2-", "c2-", "c3-")
 MAX_JOB_BYTES = 1 << 20
