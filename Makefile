@@ -66,15 +66,17 @@ lock-accelerators:
 	for a in tpu gpu; do $(UV) pip compile setup.py --extra $$a --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_31 -c requirements/lock.txt -o requirements/lock-$$a.txt || exit 1; done
 
-# The Dataflow worker container (docker/Dockerfile): ACCELERATOR=tpu or gpu; WORKER_IMAGE names it.
+# The Dataflow worker container (docker/Dockerfile): ACCELERATOR=tpu, gpu or cpu (curation's CPU workers);
+# WORKER_IMAGE names it. Dataflow's VMs are x86-64, whatever machine builds the image.
 ACCELERATOR ?= tpu
 WORKER_IMAGE ?= rlax-worker-$(ACCELERATOR):latest
 worker-image:
 	@docker info >/dev/null 2>&1 || { echo "make worker-image: no Docker here (no docker command, or no daemon" \
 	  "answering); build the image where Docker runs, or with Cloud Build (docs/dataflow.md)" >&2; exit 2; }
-	@test "$(ACCELERATOR)" = tpu -o "$(ACCELERATOR)" = gpu || { echo "make worker-image: ACCELERATOR is tpu or gpu," \
-	  "not '$(ACCELERATOR)'" >&2; exit 2; }
-	docker build -f docker/Dockerfile --build-arg ACCELERATOR=$(ACCELERATOR) -t $(WORKER_IMAGE) .
+	@test "$(ACCELERATOR)" = tpu -o "$(ACCELERATOR)" = gpu -o "$(ACCELERATOR)" = cpu || { echo "make worker-image:" \
+	  "ACCELERATOR is tpu, gpu or cpu, not '$(ACCELERATOR)'" >&2; exit 2; }
+	docker build --platform linux/amd64 -f docker/Dockerfile --build-arg ACCELERATOR=$(ACCELERATOR) \
+	  -t $(WORKER_IMAGE) .
 
 sdist: $(VENV)/.installed
 	$(PY) -m build --sdist --outdir dist . 2>/dev/null || $(PY) setup.py -q sdist -d dist

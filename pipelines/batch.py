@@ -4,9 +4,11 @@ Each command module gives its parts; :meth:`BatchCommand.run` puts them in the s
 
 1. ``resolve(args)``: the config file, dotted overrides and flags -> the command's config section
    and the config's Beam options (``ConfigError`` on a bad value);
-2. ``check_inputs(config)``: every input resolved before anything heavy (``pipelines.inputs``);
-3. Beam options: the config's and the command line's (``pipelines.runners.pipeline_options``);
-   ``--dry_run`` translates the job for Dataflow and submits nothing (``pipelines.dataflow_job``);
+2. Beam options: the config's and the command line's (``pipelines.runners.pipeline_options``);
+   ``--dry_run`` translates the job for Dataflow against its paths and submits nothing
+   (``pipelines.dataflow_job``): offline, it reads no input and lists them as not checked;
+3. ``inputs(config)``: ``(what, path)`` of every input, each resolved before anything heavy
+   (``pipelines.inputs``: ``"model"`` a checkpoint or version, anything else a dataset);
 4. ``build(pipeline, config)``: the job, run to its end (a full disk named with the output's path:
    ``rlax_core.utils.resources``);
 5. ``finish(config, seconds, allow_empty)``: read what the job wrote, refuse a job that wrote nothing
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 class BatchCommand:
     name: str
     resolve: Callable[[argparse.Namespace], tuple[Any, list[str]]]
-    check_inputs: Callable[[Any], None]
+    inputs: Callable[[Any], list[tuple[str, str]]]
     build: Callable[[Any, Any], None]
     finish: Callable[[Any, float, bool], int]
 
@@ -52,14 +54,18 @@ class BatchCommand:
         from rlax_core.config import to_dict
         from rlax_core.utils.resources import ResourceError, resource_failure
         from pipelines.dataflow_job import is_dry_run, print_dry_run
+        from pipelines.inputs import require_dataset, require_model
         from pipelines.runners import pipeline_options
 
-        self.check_inputs(config)
+        options = pipeline_options(config_beam_args, beam_args)
+        inputs = self.inputs(config)
+        if is_dry_run(options):  # translate for Dataflow against the paths, offline: read nothing, submit nothing
+            return print_dry_run(self.name, options, lambda pipeline: self.build(pipeline, config),
+                                 [f"{what} {path}" for what, path in inputs])
+        for what, path in inputs:
+            require_model(path) if what == "model" else require_dataset(path, what)
         log.info("%s config: %s", self.name, json.dumps(to_dict(config)))
         started = time.perf_counter()
-        options = pipeline_options(config_beam_args, beam_args)
-        if is_dry_run(options):  # translate for Dataflow, submit nothing
-            return print_dry_run(self.name, options, lambda pipeline: self.build(pipeline, config))
         try:
             with beam.Pipeline(options=options) as pipeline:
                 self.build(pipeline, config)

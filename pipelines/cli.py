@@ -15,7 +15,9 @@ them into the typed run configuration.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import re
 import sys
 
@@ -92,7 +94,43 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if module is not None:
             module.add_arguments(sub)
             sub.set_defaults(_module=module)
+    parser.subcommands = subparsers.choices
     return parser
+
+
+def overrides_of(argv: list[str], parser: argparse.ArgumentParser) -> list[bool]:
+    """Which words of ``argv`` are config overrides: ``key=value`` words that are not the value of the
+    flag before them. Whether a flag takes a value is asked of its parser (rlax's, else Beam's), so
+    ``--opt=k=v`` and ``--opt "k=v"`` mean the same whatever the quoting."""
+    found = []
+    for i, word in enumerate(argv):
+        before = argv[i - 1] if i else ""
+        found.append(bool(OVERRIDE.match(word)) and not (
+            before.startswith("--") and "=" not in before and _takes_value(parser, argv, before)))
+    return found
+
+
+_PROBE = "rlax-probe-value"
+
+
+def _takes_value(parser: argparse.ArgumentParser, argv: list[str], flag: str) -> bool:
+    """Whether ``flag`` reads the next word as its value: rlax's own flags by their parser, the rest as
+    Beam reads them (a flag Beam does not know takes the next word too, as Beam passes it on)."""
+    command = next((a for a in argv if a in SUBCOMMANDS), None)
+    for candidate in (parser, parser.subcommands.get(command)) if command else (parser,):
+        if flag in candidate._option_string_actions:  # argparse keeps no public lookup of one flag
+            return candidate._option_string_actions[flag].nargs != 0
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    beam = _BeamArgumentParser(allow_abbrev=False)
+    for options in PipelineOptions.__subclasses__():
+        options._add_argparse_args(beam)  # as PipelineOptions.get_all_options builds its parser
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            _, unknown = beam.parse_known_args([flag, _PROBE])
+    except SystemExit:  # the flag read the probe as its value and refused it (an integer flag, say)
+        return True
+    return flag in unknown or _PROBE not in unknown
 
 
 def _bare_words(extra: list[str]) -> list[str]:
@@ -106,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
 
     lifeline.hold()  # a job of `rlax launch` / `rlax quickstart` dies with it (before any slow import)
     argv = list(sys.argv[1:] if argv is None else argv)
-    # key=value words are config overrides wherever they stand; taking them out first keeps Beam's
-    # "--runner DirectRunner" pairs intact for parse_known_args.
-    overrides = [a for a in argv if OVERRIDE.match(a)]
-    argv = [a for a in argv if not OVERRIDE.match(a)]
-    command = next((a for a in argv if not a.startswith("-")), None)
+    command = next((a for a in argv if not a.startswith("-") and not OVERRIDE.match(a)), None)
     # `rlax --help` and `rlax --version` load no subcommand (their modules import JAX and Beam).
     parser = build_parser(only=command if command in SUBCOMMANDS else "")
+    # key=value words are config overrides wherever they stand, but for a flag's value
+    # (--dataflow_service_options "worker_accelerator=..."); taking them out first keeps Beam's
+    # "--runner DirectRunner" pairs intact for parse_known_args.
+    is_override = overrides_of(argv, parser)
+    overrides = [a for a, override in zip(argv, is_override) if override]
+    argv = [a for a, override in zip(argv, is_override) if not override]
     args, beam_args = parser.parse_known_args(argv)
     args.overrides = overrides
     if args.command is None:

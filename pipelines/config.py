@@ -41,6 +41,7 @@ from rlax_core.rl.presets import algorithm_from_dict, get_preset
 from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
+from pipelines.beam_args import merge_beam_args
 from pipelines.sections import EvaluateConfig, FilterConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -92,8 +93,10 @@ class BeamSpec:
     ``options`` hold what every pipeline of the run shares (project, region, temp_location, container
     image); ``curate``, ``filter``, ``evaluate`` and ``rollout`` hold what only that command's job
     takes (CPU machines for curation, accelerator workers for the model's jobs, Streaming Engine for
-    rollouts) and win over ``options`` key by key. Flags typed on the command line win over both
-    (``pipelines.runners.merge_beam_args``); ``false`` drops a flag. A list value repeats its flag
+    rollouts) and win over ``options`` key by key; the set options (``experiments``,
+    ``dataflow_service_options``) add their entries to the shared ones instead. Flags typed on the
+    command line are merged over both by the same rule (``pipelines.beam_args.merge_beam_args``);
+    ``false`` drops a flag. A list value repeats its flag
     (``dataflow_service_options: [a, b]`` -> ``--dataflow_service_options=a --dataflow_service_options=b``).
     ``runner: ""`` is the local default: the DirectRunner for batch jobs, Prism for the streaming one.
     """
@@ -117,7 +120,9 @@ class BeamSpec:
         """The flags of ``command``'s job: the runner, ``options``, then the command's own section."""
         require(command in BEAM_COMMANDS, "command", f"one of {', '.join(BEAM_COMMANDS)}")
         flags = [f"--runner={self.runner}"] if self.runner else []
-        return flags + _flags({**self.options, **getattr(self, command)})
+        own = getattr(self, command)
+        shared = {key: value for key, value in self.options.items() if own.get(key) is not False}
+        return flags + merge_beam_args(_flags(shared), _flags(own))
 
 
 def _flags(options: dict[str, OptionValue]) -> list[str]:

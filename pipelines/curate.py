@@ -22,7 +22,7 @@ from rlax_core.config import ConfigError
 from rlax_core.data.adapters import FORMATS
 from rlax_core.data.curation import STAT_NAMES, CurateConfig, InputSpec, eval_set_name
 from pipelines.batch import BatchCommand
-from pipelines.inputs import require_dataset, require_rows
+from pipelines.inputs import require_rows
 from transforms.decontaminate import DropContaminated, NgramIndex
 from transforms.dedup import DropExactDuplicates, DropNearDuplicates
 from transforms.examples import ToExamples
@@ -124,11 +124,8 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
-def check_inputs(config: CurateConfig) -> None:
-    for spec in config.inputs:
-        require_dataset(spec.path, "input")
-    for spec in config.decontaminate_against:
-        require_dataset(spec.path, "eval set")
+def inputs(config: CurateConfig) -> list[tuple[str, str]]:
+    return [("input", spec.path) for spec in config.inputs] + [("eval set", s.path) for s in config.decontaminate_against]
 
 
 def finish(config: CurateConfig, seconds: float, allow_empty: bool) -> int:
@@ -145,7 +142,7 @@ def finish(config: CurateConfig, seconds: float, allow_empty: bool) -> int:
     return 0 if stats["consistent"] else 1
 
 
-COMMAND = BatchCommand("curate", resolve_config, check_inputs, build, finish)
+COMMAND = BatchCommand("curate", resolve_config, inputs, build, finish)
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

@@ -10,14 +10,16 @@ line and exits 0::
 Translation needs no credentials and no network: Beam returns before it creates its Dataflow client
 (which is what stages ``--setup_file`` and the pipeline); this module then builds the job's
 ``Environment`` (worker pool, container images, service options) from the same options with Beam's
-own ``apiclient.Environment``, as ``DataflowApplicationClient.create_job_description`` would.
+own ``apiclient.Environment``, as ``DataflowApplicationClient.create_job_description`` would. The
+commands translate against their recipe's paths without reading them (a dry run is offline): the
+summary's ``inputs_not_checked`` lists what a real run would check first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
@@ -87,12 +89,15 @@ def translate(options: PipelineOptions, build: Callable[[beam.Pipeline], Any]) -
         max_num_workers=pool.autoscaling_settings.max_num_workers,
         container_images=images,
         pipeline_bytes=len(job.proto_pipeline.SerializeToString()),
-        job_bytes=len(str(job).encode("utf-8")),
+        job_bytes=len(job.json().encode("utf-8")),  # the request's JSON in full (str(job) shortens long strings)
     )
 
 
-def print_dry_run(command: str, options: PipelineOptions, build: Callable[[beam.Pipeline], Any]) -> int:
-    """Translate, print ``{"dry_run": command, ...summary}`` as one JSON line; the command's exit code."""
+def print_dry_run(command: str, options: PipelineOptions, build: Callable[[beam.Pipeline], Any],
+                  inputs_not_checked: Sequence[str] = ()) -> int:
+    """Translate, print ``{"dry_run": command, ...summary, "inputs_not_checked": [...]}`` as one JSON
+    line; the command's exit code. ``inputs_not_checked``: the paths a real run checks before it starts."""
     job = translate(options, build)
-    print(json.dumps({"dry_run": command, **job.summary()}, sort_keys=True))
+    print(json.dumps({"dry_run": command, **job.summary(), "inputs_not_checked": list(inputs_not_checked)},
+                     sort_keys=True))
     return 0

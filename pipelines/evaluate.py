@@ -27,7 +27,6 @@ import apache_beam as beam
 from rlax_core.config import InputError, require
 from rlax_core.data.curation import InputSpec, eval_set_name
 from pipelines.batch import BatchCommand
-from pipelines.inputs import require_dataset, require_model
 from pipelines.sections import EvaluateConfig
 from transforms.evaluation import BuildReport, per_prompt_result
 from transforms.examples import ToExamples
@@ -74,6 +73,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]
             f"one name per model ({len(config.models)}), or none")
     require(len(set(config.labels)) == len(config.labels), "model_names", "distinct labels for the models")
     require_given(config, {"models": "--model", "eval_sets": "--eval-set", "output": "--output"})
+    if run_config.hardware is not None:  # a recipe that declares its workers: the engine must fit them
+        from pipelines.plan import check_memory
+
+        check_memory(dataclasses.replace(run_config, **{"evaluate": config}), roles=("evaluate",))
     return config, run_config.beam.args("evaluate")
 
 
@@ -128,11 +131,8 @@ def check_inputs_used(stats: dict, report: dict, out: str) -> None:
         raise InputError(f"nothing was evaluated (every prompt was skipped; see {out}/samples-*.jsonl)")
 
 
-def check_inputs(config: EvaluateConfig) -> None:
-    for model in config.models:
-        require_model(model)
-    for spec in config.eval_sets:
-        require_dataset(spec.path, "eval set")
+def inputs(config: EvaluateConfig) -> list[tuple[str, str]]:
+    return [("model", model) for model in config.models] + [("eval set", spec.path) for spec in config.eval_sets]
 
 
 def finish(config: EvaluateConfig, seconds: float, allow_empty: bool) -> int:
@@ -151,7 +151,7 @@ def finish(config: EvaluateConfig, seconds: float, allow_empty: bool) -> int:
     return 0
 
 
-COMMAND = BatchCommand("evaluate", resolve_config, check_inputs, build, finish)
+COMMAND = BatchCommand("evaluate", resolve_config, inputs, build, finish)
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

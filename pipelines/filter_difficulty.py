@@ -24,7 +24,7 @@ import apache_beam as beam
 from rlax_core.data.curation import InputSpec
 from rlax_core.eval.report import pass_rate_histogram
 from pipelines.batch import BatchCommand
-from pipelines.inputs import require_dataset, require_model, require_rows
+from pipelines.inputs import require_rows
 from pipelines.sections import FilterConfig
 from transforms.difficulty import KeepPassRateBand, pass_rates_of
 from transforms.examples import ToExamples
@@ -62,6 +62,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[FilterConfig, list[str]]:
     # assets:NAME is the model shipped in the package: the recipe runs from any folder
     config = dataclasses.replace(config, generation=dataclasses.replace(
         config.generation, model=resolve_asset(config.generation.model)))
+    if run_config.hardware is not None:  # a recipe that declares its workers: the engine must fit them
+        from pipelines.plan import check_memory
+
+        check_memory(dataclasses.replace(run_config, **{"filter": config}), roles=("filter",))
     return config, run_config.beam.args("filter")
 
 
@@ -101,9 +105,8 @@ def _stats(outcomes: dict, rates: list, config: FilterConfig) -> dict:
             "model": config.generation.model, "model_version": config.model_version or config.generation.label}
 
 
-def check_inputs(config: FilterConfig) -> None:
-    require_dataset(config.input, "input")
-    require_model(config.generation.model)
+def inputs(config: FilterConfig) -> list[tuple[str, str]]:
+    return [("input", config.input), ("model", config.generation.model)]
 
 
 def finish(config: FilterConfig, seconds: float, allow_empty: bool) -> int:
@@ -117,7 +120,7 @@ def finish(config: FilterConfig, seconds: float, allow_empty: bool) -> int:
     return 0
 
 
-COMMAND = BatchCommand("filter", resolve_config, check_inputs, build, finish)
+COMMAND = BatchCommand("filter", resolve_config, inputs, build, finish)
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

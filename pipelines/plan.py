@@ -5,7 +5,8 @@
 
 Reads ``model.path`` (the checkpoint's shape only: ``rlax_core.models.checkpoint.read_model_config``),
 ``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.samples_per_prompt``, the engines of
-``filter.generation`` and ``evaluate.generation`` (they run on the rollout workers) and ``hardware``
+``filter.generation`` and ``evaluate.generation`` (on ``hardware.filter`` / ``hardware.evaluate``, by default the
+rollout workers) and ``hardware``
 (``rlax_core.planning.hardware``). Exits 1 with the numbers and the keys to turn when
 a role does not fit. ``rlax rollout``, ``rlax train`` and ``rlax launch`` make the same check when
 they load their config (:func:`check_memory`), before anything starts.
@@ -35,22 +36,24 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     if config.hardware is None:
         log.warning("no hardware: section in the config; its memory is not planned")
         return []
-    model = read_model_config(_template_of(config.model.resolved_path()))
     name = _name_of(config.model.path)
     plans = []
-    if "rollout" in roles:
-        plans.append(plan_rollout(model, config.engine, config.hardware.rollout, config.model.dtype, name))
-    # Difficulty filtering and evaluation run an engine on the same kind of workers as the rollouts.
+    hardware = config.hardware
+    if hardware.rollout is not None or hardware.trainer is not None:
+        model = read_model_config(_template_of(config.model.resolved_path()))
+    if "rollout" in roles and hardware.rollout is not None:
+        plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name))
+    # Difficulty filtering and evaluation run an engine on their workers (by default the rollouts' kind).
     generations = [("filter", config.filter.generation, config.filter.generation.model)]
     generations += [("evaluate", config.evaluate.generation, path) for path in config.evaluate.models]
     for role, generation, path in generations:
-        if role in roles and path:
+        if role in roles and path and hardware.workers_of(role) is not None:
             shape = read_model_config(_template_of(resolve_asset(path)))
             plans.append(dataclasses.replace(
-                plan_rollout(shape, generation.engine, config.hardware.rollout, generation.dtype, _name_of(path)),
+                plan_rollout(shape, generation.engine, hardware.workers_of(role), generation.dtype, _name_of(path)),
                 role=role))
-    if "trainer" in roles:
-        plans.append(plan_trainer(model, config.trainer, config.hardware.trainer,
+    if "trainer" in roles and hardware.trainer is not None:
+        plans.append(plan_trainer(model, config.trainer, hardware.trainer,
                                   rows_per_step=config.trainer.groups_per_step * config.loop.samples_per_prompt,
                                   uses_reference=config.algorithm.uses_reference,
                                   uses_value_model=config.algorithm.uses_values, name=name))
@@ -78,13 +81,13 @@ def check_memory(config, roles=ROLES) -> None:
 
 
 def recipe_paths() -> list[Path]:
-    """The run recipes in configs/: those with an engine or a trainer section, but base.yaml (the
-    defaults every recipe starts from, not a run of its own)."""
+    """The recipes in configs/ that declare hardware or hold an engine or a trainer section, but
+    base.yaml (the defaults every recipe starts from, not a run of its own)."""
     from pipelines.config import CONFIG_DIR
     from rlax_core.config import read_yaml
 
     return [path for path in sorted(CONFIG_DIR.glob("*.yaml"))
-            if path.name != "base.yaml" and {"engine", "trainer"} & set(read_yaml(path))]
+            if path.name != "base.yaml" and {"engine", "trainer", "hardware"} & set(read_yaml(path))]
 
 
 def markdown_table(rows: list[tuple[str, MemoryPlan]]) -> str:

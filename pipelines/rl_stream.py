@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.plan import check_memory
 
     startup.mark_process_start("rollout")
-    from pipelines.runners import merge_beam_args
+    from pipelines.beam_args import merge_beam_args
 
     overrides = list(args.overrides)
     if args.train_set:
@@ -103,29 +103,31 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     # The in-process (loopback) workers compile here; remote ones configure their own from the spec.
     enable_compilation_cache(run_config.run.compilation_cache_dir, enabled=run_config.run.compilation_cache)
     loop.require_train_set()
-    from rlax_core.data.training_set import read_examples
+    from pipelines.dataflow_job import is_dry_run, print_dry_run
+    from pipelines.runners import pipeline_options
 
-    examples = read_examples(loop.train_set)
-    spec = build_spec(run_config, len(examples))
-    startup.mark("rollout_imports")
     # Unless the config or the command line names a runner, pipeline_options picks Prism (a live one).
     runner_args = merge_beam_args(run_config.beam.args("rollout"), beam_args)
     if not any(a.startswith(("--job_server_timeout", "--job-server-timeout")) for a in runner_args):
         # The portable runner's job state and message streams die at this gRPC deadline (300 s by
         # default), which tears down a long-running local streaming pipeline; outlive the run instead.
         runner_args.append(f"--job_server_timeout={int(loop.max_runtime_s) + 600}")
+    options = pipeline_options(runner_args, streaming=True)
+    if is_dry_run(options):  # translate for Dataflow against the recipe's paths, read nothing, submit nothing
+        spec = build_spec(run_config, train_set_size=0)
+        return print_dry_run("rollout", options, lambda pipeline: build(pipeline, spec, loop),
+                             [f"train set {loop.train_set}"])
+    from rlax_core.data.training_set import read_examples
+
+    examples = read_examples(loop.train_set)
+    spec = build_spec(run_config, len(examples))
+    startup.mark("rollout_imports")
     log.info("rollout: %d training prompts, %d steps x %d prompts x %d samples, k=%d, store %s",
              len(examples), spec.total_steps, spec.prompts_per_step, loop.samples_per_prompt, spec.max_staleness,
              spec.rollout_root)
     from pathlib import Path
 
-    from pipelines.dataflow_job import is_dry_run, print_dry_run
-    from pipelines.runners import pipeline_options
     from pipelines.stream_watch import run_stream
-
-    options = pipeline_options(runner_args, streaming=True)
-    if is_dry_run(options):  # translate for Dataflow, submit nothing
-        return print_dry_run("rollout", options, lambda pipeline: build(pipeline, spec, loop))
 
     from rlax_core.utils.paths import is_remote
 

@@ -24,6 +24,8 @@ from typing import Iterator, Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from pipelines.beam_args import has_flag, merge_beam_args
+
 logger = logging.getLogger(__name__)
 
 BEAM_PRISM_CACHE = Path.home() / ".apache_beam" / "cache" / "prism" / "bin"
@@ -41,40 +43,6 @@ def cached_prism_binary() -> Path | None:
     return binary if binary.is_file() else None
 
 
-def _has_flag(args: Sequence[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
-def _flag_groups(args: Sequence[str]) -> list[tuple[str | None, list[str]]]:
-    """``[(key, tokens)]``: ``--key=value``, ``--key value`` and ``--flag`` each one group; a stray word alone."""
-    groups: list[tuple[str | None, list[str]]] = []
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if not token.startswith("--") or token == "--":
-            groups.append((None, [token]))
-            i += 1
-            continue
-        name = token[2:].split("=", 1)[0].replace("-", "_")
-        takes_next = "=" not in token and i + 1 < len(args) and not args[i + 1].startswith("--")
-        groups.append((name, list(args[i:i + 1 + takes_next])))
-        i += 1 + takes_next
-    return groups
-
-
-def merge_beam_args(config_args: Sequence[str], command_line_args: Sequence[str]) -> list[str]:
-    """The config's Beam flags and the command line's, merged key by key; the command line wins.
-
-    A key given on the command line replaces every value the config gave it (a repeated flag such
-    as ``--dataflow_service_options`` too); the config's other keys stay. ``--key value`` and
-    ``--key=value`` are the same key, and so are ``--job-server-timeout`` and ``--job_server_timeout``.
-    """
-    command_line = _flag_groups(command_line_args)
-    given = {key for key, _ in command_line if key}
-    merged = [token for key, tokens in _flag_groups(config_args) if key not in given for token in tokens]
-    return merged + [token for _, tokens in command_line for token in tokens]
-
-
 def runner_name(args: Sequence[str], *, streaming: bool) -> str:
     """The runner ``args`` ask for (the last ``--runner`` wins, as in argparse: flags typed on the
     command line follow the config's), or RLAX's default: Prism for streaming, else the DirectRunner."""
@@ -85,13 +53,14 @@ def runner_name(args: Sequence[str], *, streaming: bool) -> str:
 
 def runs_on_local_prism(args: Sequence[str]) -> bool:
     """Whether a streaming pipeline with ``args`` would start a Prism on this machine."""
-    return runner_name(args, streaming=True) in ("PrismRunner", "prism") and not _has_flag(args, "--job_endpoint")
+    return runner_name(args, streaming=True) in ("PrismRunner", "prism") and not has_flag(args, "--job_endpoint")
 
 
 def pipeline_options(config_args: Sequence[str], command_line_args: Sequence[str] = (), *, streaming: bool = False,
                      **defaults) -> PipelineOptions:
     """Beam options of one command's job: the config's flags and the command line's (which win, key by
-    key, see :func:`merge_beam_args`), with RLAX's defaults for what neither said.
+    key; set options merge, see :func:`pipelines.beam_args.merge_beam_args`), with RLAX's defaults for
+    what neither said.
 
     Locally (no ``--runner`` given) streaming pipelines run on Prism, using the cached binary when
     there is one so that no download is attempted; batch pipelines use Beam's DirectRunner, which
@@ -99,15 +68,32 @@ def pipeline_options(config_args: Sequence[str], command_line_args: Sequence[str
     """
     args = merge_beam_args(config_args, command_line_args)
     runner = runner_name(args, streaming=streaming)
-    if not _has_flag(args, "--runner"):
+    if runner in ("DataflowRunner", "dataflow"):
+        require_worker_python()
+    if not has_flag(args, "--runner"):
         args.append(f"--runner={runner}")
     binary = cached_prism_binary()
-    if runner in ("PrismRunner", "prism") and binary and not _has_flag(args, "--prism_location"):
+    if runner in ("PrismRunner", "prism") and binary and not has_flag(args, "--prism_location"):
         args.append(f"--prism_location={binary}")
     options = PipelineOptions(args, **defaults)
     if streaming:
         options.view_as(StandardOptions).streaming = True
     return options
+
+
+# The Python of the Dataflow worker image (docker/Dockerfile: apache/beam_python3.11_sdk). The launcher
+# pickles the pipeline's functions and Dataflow refuses, or workers fail to unpickle, across versions.
+WORKER_PYTHON = (3, 11)
+
+
+def require_worker_python(version: Sequence[int] = tuple(sys.version_info[:2])) -> None:
+    """Refuse to launch a Dataflow job from a Python other than the worker image's."""
+    from rlax_core.config import ConfigError
+
+    if tuple(version[:2]) != WORKER_PYTHON:
+        wanted, have = ".".join(map(str, WORKER_PYTHON)), ".".join(map(str, version[:2]))
+        raise ConfigError("--runner", f"Dataflow workers run Python {wanted} (the worker image); this launcher runs "
+                          f"Python {have}: launch from a Python {wanted} environment (make setup builds one)")
 
 
 # ----------------------------------------------------------------------------- a Prism that dies with us

@@ -66,5 +66,18 @@ class SliceSpec:
 class HardwareConfig:
     """The run's declared hardware, per role; the memory planner checks the config against it."""
 
-    rollout: SliceSpec
-    trainer: SliceSpec
+    rollout: Optional[SliceSpec] = None
+    trainer: Optional[SliceSpec] = None
+    # Difficulty filtering's and evaluation's workers; by default the rollout fleet's kind of worker.
+    # A filter or evaluate recipe of its own declares only these.
+    filter: Optional[SliceSpec] = None
+    evaluate: Optional[SliceSpec] = None
+
+    def __post_init__(self):
+        require(any((self.rollout, self.trainer, self.filter, self.evaluate)), "",
+                "declare the chips of at least one role: rollout, trainer, filter or evaluate")
+
+    def workers_of(self, role: str) -> Optional[SliceSpec]:
+        """The chips ``role`` runs on (filter and evaluate: their own, else the rollout fleet's)."""
+        own = getattr(self, role)
+        return own if own is not None or role in ("rollout", "trainer") else self.rollout

@@ -14,6 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main
+from pipelines.config import load_run_config
+from pipelines.dataflow_job import translate
+from pipelines.rl_stream import build, build_spec, load_configs
+from pipelines.runners import pipeline_options
 from rlax_core.data.records import EXAMPLE_SCHEMA, make_example, to_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,16 +81,60 @@ def _check_accelerator_job(job, recipe):
     assert job["accelerator"] == accelerator and job["machine_type"] == machine
     assert len(job["container_images"]) == 1 and f"/{image}:" in job["container_images"][0]
     assert "use_runner_v2" in job["experiments"] and "no_use_multiple_sdk_containers" in job["experiments"]
+    assert "use_multiple_sdk_containers" not in job["experiments"]  # Beam adds it unless told not to
     assert job["size_bytes"] < MAX_JOB_BYTES
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_curate_is_a_cpu_batch_job(recipe, capsys, offline):
+@pytest.mark.parametrize("recipe", [*sorted(RECIPES), "curate_dataflow.yaml"])
+def test_curate_is_a_cpu_batch_job_on_the_cpu_image(recipe, capsys, offline):
     job = _dry_run(capsys, ["curate", "--config", f"configs/{recipe}", *INPUTS["curate"]])
     assert job["dry_run"] == "curate" and job["runner"] == "DataflowRunner" and job["job_type"] == "JOB_TYPE_BATCH"
     assert job["machine_type"].startswith(CPU_MACHINES) and job["accelerator"] is None
     assert not any(o.startswith("worker_accelerator") for o in job["service_options"])
+    assert len(job["container_images"]) == 1 and "/rlax-worker-cpu:" in job["container_images"][0]
     assert job["size_bytes"] < MAX_JOB_BYTES
+
+
+def test_a_dry_run_reads_no_input_and_says_which_it_did_not_check(capsys, offline):
+    job = _dry_run(capsys, ["filter", "--config", "configs/filter_dataflow_gpu.yaml"])
+    assert job["inputs_not_checked"] == ["input gs://my-rlax-bucket/curated/gsm8k-math/examples-*.parquet",
+                                         "model gs://my-rlax-bucket/models/Qwen2.5-1.5B-Instruct"]
+    job = _dry_run(capsys, ["rollout", "--config", "configs/qwen25_7b_math_dataflow_tpu.yaml"])
+    assert job["inputs_not_checked"] == ["train set gs://my-rlax-bucket/filtered/gsm8k-math-qwen25-7b"]
+
+
+def test_the_filter_recipe_runs_one_sdk_process_per_gpu_vm_on_the_gpu_image(capsys, offline):
+    job = _dry_run(capsys, ["filter", "--config", "configs/filter_dataflow_gpu.yaml"])
+    assert job["accelerator"] == "type:nvidia-l4;count:1;install-nvidia-driver" and job["machine_type"] == "g2-standard-8"
+    assert "no_use_multiple_sdk_containers" in job["experiments"] and "use_multiple_sdk_containers" not in job["experiments"]
+    assert len(job["container_images"]) == 1 and "/rlax-worker-gpu:" in job["container_images"][0]
+
+
+@pytest.mark.parametrize("quoting", [["--dataflow_service_options", "worker_accelerator=type:tpu-v5-lite-podslice;topology:2x2"],
+                                     ["--dataflow_service_options=worker_accelerator=type:tpu-v5-lite-podslice;topology:2x2"]])
+def test_a_flag_value_is_a_beam_option_however_it_is_quoted(quoting, capsys, offline):
+    # The filter recipe's header: its TPU variant replaces the recipe's L4 with a v5e slice.
+    job = _dry_run(capsys, ["filter", "--config", "configs/filter_dataflow_gpu.yaml", "--machine_type",
+                            "ct5lp-hightpu-4t", *quoting, "limit=5"])
+    assert job["accelerator"] == "type:tpu-v5-lite-podslice;topology:2x2" and job["machine_type"] == "ct5lp-hightpu-4t"
+    assert "no_use_multiple_sdk_containers" in job["experiments"]
+
+
+@pytest.mark.parametrize("added", [["--dataflow_service_options=automatically_use_created_reservation"],
+                                   ["--experiments", "enable_data_sampling"]])
+def test_an_option_added_on_the_command_line_keeps_the_recipes_accelerator_and_one_sdk_process(added, capsys, offline):
+    job = _dry_run(capsys, ["rollout", "--config", "configs/qwen25_7b_math_dataflow_tpu.yaml", *added])
+    _check_accelerator_job(job, "qwen25_7b_math_dataflow_tpu.yaml")
+    assert "use_multiple_sdk_containers" not in job["experiments"]
+    assert added[-1].split("=", 1)[-1] in job["service_options"] + job["experiments"]
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_the_rollout_workers_harness_threads_fill_the_engines_slots(recipe):
+    config = load_run_config(f"configs/{recipe}")
+    threads = int(next(a.split("=", 1)[1] for a in config.beam.args("rollout")
+                       if a.startswith("--number_of_worker_harness_threads=")))
+    assert threads * config.loop.groups_per_unit * config.loop.samples_per_prompt == config.engine.num_slots
 
 
 @pytest.mark.parametrize("command", ["filter", "evaluate"])
@@ -98,12 +146,18 @@ def test_filter_and_evaluate_are_batch_jobs_on_the_recipes_accelerators(recipe, 
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_rollout_is_a_streaming_engine_job_whose_size_does_not_grow_with_the_training_set(
-        recipe, train_sets, capsys, offline):
-    jobs = {count: _dry_run(capsys, ["rollout", "--config", f"configs/{recipe}", "--train-set", str(path)])
-            for count, path in train_sets.items()}
+def test_rollout_is_a_streaming_engine_job_whose_size_does_not_grow_with_the_training_set(recipe, train_sets, offline):
+    # As a real launch translates it: the training set read and counted, its path and count in the job.
+    from rlax_core.data.training_set import read_examples
+
+    jobs = {}
+    for count, path in train_sets.items():
+        run_config, loop = load_configs(f"configs/{recipe}", [f"loop.train_set={path}"])
+        spec = build_spec(run_config, len(read_examples(str(path))))
+        options = pipeline_options(run_config.beam.args("rollout"), ["--dry_run=True"], streaming=True)
+        jobs[count] = translate(options, lambda pipeline: build(pipeline, spec, loop)).summary()
     for job in jobs.values():
-        assert job["dry_run"] == "rollout" and job["job_type"] == "JOB_TYPE_STREAMING" and job["streaming_engine"]
+        assert job["job_type"] == "JOB_TYPE_STREAMING" and job["streaming_engine"]
         _check_accelerator_job(job, recipe)
     assert abs(jobs[100_000]["size_bytes"] - jobs[100]["size_bytes"]) < 10_000
 

@@ -51,17 +51,22 @@ def test_every_recipe_fits_its_declared_hardware():
         config = load_run_config(path)
         assert config.hardware is not None, f"{name} declares no hardware: section"
         plans = memory_plans(config)
-        assert {plan.role for plan in plans} >= {"rollout", "trainer"}, name
+        # A run recipe plans its fleet and its trainer; a recipe for one command, that command's workers.
+        declared = {role for role in ("rollout", "trainer", "filter") if getattr(config.hardware, role) is not None}
+        assert declared and {plan.role for plan in plans} >= declared, name
         for plan in plans:
             assert plan.fits, f"{name}: {plan.describe()}"
 
 
-def test_the_gpu_filter_recipes_engine_fits_the_one_l4_of_its_workers():
-    # A section file (FilterConfig keys only) has no hardware: section; its comment names one L4.
+def test_the_gpu_filter_recipe_plans_its_engine_against_its_declared_l4_workers():
     config = load_section(REPO / "configs" / "filter_dataflow_gpu.yaml", [], "filter")
-    generation = config.filter.generation
-    plan = plan_rollout(read_model_config(generation.model), generation.engine, SliceSpec("l4"), generation.dtype)
-    assert plan.fits, plan.describe()
+    plans = memory_plans(config)
+    assert [(plan.role, plan.chip) for plan in plans] == [("filter", "l4")]
+    assert plans[0].fits, plans[0].describe()
+    # rlax filter makes the same check as it starts: a pool twice the size does not fit one L4.
+    with pytest.raises(ConfigError, match="filter"):
+        check_memory(load_section(REPO / "configs" / "filter_dataflow_gpu.yaml",
+                                  ["generation.engine.num_pages=16384"], "filter"), roles=("filter",))
 
 
 def test_an_oversize_config_is_refused_with_the_numbers_and_the_knob():
