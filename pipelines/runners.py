@@ -17,6 +17,7 @@ import platform
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
