@@ -125,7 +125,7 @@ def rehearsal_overrides(run_config, *, output: str, state: Path, model: Path, da
         f"filter.input={join(output, 'curated', 'examples-*.parquet')}", f"filter.output={join(output, 'filtered')}",
         f"filter.generation={generation}", "filter.low=0.0", "filter.high=1.0",  # a random model passes nothing
         f"loop.train_set={join(output, 'filtered', 'examples-*.parquet')}", "loop.samples_per_prompt=2", "loop.poll_interval_s=1.0",
-        "loop.max_runtime_s=900", "loop.rewards.code.workers=1",
+        "loop.max_runtime_s=900", "loop.startup_budget_s=600", "loop.rewards.code.workers=1",
         "loop.drop_uniform_groups=false",  # a random model's groups are all uniform: none would reach the trainer
         f"evaluate.models=[{model}]", f"evaluate.eval_sets={inputs(evaluate.eval_sets, rows, 'evaluate')}",
         f"evaluate.output={join(output, 'eval')}", f"evaluate.generation={generation}", "evaluate.ks=[1, 2]",

@@ -41,15 +41,17 @@ def load_configs(config_path: str | None, overrides: Sequence[str]):
     return run_config, run_config.loop
 
 
-def build_spec(run_config, train_set_size: int):
-    """The rollout workers' spec: the run's sections and the training set's path (its rows stay in storage)."""
+def build_spec(run_config, train_set_size: int, job: str = ""):
+    """The rollout workers' spec: the run's sections and the training set's path (its rows stay in
+    storage); ``job`` names this job's claims on steps (``RolloutSpec.job``)."""
     from rlax_core.rollout.spec import RolloutSpec
 
     return RolloutSpec(
         run=run_config.run.name, run_seed=run_config.run.seed, model_path=run_config.model.resolved_path(),
         model_dtype=run_config.model.dtype, train_set_size=train_set_size, rollout_root=run_config.rollout_root(),
         weights=run_config.weight_store(), engine=run_config.engine, loop=run_config.loop, trainer=run_config.trainer,
-        compilation_cache=run_config.run.compilation_cache, compilation_cache_dir=run_config.run.compilation_cache_dir)
+        compilation_cache=run_config.run.compilation_cache, compilation_cache_dir=run_config.run.compilation_cache_dir,
+        job=job)
 
 
 class _LatestVersion:
@@ -120,7 +122,9 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.data.training_set import read_examples
 
     examples = read_examples(loop.train_set)
-    spec = build_spec(run_config, len(examples))
+    import uuid
+
+    spec = build_spec(run_config, len(examples), job=uuid.uuid4().hex[:12])  # a restart's claims start afresh
     startup.mark("rollout_imports")
     log.info("rollout: %d training prompts, %d steps x %d prompts x %d samples, k=%d, store %s",
              len(examples), spec.total_steps, spec.prompts_per_step, loop.samples_per_prompt, spec.max_staleness,

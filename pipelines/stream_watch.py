@@ -14,7 +14,12 @@ shorten the stall window):
 * the job ends on its own (its impulses stop at ``loop.max_runtime_s``) or fails: exit 0 or raise.
 
 Waiting for the trainer (no step allowed yet) and slow work in progress are not a stall: nothing is
-counted then.
+counted then. Nor is start-up: each worker reports its phases as it passes them (image up, weights
+loaded, engine compiled: ``rlax_core.utils.startup.WORKER_PHASES``), the driver logs them and writes
+them to the stream's metrics, and stall polls count only once some worker's engine is compiled.
+Start-up has its own budget, ``loop.startup_budget_s``; past it with no engine ready the driver logs
+the phase the fleet was stuck in, writes ``stream/startup_overdue``, cancels the job and exits
+``EXIT_STARTUP``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from transforms.worker_heartbeat import busy_workers
 log = logging.getLogger(__name__)
 
 EXIT_STALLED = 3  # the rollout stream made no progress for loop.stall_polls polls (see rlax launch)
+EXIT_STARTUP = 4  # no rollout worker had its engine compiled within loop.startup_budget_s
 
 
 @dataclasses.dataclass
@@ -82,6 +88,12 @@ class StreamWatch:
         self.busy = False
         self.polls = 0
         self.progress = StreamProgress(0, 0, [], None)
+        # Start-up: until a worker's engine is compiled, polls count against loop.startup_budget_s, not
+        # as stall polls. ``startup_phase``: how many of startup.WORKER_PHASES the furthest worker passed.
+        self.started = time.monotonic()
+        self.engine_ready = False
+        self.startup_phase = 0
+        self.workers_reporting = 0
 
     def close(self) -> None:
         self.weights.close()
@@ -96,16 +108,44 @@ class StreamWatch:
     def stalled(self) -> bool:
         return self.idle_polls >= self.loop.stall_polls
 
+    @property
+    def startup_overdue(self) -> bool:
+        return not self.engine_ready and time.monotonic() - self.started > self.loop.startup_budget_s
+
+    def startup_phase_name(self) -> str:
+        return startup.WORKER_PHASES[self.startup_phase - 1][1] if self.startup_phase else startup.NO_WORKER_YET
+
+    def startup_reason(self) -> str:
+        return (f"rollout fleet start-up past loop.startup_budget_s={self.loop.startup_budget_s:g} s: no worker has "
+                f"its engine compiled; the furthest of {self.workers_reporting} reporting worker(s) is at: "
+                f"{self.startup_phase_name()}")
+
+    def _follow_startup(self, moved: bool) -> None:
+        phases = startup.worker_phases(self.spec.rollout_root, self.spec.run)
+        self.workers_reporting = len(phases)
+        furthest = max((passed for passed, _ in phases), default=0)
+        if furthest > self.startup_phase:
+            self.startup_phase = furthest
+            log.info("rollout fleet start-up: %s (%.0f s, %d worker(s) reporting)", self.startup_phase_name(),
+                     time.monotonic() - self.started, len(phases))
+        self.engine_ready = moved or self.startup_phase == len(startup.WORKER_PHASES)
+
     def poll(self) -> StreamProgress:
         before = self.progress
         now = read_progress(self.spec, self.weights, before.steps_generated)
         self.polls += 1
         moved = now.marker != before.marker
-        # Work in progress on a worker (a compilation, a long engine call) is not a stall, however slow.
+        was_ready, phase_before = self.engine_ready, self.startup_phase
+        if not self.engine_ready:
+            self._follow_startup(moved)
+        # Work in progress on a worker (a compilation, a long engine call) is not a stall, however slow;
+        # nor is start-up: stall polls count once an engine is ready.
         self.busy = bool(now.waiting) and not moved and bool(busy_workers(self.spec.rollout_root, self.spec.run))
-        self.idle_polls = 0 if moved or not now.waiting else self.idle_polls + (not self.busy)
+        counting = self.engine_ready and bool(now.waiting) and not moved
+        self.idle_polls = self.idle_polls + (not self.busy) if counting else 0
         self.progress = now
-        if moved or self.stalled or self.polls % 60 == 0:
+        changed = self.engine_ready != was_ready or self.startup_phase != phase_before
+        if moved or changed or self.stalled or self.startup_overdue or self.polls % 60 == 0:
             self._write()
         if self.idle_polls and self.idle_polls % max(1, self.loop.stall_polls // 4) == 0 and not self.stalled:
             log.warning("rollout stream: no group written for %d polls (%.0f s) while steps %s wait (weights "
@@ -129,6 +169,9 @@ class StreamWatch:
             "stream/steps_waiting": len(p.waiting), "stream/idle_polls": self.idle_polls,
             "stream/stalled": int(self.stalled), "stream/latest_version": p.latest_version,
             "stream/workers_busy": int(self.busy),
+            "stream/startup_phase": self.startup_phase, "stream/workers_reporting": self.workers_reporting,
+            "stream/engine_ready": int(self.engine_ready), "stream/startup_overdue": int(self.startup_overdue),
+            "stream/since_start_s": round(time.monotonic() - self.started, 1),
         })
 
 
@@ -166,6 +209,10 @@ def drive(result, watch: StreamWatch, *, deadline_s: float) -> int:
                 log.error("%s; cancelling the job (exit code %d)", watch.stall_reason(), EXIT_STALLED)
                 _cancel(result)
                 return EXIT_STALLED
+            if watch.startup_overdue:
+                log.error("%s; cancelling the job (exit code %d)", watch.startup_reason(), EXIT_STARTUP)
+                _cancel(result)
+                return EXIT_STARTUP
             state = _state(result)
             if PipelineState.is_terminal(state):
                 if state == PipelineState.FAILED:

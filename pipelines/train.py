@@ -30,7 +30,8 @@ Behaviour a launcher can rely on:
 * publishes version 0 (the initial weights) before its first step, then version N after step N;
 * exports the last step as a complete Hugging Face folder (weights, config, tokenizer,
   generation_config.json), readable by ``rlax generate`` / ``rlax evaluate`` and transformers;
-* fails loudly (exit 1) if no rollout groups arrive within ``trainer.wait_timeout_s``.
+* fails loudly (exit 1) if no rollout groups arrive within ``trainer.wait_timeout_s`` (the first ones
+  within that plus ``loop.startup_budget_s``: the rollout fleet starts up first).
 
 Multi-host: start one process per host with ``trainer.mesh.coordinator_address``,
 ``trainer.mesh.num_processes`` and ``trainer.mesh.process_id`` set (or ``trainer.mesh.distributed=true``
@@ -106,7 +107,8 @@ def train(run_config, stop: threading.Event | None = None):
     startup.mark("trainer_model")
     weights = WeightStore(run_config.weight_store())
     try:
-        trainer = run_config.trainer
+        # The first rollout groups come after the fleet's start-up: the first wait covers it.
+        trainer = dataclasses.replace(run_config.trainer, startup_wait_s=run_config.loop.startup_budget_s)
         if trainer.wandb.enabled and not trainer.wandb.name:
             trainer = dataclasses.replace(trainer, wandb=dataclasses.replace(trainer.wandb, name=run_config.run.name))
         return run_training(

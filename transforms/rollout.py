@@ -3,10 +3,10 @@
     ticks --ScheduleSteps--> WorkUnit --Reshuffle--> GenerateRollouts --> group --ScoreRollouts-->
           --AssembleGroups (dynamic sampling)--> WriteGroups --> rollout store --MarkStepGenerated
 
-Each DoFn is a shell over ``rlax_core.rollout`` (spec, schedule, claims, worker, groups, metrics).
-Work is spread in units of ``loop.groups_per_unit`` prompt groups, not whole steps: pacing allows
-only steps ``v .. v + k``, so whole steps would keep at most ``k + 1`` workers busy; reshuffled
-units spread every step over every worker.
+Each DoFn is a shell over ``rlax_core.rollout`` (spec, schedule, claims held in the store across
+the fleet's processes and VMs, worker, groups, metrics). Work is spread in units of
+``loop.groups_per_unit`` prompt groups: pacing allows only steps ``v .. v + k``, so whole steps
+would keep at most ``k + 1`` workers busy; reshuffled units spread every step over every worker.
 
 The newest committed weight version reaches ``ScheduleSteps`` and ``GenerateRollouts`` as a slowly
 updating side input (``transforms.live_side_input``), the same value in both for a window.
@@ -15,9 +15,8 @@ the model compiles once and every DoFn instance and thread of the process shares
 version is loaded from the parameter server and swapped in without recompiling. Every rollout
 carries the version that generated it.
 
-Exactly-once at the store: groups are written under names from ``(run, step, prompt slot)`` only,
-so a retried bundle or a restarted pipeline rewrites the same file (the same tokens, when the same
-version regenerates it) and the trainer never sees a duplicate.
+Exactly-once at the store: groups are written under names from ``(run, step, prompt slot)`` only, so a
+retried bundle or a restarted pipeline rewrites the same file and the trainer never sees a duplicate.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from apache_beam.utils.shared import Shared
 from apache_beam.utils.windowed_value import WindowedValue
 
 from rlax_core.data.rollout_store import GroupKey
-from rlax_core.rollout.claims import process_claims
 from rlax_core.rollout.metrics import group_summary, step_metrics
 from rlax_core.rollout.schedule import WorkUnit
 from rlax_core.rollout.scheduler import StepScheduler
@@ -89,6 +87,7 @@ class GenerateRollouts(beam.DoFn):
         with Busy(spec.rollout_root, spec.run, "starting: loading and compiling the engine"):
             self._worker = acquire_worker(self._shared, spec)
         self._examples = spec.examples()
+        self._claims = spec.claims()  # renewed while their steps are generated, released when deferred
         self._versions_refused = beam.metrics.Metrics.counter("rollout", "weight_versions_refused")
         self._steps_deferred = beam.metrics.Metrics.counter("rollout", "steps_deferred_no_fresh_weights")
         self._generated = beam.metrics.Metrics.counter("rollout", "groups_generated")
@@ -113,7 +112,8 @@ class GenerateRollouts(beam.DoFn):
         pending, self._pending = self._pending, []
         if not pending:
             return
-        with Busy(spec.rollout_root, spec.run, f"generating steps {sorted({u.step for u, _, _ in pending})}"):
+        steps = sorted({u.step for u, _, _ in pending})
+        with Busy(spec.rollout_root, spec.run, f"generating steps {steps}"), self._claims.keep(spec.run, steps):
             made = generate_units(worker, self._examples, [(unit, version) for unit, version, _ in pending])
         if made.refused:
             self._versions_refused.inc(made.refused)
@@ -124,7 +124,7 @@ class GenerateRollouts(beam.DoFn):
             self._steps_deferred.inc()
             logger.warning("rollout worker: step %d needs weights >= %d, the newest usable is %s; deferring it",
                            step, step - spec.max_staleness, made.loaded)
-            process_claims().release(spec.run, step)
+            self._claims.release(spec.run, step)
         for (_, _, place), groups in zip(pending, made.groups):
             for group in groups or ():
                 self._generated.inc()
@@ -212,7 +212,7 @@ class MarkStepGenerated(beam.DoFn):
         metrics = {**step_metrics(step, list(by_slot.values())), "timeline/marked_t": time.time()}
         self._store.write_step_metrics(step, metrics)
         self._store.mark_step_generated(step)
-        process_claims().release(self._spec.run, step)
+        self._spec.claims().release(self._spec.run, step)
         yield metrics
 
 

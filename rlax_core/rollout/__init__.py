@@ -3,7 +3,7 @@
     config.py      LoopConfig: the ``loop:`` section (samples per prompt, sampling, rewards, pacing)
     spec.py        RolloutSpec: the run's sections a worker needs, picklable (holds them, copies none)
     schedule.py    the prompt schedule (pure functions of run seed and step) and its work units
-    claims.py      claims on steps in flight, so that the schedule offers a step once at a time
+    claims.py      claims on steps in flight, held in the run's store across processes and VMs
     scheduler.py   StepScheduler: a tick's work units (pacing, the store, the claims)
     host.py        EngineHost: the one engine of a process, shared by its threads (rollouts and RunInference)
     worker.py      RolloutWorker: a host that follows the weight store and combines its threads' calls

@@ -1,60 +1,198 @@
-"""Claims on schedule steps: which steps this process has handed to generation and not yet finished.
+"""Claims on schedule steps that hold across processes and VMs: one owner per step at a time.
 
-The schedule offers a step again only when nobody holds a claim on it, so a step is not generated
-twice while it is in flight; a claim older than its timeout is taken for lost (a dropped bundle) and
-the step is offered again. Correctness does not rest on claims: group writes are idempotent, so a
-step generated twice is written twice under the same names.
+The schedule offers a step only when no live claim holds it, so a step is not generated twice while
+it is in flight. A claim is a small object in the run's store, ``ROOT/RUN-claims[/JOB]/step_N.json``
+(``{"owner", "expires"}``), created atomically: on a local folder under an exclusive ``flock`` of the
+folder's lock file (every process of the machine), on ``gs://`` with GCS generation preconditions
+(``if_generation_match=0`` creates only when absent; a takeover or a renewal matches the generation
+it read). A release deletes the object, so the step is offered again at once, by whichever process
+schedules next. A claim nobody releases (a dropped bundle, a killed worker) expires: its lifetime
+follows the recipe's expected step time (``loop.expected_step_s``, twice over: a step's units may
+queue for a step's time before a worker takes them), and a worker generating a step renews its
+claim while it works (:meth:`StepClaims.keep`), so a step slower than its lifetime is not offered
+twice while it is in flight either.
 
-The claims live in this process (``process_claims()``): every DoFn instance and harness thread of a
-worker shares them. The interface is what the rollout needs of any claim store (``try_claim``,
-``release``), so one that holds across processes and VMs can take its place.
+Correctness does not rest on claims: group writes are idempotent, a step generated twice is written
+twice under the same names. Claims save the fleet's time on its most expensive steps.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import socket
 import threading
 import time
+from pathlib import Path
+from typing import Iterator, Sequence
 
-DEFAULT_TIMEOUT_S = 300.0
+LIFETIME_STEPS = 2.0  # a claim lasts this many expected step times (queueing, then generation)
+
+
+def claim_lifetime_s(expected_step_s: float) -> float:
+    return LIFETIME_STEPS * expected_step_s
 
 
 class StepClaims:
-    """Thread-safe claims on ``(run, step)``, each valid for ``timeout_s`` seconds."""
+    """Claims on ``(run, step)`` under ``root`` (a local folder or ``gs://bucket/prefix``), each live for
+    ``lifetime_s`` seconds after it was taken or last renewed. ``job`` separates one job's claims from
+    another's: a restarted stream does not wait out the claims of the job it replaces."""
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.timeout_s = timeout_s
-        self._claimed_at: dict[tuple[str, int], float] = {}
-        self._lock = threading.Lock()
+    def __init__(self, root: str, lifetime_s: float, job: str = ""):
+        if lifetime_s <= 0:
+            raise ValueError(f"lifetime_s must be > 0, got {lifetime_s}")
+        self.root, self.lifetime_s, self.job = root.rstrip("/"), lifetime_s, job
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._backend = _GcsClaims() if self.root.startswith("gs://") else _LocalClaims()
+
+    def path(self, run: str, step: int) -> str:
+        return f"{self.root}/{run}-claims{'/' + self.job if self.job else ''}/step_{step:08d}.json"
 
     def held(self, run: str, step: int) -> bool:
-        """Whether ``step`` is claimed and the claim has not timed out."""
-        with self._lock:
-            return self._held(run, step, time.monotonic())
+        """Whether a live claim (of any process) holds ``step``."""
+        claim = self._backend.read(self.path(run, step))
+        return claim is not None and claim[0]["expires"] > time.time()
 
     def try_claim(self, run: str, step: int) -> bool:
         """Claim ``step`` unless a live claim holds it; True when this call claimed it."""
-        now = time.monotonic()
-        with self._lock:
-            if self._held(run, step, now):
-                return False
-            self._claimed_at[(run, step)] = now
-            return True
+        return self._backend.claim(self.path(run, step), self._body())
+
+    def renew(self, run: str, step: int) -> bool:
+        """Extend the claim on ``step`` by a lifetime from now; False when there is none (released)."""
+        return self._backend.renew(self.path(run, step), self._body())
 
     def release(self, run: str, step: int) -> None:
-        """The step is written (or deferred): the schedule may offer it again."""
-        with self._lock:
-            self._claimed_at.pop((run, step), None)
+        """The step is written (or deferred): it may be offered again at once, by any process."""
+        self._backend.delete(self.path(run, step))
 
-    def _held(self, run: str, step: int, now: float) -> bool:
-        claimed = self._claimed_at.get((run, step))
-        return claimed is not None and now - claimed < self.timeout_s
+    @contextlib.contextmanager
+    def keep(self, run: str, steps: Sequence[int]) -> Iterator[None]:
+        """Renew the claims on ``steps`` while the block runs (a step being generated stays claimed
+        however long it takes)."""
+        done = threading.Event()
+
+        def renew() -> None:
+            while not done.wait(self.lifetime_s / 4):
+                for step in steps:
+                    try:
+                        self.renew(run, step)
+                    except OSError:
+                        pass  # the next renewal tries again; an expired claim costs a duplicate, no more
+
+        thread = threading.Thread(target=renew, name="claim-renewal", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=30)
+
+    def _body(self) -> dict:
+        return {"owner": self.owner, "expires": time.time() + self.lifetime_s}
 
 
-_process_claims = StepClaims()
+class _LocalClaims:
+    """Claim files in a local folder; every read-modify-write under an exclusive flock of its lock file."""
+
+    @contextlib.contextmanager
+    def _locked(self, path: str) -> Iterator[Path]:
+        import fcntl
+
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.parent / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield target
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _read(target: Path):
+        try:
+            return json.loads(target.read_text()), None
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def read(self, path: str):
+        with self._locked(path) as target:
+            return self._read(target)
+
+    def claim(self, path: str, body: dict) -> bool:
+        with self._locked(path) as target:
+            found = self._read(target)
+            if found is not None and found[0]["expires"] > time.time():
+                return False
+            target.write_text(json.dumps(body))
+            return True
+
+    def renew(self, path: str, body: dict) -> bool:
+        with self._locked(path) as target:
+            if self._read(target) is None:
+                return False
+            target.write_text(json.dumps(body))
+            return True
+
+    def delete(self, path: str) -> None:
+        with self._locked(path) as target:
+            target.unlink(missing_ok=True)
 
 
-def process_claims() -> StepClaims:
-    """This process's claims, shared by the schedule and the generators of every DoFn instance."""
-    return _process_claims
+class _GcsClaims:
+    """Claim objects on GCS; creation, takeover and renewal conditioned on the object's generation."""
+
+    def __init__(self):
+        self._client = None
+
+    def _blob(self, path: str):
+        from google.cloud import storage
+
+        if self._client is None:
+            if os.environ.get("STORAGE_EMULATOR_HOST"):  # the tests' local GCS: no credentials to find
+                from google.auth.credentials import AnonymousCredentials
+
+                self._client = storage.Client(project="rlax", credentials=AnonymousCredentials())
+            else:
+                self._client = storage.Client()
+        bucket, _, name = path.removeprefix("gs://").partition("/")
+        return self._client.bucket(bucket).blob(name)
+
+    def read(self, path: str):
+        from google.api_core.exceptions import NotFound
+
+        blob = self._blob(path)
+        try:
+            data = blob.download_as_bytes()
+        except NotFound:
+            return None
+        return json.loads(data), blob.generation
+
+    def _write(self, path: str, body: dict, generation: int) -> bool:
+        from google.api_core.exceptions import PreconditionFailed
+
+        try:
+            self._blob(path).upload_from_string(json.dumps(body), content_type="application/json",
+                                                if_generation_match=generation)
+        except PreconditionFailed:
+            return False  # another process created, renewed, took over or released it first
+        return True
+
+    def claim(self, path: str, body: dict) -> bool:
+        if self._write(path, body, 0):  # 0: only if no such object exists
+            return True
+        found = self.read(path)
+        if found is None:  # released between the two calls: the next tick claims it
+            return False
+        claim, generation = found
+        return claim["expires"] <= time.time() and self._write(path, body, generation)
+
+    def renew(self, path: str, body: dict) -> bool:
+        found = self.read(path)
+        return found is not None and self._write(path, body, found[1])
+
+    def delete(self, path: str) -> None:
+        from google.api_core.exceptions import NotFound
+
+        with contextlib.suppress(NotFound):
+            self._blob(path).delete()

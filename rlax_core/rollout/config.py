@@ -37,6 +37,14 @@ class LoopConfig:
     # poll_interval_s so that a short side-input refresh does not shorten the stall window or add listings.
     watch_interval_s: float = 1.0
     stall_polls: int = 300  # watch polls with steps waiting and no group written: the stream has stalled
+    # Start-up is not a stall: stall polls count only once a worker's engine is compiled. Until then the
+    # fleet has this long to come up (VMs, image, weights, compilation: minutes on Dataflow, seconds
+    # here); past it the driver stops with the phase the fleet was in. The trainer waits at least as long.
+    startup_budget_s: float = 600.0
+    # How long the fleet takes to generate one step at the recipe's sizes. A claim on a step in flight
+    # lives twice this (renewed while a worker generates it): a slow step is not offered twice, and a
+    # lost one (a dropped bundle, a killed worker) is offered again after that long.
+    expected_step_s: float = 300.0
 
     def __post_init__(self):
         require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
@@ -48,6 +56,8 @@ class LoopConfig:
         require(self.max_runtime_s > 0, "max_runtime_s", "> 0")
         require(self.watch_interval_s > 0, "watch_interval_s", "> 0")
         require(self.stall_polls >= 1, "stall_polls", "at least 1")
+        require(self.startup_budget_s > 0, "startup_budget_s", "> 0")
+        require(self.expected_step_s > 0, "expected_step_s", "> 0")
 
     def require_train_set(self) -> None:
         """``rlax rollout`` and ``rlax launch`` refuse, alike, a loop that names no training prompts."""

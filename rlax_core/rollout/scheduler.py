@@ -1,7 +1,8 @@
 """``StepScheduler``: on each tick, the work units of the steps that may be generated now.
 
 A step is offered when the newest committed weight version allows it (``schedule.steps_to_generate``),
-it is not complete in the store and no claim holds it (``claims``). It is offered whole: all its units
+it is not complete in the store and no claim holds it (``claims``: in the store, so across the
+fleet's processes and VMs). It is offered whole: all its units
 at once, so that its groups meet again at the step's last stage; a step partly in the store is
 offered whole again, its written groups rewritten under the same names.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from rlax_core.rollout.claims import StepClaims, process_claims
+from rlax_core.rollout.claims import StepClaims
 from rlax_core.rollout.schedule import WorkUnit, complete_steps, steps_to_generate, work_units
 from rlax_core.rollout.spec import RolloutSpec
 
@@ -22,7 +23,7 @@ class StepScheduler:
     def __init__(self, spec: RolloutSpec, claims: StepClaims | None = None):
         self.spec = spec
         self.store = spec.store()
-        self.claims = process_claims() if claims is None else claims
+        self.claims = spec.claims() if claims is None else claims
         # Steps found complete in the store stay complete (groups are never removed): the store is
         # listed only on a tick that has a step neither known complete nor in flight, about once
         # per new version, rather than on every tick.

@@ -11,6 +11,7 @@ import dataclasses
 from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.data.training_set import cached_examples
 from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.rollout.claims import StepClaims, claim_lifetime_s
 from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
@@ -35,6 +36,9 @@ class RolloutSpec:
     # its folder ("" = the worker machine's default).
     compilation_cache: bool = True
     compilation_cache_dir: str = ""
+    # This job's claims on steps (``claims.StepClaims``): a restarted stream does not wait out the
+    # claims of the job it replaces. ``rlax rollout`` names each job; "" shares one set.
+    job: str = ""
 
     @property
     def prompts_per_step(self) -> int:
@@ -53,6 +57,10 @@ class RolloutSpec:
         loop = self.loop
         return SamplingParams(temperature=loop.temperature, top_p=loop.top_p, max_new_tokens=self.engine.max_new_tokens,
                               n=loop.samples_per_prompt, stop_token_ids=tuple(loop.stop_token_ids))
+
+    def claims(self) -> StepClaims:
+        """This job's claims on steps, in the rollout store, live ``loop.expected_step_s`` twice over."""
+        return StepClaims(self.rollout_root, claim_lifetime_s(self.loop.expected_step_s), self.job)
 
     def store(self) -> RolloutStore:
         return RolloutStore(self.rollout_root, self.run)

@@ -35,6 +35,8 @@ class RolloutWorker:
     """
 
     def __init__(self, spec: RolloutSpec):
+        # Each start-up phase reaches the stream's driver as it passes (image up, weights, compiled).
+        startup.report_to(spec.rollout_root, spec.run, "worker")
         startup.mark("worker_start")
         enable_compilation_cache(spec.compilation_cache_dir, enabled=spec.compilation_cache)
         # The engine's modules load after EngineHost has made each CPU core a device (before JAX starts).

@@ -87,6 +87,9 @@ class TrainerConfig:
     export_every: int = 0
     wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases beside TensorBoard (optional extra)
     wait_timeout_s: float = 600.0  # how long to wait for rollout groups before failing loudly
+    # Added to the wait for the first groups this process reads: the rollout fleet starts up first
+    # (rlax train sets it to loop.startup_budget_s, so the trainer's wait covers the fleet's start-up).
+    startup_wait_s: float = 0.0
     poll_s: float = 0.5
 
     def __post_init__(self):
@@ -102,4 +105,5 @@ class TrainerConfig:
         require(self.publish_every >= 1, "publish_every", "must be >= 1")
         require(self.export_every >= 0, "export_every", "must be >= 0 (0: export after the last step only)")
         require(self.wait_timeout_s > 0, "wait_timeout_s", "must be > 0")
+        require(self.startup_wait_s >= 0, "startup_wait_s", "must be >= 0")
         require(self.poll_s > 0, "poll_s", "must be > 0")

@@ -83,6 +83,7 @@ class BatchReader:
         self.store = store
         self.config = config
         self._generated_below = 0  # every schedule step below this one is fully generated
+        self._first_read = True  # its wait also covers the rollout fleet's start-up (config.startup_wait_s)
 
     def generation_frontier(self, keys: list[GroupKey]) -> int:
         """The first schedule step not fully generated yet; no group past it is taken.
@@ -106,7 +107,8 @@ class BatchReader:
         config = self.config
         chosen: list[tuple[GroupKey, Any]] = []
         started = time.monotonic()
-        deadline, report_at = started + config.wait_timeout_s, started + WAIT_REPORT_S
+        budget_s = config.wait_timeout_s + (config.startup_wait_s if self._first_read else 0.0)
+        deadline, report_at = started + budget_s, started + WAIT_REPORT_S
         while True:
             taken = {key for key, _ in chosen}
             keys = self.store.list_groups()
@@ -125,18 +127,19 @@ class BatchReader:
                     continue
                 chosen.append((key, table))
                 if len(chosen) == config.groups_per_step:
+                    self._first_read = False
                     return chosen
             if stop.is_set():
                 return None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"train step {train_step}: {len(chosen)} of {config.groups_per_step} rollout groups "
-                                   f"after waiting {config.wait_timeout_s:.0f} s in {self.store}; is the rollout "
+                                   f"after waiting {budget_s:.0f} s in {self.store}; is the rollout "
                                    "pipeline running?")
             if time.monotonic() > report_at:  # a trainer started alone must not wait in silence
                 report_at += WAIT_REPORT_S
                 log.info("train step %d: waiting for rollout groups in %s (%d of %d so far, %.0f of %.0f s); "
                          "`rlax rollout` writes them (`rlax launch` starts both jobs)", train_step, self.store,
-                         len(chosen), config.groups_per_step, time.monotonic() - started, config.wait_timeout_s)
+                         len(chosen), config.groups_per_step, time.monotonic() - started, budget_s)
             if while_waiting is not None:
                 while_waiting()
             time.sleep(config.poll_s)

@@ -56,10 +56,32 @@ def key(hop: str) -> str:
     return f"{PREFIX}{hop}_t"
 
 
+# A rollout worker's start-up, in order, as the stream's driver reports it: before the first hop no
+# worker process is up yet (Dataflow provisions VMs and pulls the worker image).
+WORKER_PHASES = (
+    ("worker_start", "image up: the worker process is loading the model"),
+    ("worker_model", "weights loaded: the engine is compiling"),
+    ("engine_compiled", "engine compiled"),
+)
+NO_WORKER_YET = "no worker process up yet (VMs provisioning, the worker image pulling)"
+
+_reporting: tuple[str, str, str] | None = None  # (rollout_root, run, role) each new stamp is written to
+
+
+def report_to(rollout_root: str, run: str, role: str) -> None:
+    """From now on every new stamp of this process is written at once (``write_stamps``), so the
+    stream's driver sees a worker's start-up phase by phase, not only once it is over."""
+    global _reporting
+    _reporting = (rollout_root, run, role)
+
+
 def mark(hop: str, at: float | None = None) -> None:
     """Stamp ``hop`` now (or at ``at``); a hop already stamped in this process keeps its first time."""
     with _lock:
+        new = key(hop) not in _stamps
         _stamps.setdefault(key(hop), time.time() if at is None else at)
+    if new and _reporting is not None:
+        write_stamps(*_reporting)
 
 
 def stamps() -> dict[str, float]:
@@ -113,6 +135,28 @@ def write_stamps(rollout_root: str, run: str, role: str) -> None:
         fs.pipe_file(f"{folder}/{name}", json.dumps(stamps(), sort_keys=True).encode())
     except OSError as error:
         log.warning("start-up stamps not written to %s: %s", rollout_root, error)
+
+
+def worker_phases(rollout_root: str, run: str) -> list[tuple[int, float]]:
+    """Per rollout worker process that reported: (how many of :data:`WORKER_PHASES` it has passed,
+    when it passed the last), from its stamps file."""
+    import fsspec
+
+    fs, folder = fsspec.core.url_to_fs(_folder(rollout_root, run))
+    try:
+        fs.invalidate_cache(folder)
+        files = sorted(fs.glob(f"{folder}/worker-*.json"))
+    except FileNotFoundError:
+        return []
+    phases = []
+    for path in files:
+        try:
+            found = json.loads(fs.cat_file(path))
+        except (OSError, ValueError):
+            continue  # being rewritten: read again at the next poll
+        passed = [found[key(hop)] for hop, _ in WORKER_PHASES if key(hop) in found]
+        phases.append((len(passed), max(passed, default=0.0)))
+    return phases
 
 
 def read_stamps(rollout_root: str, run: str) -> dict[str, float]:

@@ -16,7 +16,6 @@ from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.inference.config import EngineConfig
 from rlax_core.models import from_pretrained
 from rlax_core.rollout import RolloutSpec
-from rlax_core.rollout.claims import process_claims
 from rlax_core.rollout.schedule import WorkUnit, work_units
 from rlax_core.rollout.scheduler import StepScheduler
 from rlax_core.tasks.story import story_examples, write_jsonl
@@ -96,12 +95,12 @@ def test_the_schedule_lists_the_store_only_for_steps_neither_known_complete_nor_
                          policy_version=0, seed=0, prompt_ids=[1], completion_ids=[2], behavior_logprobs=[-1.0],
                          finish_reason="stop", reward=1.0, reward_info="{}")]
             store.write_group(GroupKey(step, slot), rows)
-        process_claims().release(spec.run, step)  # as MarkStepGenerated does
+        spec.claims().release(spec.run, step)  # as MarkStepGenerated does
     assert tick(0) == ([], 1)  # finds both complete
     assert tick(0) == ([], 0)  # and remembers it
     assert tick(1) == ([2], 1)  # a new version: only its new step is looked up
     for step in (2, 3):
-        process_claims().release(spec.run, step)
+        spec.claims().release(spec.run, step)
 
 
 def test_a_spec_refuses_units_of_no_groups(tmp_path):
@@ -182,8 +181,8 @@ def test_a_tick_carries_its_version_when_the_side_input_is_not_there_yet(tmp_pat
     assert list(schedule.process(None, [])) == []  # nothing published yet
     assert sorted(unit.step for unit in schedule.process(2, [])) == [2, 3]  # the tick's version
     for step in (2, 3):
-        process_claims().release(spec.run, step)
+        spec.claims().release(spec.run, step)
     # The newest of the tick's and the side input's (a window fired twice hands over both panes).
     assert sorted(unit.step for unit in schedule.process(1, [2, 1])) == [2, 3]
     for step in (2, 3):
-        process_claims().release(spec.run, step)
+        spec.claims().release(spec.run, step)

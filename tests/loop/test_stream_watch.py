@@ -1,7 +1,10 @@
 """A stream that stops making progress says so (log + metrics), and `rlax launch` acts on it."""
 
+import os
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +12,8 @@ import pytest
 
 from pipelines.launch import start_command, wait_for_trainer
 from pipelines.rl_stream import build_spec, load_configs
-from pipelines.stream_watch import EXIT_STALLED, StreamWatch
+from pipelines.stream_watch import EXIT_STALLED, EXIT_STARTUP, StreamWatch, drive
+from rlax_core.utils import startup
 from rlax_core.utils.metrics import read_metrics
 from rlax_core.weights import WeightStore
 
@@ -17,14 +21,97 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "quickstart.yaml")
 
 
-def _watch(tmp_path, stall_polls=3):
+def _watch(tmp_path, stall_polls=3, startup_budget_s=600):
     overrides = [f"run.output_dir={tmp_path / 'run'}", "trainer.total_steps=2", "trainer.groups_per_step=2",
                  "trainer.max_staleness=0", f"loop.stall_polls={stall_polls}", "loop.poll_interval_s=0.01",
-                 "loop.watch_interval_s=0.01",
+                 "loop.watch_interval_s=0.05", f"loop.startup_budget_s={startup_budget_s}",
                  f"loop.train_set={tmp_path / 'unused.jsonl'}"]
     run_config, loop = load_configs(CONFIG, overrides)
     spec = build_spec(run_config, 8)
     return spec, StreamWatch(spec, loop, tmp_path / "stream_metrics")
+
+
+def _worker(spec, *, compile_s: float, steps_after: int = 0) -> subprocess.Popen:
+    """A rollout worker process that reports its start-up as the real one does (image up, weights
+    loaded), compiles its engine for ``compile_s`` seconds, then completes ``steps_after`` steps; returned
+    once it has reported its weights loaded."""
+    script = textwrap.dedent(f"""
+        import time
+        from rlax_core.data.rollout_store import RolloutStore
+        from rlax_core.utils import startup
+        startup.report_to({spec.rollout_root!r}, {spec.run!r}, "worker")
+        startup.mark("worker_start")
+        startup.mark("worker_model")
+        time.sleep({compile_s})
+        startup.mark("engine_compiled")
+        for step in range({steps_after}):
+            RolloutStore({spec.rollout_root!r}, {spec.run!r}).mark_step_generated(step)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    while not any(passed >= 2 for passed, _ in startup.worker_phases(spec.rollout_root, spec.run)):
+        assert time.monotonic() < deadline and process.poll() in (None, 0), "the worker did not report its start-up"
+        time.sleep(0.05)
+    return process
+
+
+class _RunningJob:
+    """The submitted job's handle as the driver sees it: running until cancelled."""
+
+    def __init__(self):
+        self.cancelled = 0
+        self.state = "RUNNING"
+
+    def cancel(self):
+        self.cancelled += 1
+        self.state = "CANCELLED"
+
+
+def test_a_start_up_slower_than_the_stall_window_is_neither_a_stall_nor_cancelled(tmp_path):
+    # 3 stall polls of 0.05 s: the engine compiles for 40 of them, with steps waiting and no group written.
+    spec, watch = _watch(tmp_path, stall_polls=3, startup_budget_s=120)
+    _publish(spec, 0)
+    worker = _worker(spec, compile_s=2.0, steps_after=2)
+    job = _RunningJob()
+    try:
+        assert drive(job, watch, deadline_s=120) == 0
+    finally:
+        worker.kill()
+    assert job.cancelled == 1 and worker.wait(timeout=30) is not None  # cancelled once, when every step was done
+    rows = read_metrics(tmp_path / "stream_metrics")
+    assert not any(row["stream/stalled"] for row in rows)
+    assert [row["stream/startup_phase"] for row in rows if not row["stream/engine_ready"]][-1] == 2
+    assert rows[-1]["stream/engine_ready"] == 1 and rows[-1]["stream/steps_generated"] == 2
+
+
+def test_a_start_up_past_its_budget_is_reported_with_the_phase_it_was_stuck_in(tmp_path, caplog):
+    spec, watch = _watch(tmp_path, stall_polls=3, startup_budget_s=1.5)
+    watch.close()
+    _publish(spec, 0)
+    worker = _worker(spec, compile_s=600)
+    spec, watch = _watch(tmp_path, stall_polls=3, startup_budget_s=1.5)  # its budget starts now
+    job = _RunningJob()
+    try:
+        assert drive(job, watch, deadline_s=120) == EXIT_STARTUP
+    finally:
+        worker.kill()
+    assert job.cancelled == 1
+    assert "start-up past loop.startup_budget_s=1.5 s" in caplog.text
+    assert "weights loaded: the engine is compiling" in caplog.text
+    rows = read_metrics(tmp_path / "stream_metrics")
+    assert rows[-1]["stream/startup_overdue"] == 1 and rows[-1]["stream/startup_phase"] == 2
+    assert not any(row["stream/stalled"] for row in rows)
+
+
+def test_a_fleet_with_no_worker_up_says_so(tmp_path):
+    spec, watch = _watch(tmp_path, startup_budget_s=0.2)
+    try:
+        watch.poll()
+        time.sleep(0.3)
+        watch.poll()
+        assert watch.startup_overdue and "no worker process up yet" in watch.startup_reason()
+    finally:
+        watch.close()
 
 
 def _publish(spec, version):
@@ -34,6 +121,7 @@ def _publish(spec, version):
 
 def test_waiting_for_the_trainer_is_not_a_stall_but_waiting_steps_without_progress_are(tmp_path, caplog):
     spec, watch = _watch(tmp_path, stall_polls=3)
+    assert _worker(spec, compile_s=0).wait(timeout=60) == 0  # a worker up with its engine compiled
     try:
         for _ in range(5):  # nothing published: no step may be generated yet
             assert watch.poll().waiting == [] and not watch.stalled
@@ -126,6 +214,7 @@ def test_a_busy_worker_is_slow_work_not_a_stall(tmp_path):
     from transforms.worker_heartbeat import Busy, busy_workers
 
     spec, watch = _watch(tmp_path, stall_polls=2)
+    assert _worker(spec, compile_s=0).wait(timeout=60) == 0  # an engine is ready: stall polls count
     try:
         _publish(spec, 0)
         with Busy(spec.rollout_root, spec.run, "compiling the engine", interval_s=0.05):

@@ -63,3 +63,17 @@ def test_while_waiting_runs_on_every_poll_until_the_groups_are_there(tmp_path):
 
     groups = reader.next_groups(DataLedger(), 0, threading.Event(), while_waiting=while_waiting)
     assert [key for key, _ in groups] == [GroupKey(0, 0), GroupKey(0, 1)] and polls == [0, 1, 2]
+
+
+def test_the_first_wait_covers_the_rollout_fleets_start_up_and_later_ones_do_not(tmp_path):
+    store = RolloutStore(tmp_path / "rollouts", run="r")
+    reader = BatchReader(store, TrainerConfig(groups_per_step=2, max_staleness=1, wait_timeout_s=0.3, poll_s=0.05,
+                                              startup_wait_s=3.0))
+    # The fleet starts up: its first groups land after 1 s, past wait_timeout_s but within the start-up.
+    timer = threading.Timer(1.0, write_random_groups, args=(store, [0]), kwargs={"groups_per_step": 2})
+    timer.start()
+    ledger = DataLedger()
+    assert _take(reader, ledger, 0) == [GroupKey(0, 0), GroupKey(0, 1)]
+    timer.join()
+    with pytest.raises(TimeoutError, match="after waiting 0 s"):  # then only wait_timeout_s
+        _take(reader, ledger, 1)
