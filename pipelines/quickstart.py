@@ -131,7 +131,9 @@ def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: lis
     path = output / "configs" / "filter.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     try:
-        _cli(["filter", "--config", str(path)], output / "logs" / "filter.log", timeout_s=FILTER_TIMEOUT_S, prompts=limit)
+        # --allow-empty: a band that keeps no prompt is not a failure here; training falls back to the curated ones
+        _cli(["filter", "--config", str(path), "--allow-empty"], output / "logs" / "filter.log",
+             timeout_s=FILTER_TIMEOUT_S, prompts=limit)
     except RuntimeError as error:
         log.warning("quickstart: the difficulty filter did not run (%s); training on the curated prompts",
                     str(error).splitlines()[0])

@@ -26,6 +26,7 @@ def test_filter_stories260k_on_the_story_task(tmp_path):
     out = tmp_path / "filtered"
     assert main(["filter", "--input", str(tmp_path / "prompts.jsonl"), "--model", STORIES, "--samples", "4",
                  "--low", "0.25", "--high", "1.0", "--output", str(out), "--runner", "FnApiRunner",
+                 "--allow-empty",  # a band stories260K may not reach on 8 prompts: what is asserted is the partition
                  "generation.max_new_tokens=48", 'generation.stop_strings=["\\n"]', SMALL_ENGINE]) == 0
     stats, kept, rejected = _read(out)
     assert stats["prompts"] == 8 and stats["kept"] + stats["too_hard"] + stats["too_easy"] == 8
