@@ -124,3 +124,21 @@ def test_evaluate_compares_the_export_a_weight_version_and_a_checkpoint(trained,
 
 def base_dir():
     return REPO / "pipelines" / "assets" / "stories260K"
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("weights:{output}/weights@7", "weights:{output}/weights@7: no committed weight version 7; there are: 0, 1, 2"),
+    ("checkpoint:{output}/checkpoints@9", "checkpoint:{output}/checkpoints@9: no complete checkpoint 9; there are: "),
+])
+def test_a_version_that_does_not_exist_is_one_line_before_any_work(trained, tmp_path, capsys, spec, says):
+    """A real weight store and checkpoint folder, asked for a version they do not hold (issue 30's tracebacks)."""
+    output, _ = trained
+    write_jsonl(story_examples("heldout", 1), tmp_path / "heldout.jsonl")
+    for command in (["evaluate", "--eval-set", str(tmp_path / "heldout.jsonl")],
+                    ["filter", "--input", str(tmp_path / "heldout.jsonl")]):
+        model = spec.format(output=output)
+        assert main([*command, "--model", model, "--output", str(tmp_path / command[0])]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.startswith(f"rlax {command[0]}: input error: ")
+        assert says.format(output=output) in error and "\n" not in error, error
+        assert not (tmp_path / command[0]).exists() or not any((tmp_path / command[0]).iterdir())  # no work started
