@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import json
 import logging
 import os
 import signal

@@ -7,7 +7,8 @@ ends, because a dying process's files are closed whatever killed it. ``pipelines
 :func:`hold` first thing: a thread waits on that end and, at end of file, SIGKILLs the job's whole
 process group. A parent-death signal (``PR_SET_PDEATHSIG``) alone would kill the job and orphan its
 children, and a group killed by its owner (``launch.Process.stop``) needs the owner alive; the lease
-covers both. The job is not asked to stop gracefully: its owner is gone, and the run resumes from
+covers both. A child the owner forks without exec (a multiprocessing worker) closes the write end at
+once, so that it cannot keep the lease alive after the owner. The job is not asked to stop gracefully: its owner is gone, and the run resumes from
 its last checkpoint as after any preemption without notice.
 
 :func:`die_with_parent` is the parent-death signal for a single program that holds no lease (Prism).
@@ -40,6 +41,22 @@ def _lease_fds() -> tuple[int, int]:
         read_end, write_end = os.pipe()  # both not inheritable; spawn passes the read end alone
         _lease = (os.getpid(), read_end, write_end)
     return _lease[1], _lease[2]
+
+
+def _drop_inherited_lease() -> None:
+    """In a child forked without exec (a multiprocessing worker): close the owner's write end, which
+    would otherwise keep the lease alive after the owner died."""
+    global _lease
+    if _lease is not None and _lease[0] != os.getpid():
+        for fd in _lease[1:]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _lease = None
+
+
+os.register_at_fork(after_in_child=_drop_inherited_lease)
 
 
 def spawn(command: Sequence[str], *, stdout=None, stderr=None, cwd=None, env: Mapping[str, str] | None = None,

@@ -134,3 +134,21 @@ def test_a_lease_variable_without_its_fd_is_ignored(monkeypatch):
     os.close(write_end)
     monkeypatch.setenv(lifeline.LEASE_ENV, str(read_end))
     assert lifeline.hold() is False and lifeline.LEASE_ENV not in os.environ
+
+
+def test_a_forked_helper_of_the_owner_does_not_keep_the_lease_alive(tmp_path):
+    """The owner forks a helper (as a multiprocessing pool does) that outlives it: the job still dies."""
+    forking_owner = OWNER.replace("print(job.pid", "import os\nhelper = os.fork()\nif helper == 0:\n"
+                                                   "    time.sleep(300)\n    os._exit(0)\nprint(job.pid")
+    process = subprocess.Popen([sys.executable, "-c", forking_owner, str(tmp_path / "run"), JOB], env=ENV,
+                               stdout=subprocess.PIPE, text=True)
+    job, _, _, grandchild = process.stdout.readline().split()
+    helper = [child.pid for child in psutil.Process(process.pid).children() if child.pid != int(job)]
+    assert len(helper) == 1
+    try:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        assert _gone([int(job), int(grandchild)]) == []
+    finally:
+        for pid in helper:
+            os.kill(pid, signal.SIGKILL)
