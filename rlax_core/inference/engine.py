@@ -46,6 +46,7 @@ from rlax_core.inference.pallas_attention import kernel_for_backend
 from rlax_core.inference.sharding import (decoding_param_shardings, engine_mesh, kv_pool_sharding,
                                           stacked_param_shardings)
 from rlax_core.inference.sampling import SamplingMode, prompt_key_id
+from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import unstack_layers
 
@@ -197,7 +198,8 @@ class Engine:
         self.stats = {"prefill_calls": 0, "shared_prefills": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0,
                       "weight_swaps": 0}
         # Module-level programs keyed by static shapes: engines with equal configs share compilations.
-        self._prefill = functools.partial(programs.prefill, model_config=model_config, mesh=self.mesh)
+        self._prefill = functools.partial(programs.prefill, model_config=model_config, mesh=self.mesh,
+                                          attention=attention_for_platform(platform))
         self._copy_pages = functools.partial(programs.copy_pages, mesh=self.mesh)
         decode = programs.decode_on_cpu if platform == "cpu" else programs.decode
         # "pallas" is the backend's own JAX kernel; the CPU interprets one (tests).

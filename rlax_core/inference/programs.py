@@ -22,6 +22,7 @@ from rlax_core.inference.kv_cache import DecodeWindow, KVCache, gather_window, s
 from rlax_core.inference.pallas_attention import paged_decode_attention
 from rlax_core.inference.sharding import heads_spec, kv_heads_split, kv_pool_sharding
 from rlax_core.inference.sampling import SamplingMode, sample_key, sample_tokens
+from rlax_core.models.attention import AttentionImpl, causal_attention, fits
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward_with_cache, fuse_projections, unstack_layers
 
@@ -67,16 +68,24 @@ def _write_token_pages(cache: KVCache, layer: int, k, v, page_table, positions, 
                    _replace(cache.v, layer, write_pages(cache.v[layer], v, page_table, positions, valid)))
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "mesh"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("model_config", "mesh", "attention"), donate_argnames=("cache",))
 def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_config: ModelConfig,
-            mesh=None) -> KVCache:
-    """Run left-padded prompt prefixes [B, T] through the model and write their keys and values into their pages."""
+            mesh=None, attention: AttentionImpl = "dense") -> KVCache:
+    """Run left-padded prompt prefixes [B, T] through the model and write their keys and values into their pages.
+
+    ``attention``: the prompts' attention on themselves (``models.attention``): dense, or the chip's
+    flash kernel, which a bucket it cannot tile (splash: not a multiple of 128 tokens) runs dense.
+    """
     valid = positions >= 0
     scale = model_config.head_dim ** -0.5
+    if not fits(attention, tokens.shape[1]):
+        attention = "dense"
 
     def attend(layer, q, k, v, cache):
         cache = _write_token_pages(cache, layer, k, v, page_table, positions, valid)
-        return prefill_attention(q, k, v, valid, scale), cache
+        if attention == "dense":
+            return prefill_attention(q, k, v, valid, scale), cache
+        return causal_attention(q, k, v, valid.astype(jnp.int32), impl=attention, mesh=mesh), cache
 
     # Only the cache is returned: the compiler drops the classifier.
     _, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from rlax_core.models.attention import AttentionImpl, causal_attention, masked_attention
 from rlax_core.models.config import ModelConfig, rope_inverse_frequencies
 
 Params = dict[str, Any]
@@ -94,35 +95,6 @@ def apply_rope(x: jax.Array, positions: jax.Array, config: ModelConfig) -> jax.A
         first, second = jnp.split(x32, 2, axis=-1)
         rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
     return rotated.astype(x.dtype)
-
-
-def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax attention with grouped KV heads. q [B,T,H,D], k/v [B,S,K,D], mask [B,T,S] (True = see).
-
-    Scores and softmax in float32. Masked scores get the most negative float instead of -inf, so a
-    query that sees nothing (a padding row) gives a finite average instead of NaN.
-    """
-    batch, steps, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[2]
-    group = num_heads // num_kv_heads
-    # KV-head-major operands ([B, K, G*T, D] queries, [B, K, S, D] keys and values): the two products
-    # are then plain batched matmuls whose [.., T, S] results need no transposing copies (on CPU those
-    # copies of the largest tensor cost more than the products).
-    q = q.reshape(batch, steps, num_kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
-    q = q.reshape(batch, num_kv_heads, group * steps, head_dim)
-    k, v_heads = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
-    scores = scores.reshape(batch, num_kv_heads, group, steps, -1)
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    # Softmax normalised after the value product: dividing the [.., T, D] output rather than the
-    # [.., T, S] probabilities saves a pass over the scores, forward and backward. The max is a shift
-    # the result does not depend on, so no gradient flows through it.
-    weights = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
-    totals = jnp.sum(weights, axis=-1).reshape(batch, num_kv_heads, group * steps, 1)
-    out = jnp.einsum("bkqs,bksd->bkqd", weights.reshape(batch, num_kv_heads, group * steps, -1).astype(v.dtype),
-                     v_heads, preferred_element_type=jnp.float32) / totals
-    out = out.reshape(batch, num_kv_heads, group, steps, head_dim).transpose(0, 3, 1, 2, 4)
-    return out.reshape(batch, steps, num_heads, head_dim).astype(v.dtype)
 
 
 class Attention(nn.Module):
@@ -255,6 +227,13 @@ def _full_sequence_attend(mask: jax.Array) -> Attend:
     return attend
 
 
+def _kernel_attend(segment_ids: jax.Array, impl: AttentionImpl, mesh) -> Attend:
+    def attend(layer, q, k, v, cache):
+        return causal_attention(q, k, v, segment_ids, impl=impl, mesh=mesh), cache
+
+    return attend
+
+
 def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
     """Random parameters (normal(0.02) matrices, unit norms, zero biases) as a plain nested dict."""
     return nn.unbox(_init_variables(config, rng, dtype)["params"])
@@ -282,34 +261,44 @@ def default_positions(attention_mask: jax.Array) -> jax.Array:
 
 
 def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
-            attention_mask: jax.Array | None = None, remat: bool = False) -> jax.Array:
+            attention_mask: jax.Array | None = None, remat: bool = False, attention: AttentionImpl = "dense",
+            mesh=None) -> jax.Array:
     """Full-sequence forward for training and scoring: float32 logits [B, S, V].
 
     Token i sees tokens j <= i whose ``attention_mask`` is 1. ``positions`` default to the count of
     real tokens before each one, which is right for left and right padding alike. ``params`` may be
     stacked (scanned layers) or ``unstack_layers``'d (unrolled layers: no per-layer weight slices or
     stacked activations; faster for shallow models on CPU, but the compile time grows with depth).
+    ``attention``: the implementation (``models.attention``: dense XLA, or the TPU's splash kernel
+    or cuDNN's, which leave a padding position's output unspecified); ``mesh``: the one the
+    operands are sharded over, for a kernel XLA cannot partition.
     """
-    return _full_sequence(params, config, input_ids, positions, attention_mask, remat, hidden_only=False)
+    return _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
+                          hidden_only=False)
 
 
 def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
-                  attention_mask: jax.Array | None = None, remat: bool = False) -> jax.Array:
+                  attention_mask: jax.Array | None = None, remat: bool = False, attention: AttentionImpl = "dense",
+                  mesh=None) -> jax.Array:
     """As :func:`forward`, but the last layer's normalised hidden states [B, S, hidden] (compute dtype)
     instead of logits: the input of a value or reward head. ``params`` need no ``lm_head``."""
-    return _full_sequence(params, config, input_ids, positions, attention_mask, remat, hidden_only=True)
+    return _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
+                          hidden_only=True)
 
 
-def _full_sequence(params, config, input_ids, positions, attention_mask, remat, *, hidden_only):
+def _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh, *, hidden_only):
     batch, steps = input_ids.shape
     if attention_mask is None:
         attention_mask = jnp.ones((batch, steps), jnp.int32)
     if positions is None:
         positions = default_positions(attention_mask)
-    causal = jnp.tril(jnp.ones((steps, steps), bool))
-    mask = causal[None] & attention_mask.astype(bool)[:, None, :]
+    if attention == "dense":
+        causal = jnp.tril(jnp.ones((steps, steps), bool))
+        attend = _full_sequence_attend(causal[None] & attention_mask.astype(bool)[:, None, :])
+    else:  # real tokens form segment 1, padding segment 0
+        attend = _kernel_attend(attention_mask.astype(jnp.int32), attention, mesh)
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, _full_sequence_attend(mask), dtype, remat=remat, **_layout(params))
+    model = Transformer(config, attend, dtype, remat=remat, **_layout(params))
     out, _ = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only)
     return out
 

@@ -68,6 +68,9 @@ class TrainerConfig:
     micro_batches: int = 1
     max_seq_len: int = 128  # prompt + completion tokens; every batch is padded to it (one compile)
     remat: bool = False  # recompute activations in the backward pass (less memory, more FLOPs)
+    # Whole-row attention: "auto" is the chips' flash kernel (TPU: Pallas splash, GPU: cuDNN) and dense
+    # XLA on CPU; "dense" keeps [heads, T, T] scores per layer on any chip (rlax_core.models.attention).
+    attention: Literal["auto", "dense", "splash", "cudnn"] = "auto"
     # False: run the layers unrolled (models.unstack_layers inside the step) instead of as one scan.
     # Faster for shallow models on CPU (no per-layer weight slices or stacked activations); the
     # compile time then grows with depth. The state keeps the stacked layout either way.

@@ -53,6 +53,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rlax_core.models.attention import AttentionImpl, attention_for_platform
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import adapter_logical_axes, init_adapters, merge
 from rlax_core.models.transformer import forward, param_logical_axes, stack_layers, unstack_layers
@@ -81,9 +82,11 @@ class TrainState:
     value_opt_state: Any = None
 
 
-def token_logprobs(params, config: ModelConfig, tokens, attention_mask, *, remat: bool = False):
+def token_logprobs(params, config: ModelConfig, tokens, attention_mask, *, remat: bool = False,
+                   attention: AttentionImpl = "dense", mesh: Mesh | None = None):
     """log pi(token t+1 | tokens <= t) and the entropy of that distribution, both [B, T-1] float32."""
-    log_probs = jax.nn.log_softmax(forward(params, config, tokens, attention_mask=attention_mask, remat=remat), axis=-1)
+    logits = forward(params, config, tokens, attention_mask=attention_mask, remat=remat, attention=attention, mesh=mesh)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
     # Every position gets a target (the last one a placeholder) and only the [B, T] results drop the
     # last column: slicing the [B, T, V] log-probs instead costs a padding copy of them in the backward pass.
     targets = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
@@ -151,6 +154,9 @@ class Trainer:
         self.needs_old_logprobs = self.updates_per_batch > 1 or self.kl_in_reward
         self.lora = config.lora
         self.base = None  # the frozen base of a LoRA policy (load_base / init_state)
+        # Whole-row attention: the chips' flash kernel (TPU splash, GPU cuDNN), dense XLA on CPU.
+        platform = mesh.devices.flat[0].platform
+        self.attention = attention_for_platform(platform) if config.attention == "auto" else config.attention
 
         abstract_base = jax.eval_shape(
             lambda: jax.tree.map(lambda x: x.astype(self.param_dtype), self._init_base(jax.random.key(0))))
@@ -293,14 +299,23 @@ class Trainer:
         """Compile :meth:`step` for a batch of ``rollouts`` rows (as ``make_batch`` pads them) without
         running it: a job that knows its batch compiles while it waits for the first rollouts, and
         the first step then only runs. The state is read for its shapes alone (not donated)."""
+        self.lower_step(state, rollouts, ref_params).compile()
+
+    def lower_step(self, state: TrainState, rollouts: int, ref_params: Any | None = None,
+                   base: Any | None = None) -> jax.stages.Lowered:
+        """:meth:`step` lowered for a batch of ``rollouts`` rows; ``state``, ``ref_params`` and a LoRA
+        policy's ``base`` (default: the loaded one) may be abstract (``abstract_state()``): ``rlax
+        compile`` compiles it for a TPU slice it does not have."""
         from rlax_core.training.batching import batch_shapes
 
-        self._require_base()
+        if base is None:
+            self._require_base()
+            base = self.base
         ref_params = self._reference(ref_params)
         shapes = batch_shapes(rollouts, max_seq_len=self.config.max_seq_len, row_multiple=self.row_multiple)
         batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                  for name, (shape, dtype) in shapes.items()}
-        self._step.lower(state, batch, ref_params, self.base).compile()
+        return self._step.lower(state, batch, ref_params, base)
 
     def step(self, state: TrainState, batch: dict[str, np.ndarray] | dict[str, jax.Array],
              ref_params: Any | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -339,10 +354,12 @@ class Trainer:
         return convert(tree)
 
     def _logprobs(self, params, micro, remat=False):
-        return token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat)
+        return token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat,
+                              attention=self.attention, mesh=self.mesh)
 
     def _values(self, value_params, micro, remat=False):
-        return token_values(value_params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat)
+        return token_values(value_params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat,
+                            attention=self.attention, mesh=self.mesh)
 
     def _forward_rows(self, fn, arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """``fn(micro) -> dict of [rows, ...]`` over the batch in update-sized micro-batches (bounded memory)."""
