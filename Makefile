@@ -9,7 +9,7 @@ OUTPUT ?= runs/quickstart
 PYTEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup setup-run setup-test quickstart test test-slow test-all test-alone bench lock lock-accelerators worker-image sdist wheel clean
+.PHONY: setup setup-run setup-test setup-tpu-compile quickstart test test-slow test-all test-alone test-tpu-compile bench lock lock-accelerators worker-image sdist wheel clean
 
 # The virtual environment, from the lock file; Prism and the GCS emulator built from Go modules.
 # Bytecode compiled at install (uv does not by default): a process that finds no .pyc compiles every
@@ -37,20 +37,37 @@ quickstart: setup-run
 	$(VENV)/bin/rlax quickstart --output $(OUTPUT) $(ARGS)
 	@echo "rlax is $(CURDIR)/$(VENV)/bin/rlax (or: source $(VENV)/bin/activate)"
 
-# The default lane: everything but tests marked slow.
+# The default lane: everything but tests marked slow (and the TPU compile lane, in its own environment).
 test: setup-test
-	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --timeout 900 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not tpu" -n $(PYTEST_WORKERS) --timeout 900 $(PYTEST_ARGS)
 
 # The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs).
 test-slow: setup-test
-	$(PY) -m pytest -m slow -n $(PYTEST_WORKERS) --timeout 1800 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not tpu" -n $(PYTEST_WORKERS) --timeout 1800 $(PYTEST_ARGS)
 
 # The repository alone (tracked and new files, no ../shared beside it) copied to a temporary folder:
 # its default test lane and the quickstart there. The copy's venv comes from uv's cache.
 test-alone:
 	bash scripts/test_alone.sh
 
-test-all: test test-slow
+test-all: test test-slow test-tpu-compile
+
+# The TPU compiler's environment: the worker image's packages (requirements/lock-tpu.txt, libtpu
+# included) as docker/Dockerfile installs them, this package without its dependencies, and pytest.
+# uv's cache makes a rebuild take about a minute; CI may keep the folder between runs.
+TPU_VENV := .venv-tpu
+$(TPU_VENV)/.installed: setup.py requirements/lock-tpu.txt $(VENV)/.installed
+	test -x $(TPU_VENV)/bin/python || $(PYTHON) -m venv $(TPU_VENV)
+	$(UV) pip install --quiet --compile-bytecode -p $(TPU_VENV)/bin/python -r requirements/lock-tpu.txt
+	$(UV) pip install --quiet -p $(TPU_VENV)/bin/python --no-deps -e .
+	$(UV) pip install --quiet -p $(TPU_VENV)/bin/python -c requirements/lock.txt pytest pytest-timeout
+	touch $@
+
+setup-tpu-compile: $(TPU_VENV)/.installed
+
+# The TPU lane without a TPU: libtpu compiles a small recipe's programs for v5e and v5p slices here.
+test-tpu-compile: setup-tpu-compile
+	$(TPU_VENV)/bin/python -m pytest -m tpu tests/compile -n 0 --timeout 900 -p no:cacheprovider $(PYTEST_ARGS)
 
 # Side-by-side benchmarks against torch/transformers/TRL (installed only here).
 bench: setup
@@ -86,4 +103,4 @@ wheel: sdist
 	$(UV) build --wheel --offline --out-dir dist dist/rlax_beam-*.tar.gz
 
 clean:
-	rm -rf $(VENV) dist build *.egg-info
+	rm -rf $(VENV) $(TPU_VENV) dist build *.egg-info

@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, str] = {
     "rollout": "pipelines.rl_stream",
     "launch": "pipelines.launch",
     "plan": "pipelines.plan",
+    "compile": "pipelines.compile",
 }
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.-]*=")

@@ -35,6 +35,36 @@ CPU = "cpu"
 
 
 @dataclasses.dataclass(frozen=True)
+class ChipPeak:
+    """A chip's published peak dense bfloat16 compute and HBM bandwidth, for roofline times."""
+
+    bf16_flops: float  # FLOP/s
+    hbm_bytes_per_s: float
+    source: str  # where the figures are published
+
+
+_TPU_DOCS = "https://cloud.google.com/tpu/docs/"
+# Peak dense bfloat16 FLOP/s and HBM bandwidth per chip, as their vendors publish them (no sparsity).
+CHIP_PEAKS: dict[str, ChipPeak] = {
+    "v4": ChipPeak(275e12, 1228e9, _TPU_DOCS + "v4"),
+    "v5e": ChipPeak(197e12, 819e9, _TPU_DOCS + "v5e"),
+    "v5p": ChipPeak(459e12, 2765e9, _TPU_DOCS + "v5p"),
+    "v6e": ChipPeak(918e12, 1640e9, _TPU_DOCS + "v6e"),
+    "a100-40gb": ChipPeak(312e12, 1555e9, "https://www.nvidia.com/en-us/data-center/a100/"),
+    "a100-80gb": ChipPeak(312e12, 2039e9, "https://www.nvidia.com/en-us/data-center/a100/"),
+    "h100": ChipPeak(989e12, 3350e9, "https://www.nvidia.com/en-us/data-center/h100/ (SXM)"),
+    "h200": ChipPeak(989e12, 4800e9, "https://www.nvidia.com/en-us/data-center/h200/ (SXM)"),
+    "l4": ChipPeak(121e12, 300e9, "https://www.nvidia.com/en-us/data-center/l4/"),
+}
+TPU_CHIPS = ("v4", "v5e", "v5p", "v6e")  # the chips JAX compiles for ahead of time with libtpu
+
+
+def platform_of(chip: str) -> str:
+    """JAX's platform name for a chip of the table: tpu, gpu or cpu."""
+    return "tpu" if chip in TPU_CHIPS else CPU if chip == CPU else "gpu"
+
+
+@dataclasses.dataclass(frozen=True)
 class SliceSpec:
     """One role's chips: ``hosts`` machines of ``chips_per_host`` chips of one kind."""
 

@@ -23,14 +23,21 @@ from jax.sharding import AbstractMesh
 
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig
+from rlax_core.models.attention import attention_for_platform
+from rlax_core.models.attention import fits as attention_fits
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import TARGETS, adapter_logical_axes, init_adapters
 from rlax_core.models.transformer import init_params, param_logical_axes
 from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
-from rlax_core.planning.hardware import CPU, GIB, SliceSpec
+from rlax_core.planning.hardware import CPU, GIB, SliceSpec, platform_of
 from rlax_core.training.config import TrainerConfig
 
 USABLE_FRACTION = 0.9
+# XLA's generated code per chip, as `rlax compile` measured it for the small Qwen2 recipe
+# (tests/fixtures/compile): 1.4-1.9 MiB per engine program, 19-25 MiB for the trainer's update on
+# v5e and v5p. A small model's programs are mostly code; a large one's, weights and activations.
+ENGINE_CODE_BYTES = 2 * 2**20
+TRAINER_CODE_BYTES = 24 * 2**20
 _BYTES = {"float32": 4, "bfloat16": 2}
 _F32 = 4
 
@@ -122,13 +129,16 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     kv_per_token = 2 * model.num_layers * model.num_kv_heads // kv_split * model.head_dim * cache_bytes
     kv_pool = kv_per_token * engine.num_pages * engine.page_size
     # Prefill, one layer at a time: the residual, its norm and the attention output [B, T, E]; q, k, v;
-    # the float32 scores and their exponentials [B, Hq, T, T] (prefill_attention is dense); the MLP's
-    # gate, up and product [B, T, F]. B is the largest prefill batch, T the largest prompt bucket.
+    # the MLP's gate, up and product [B, T, F]; with dense attention (the CPU's, or a bucket the flash
+    # kernel cannot tile) the float32 scores and their exponentials [B, Hq, T, T]. B is the largest
+    # prefill batch, T the largest prompt bucket.
     batch, length = engine.prefill_batch, engine.prefill_buckets[-1]
     prefill = batch * length * act_bytes * (
         3 * model.hidden_size + (model.num_heads // heads_split + 2 * model.num_kv_heads // kv_split) * model.head_dim
         + 3 * model.intermediate_size // mlp_split)
-    prefill += 2 * batch * model.num_heads // heads_split * length * length * _F32
+    impl = attention_for_platform(platform_of(hardware.chip))
+    if impl == "dense" or not attention_fits(impl, length):
+        prefill += 2 * batch * model.num_heads // heads_split * length * length * _F32
     # Decode: float32 logits, log-softmax, and the sort keys and indices of top-k / top-p [slots, V].
     decode = 4 * engine.num_slots * model.vocab_size * _F32
     if hardware.chip == CPU:  # the dense decode window: every layer's K and V of every slot, whole length
@@ -138,12 +148,14 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
         role="rollout", model=name, chip=hardware.chip, chips=hardware.chips,
         layout=f"{replicas} replica(s) x tensor_parallel {tp}", bytes_per_chip=hardware.bytes_per_chip,
         parts={"weights": weights, "incoming weights": weights, "KV pool": kv_pool,
-               "activations": max(prefill, decode)},
+               "activations": max(prefill, decode),
+               **({"compiled code": ENGINE_CODE_BYTES} if hardware.chip != CPU else {})},
         knobs={"weights": "raise engine.tensor_parallel (chips per replica)",
                "incoming weights": "raise engine.tensor_parallel (a swap holds the next version beside the current)",
                "KV pool": "lower engine.num_pages (or page_size), or raise engine.tensor_parallel",
                "activations": "lower engine.max_prefill_batch or the largest prefill bucket (prefill), "
-                              "or engine.num_slots (decode)"})
+                              "or engine.num_slots (decode)",
+               "compiled code": "nothing: XLA's generated code"})
 
 
 def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec, rows_per_step: int,
@@ -160,9 +172,10 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
     dtype = trainer.param_dtype
     params = _sharded_bytes(model, dtype, sizes)
     count_share = params // _BYTES[dtype]  # parameters held per chip
-    # The float32 accumulator of micro-batch gradients, plus one micro-batch's gradient in the param dtype.
-    gradients = count_share * (_F32 + _BYTES[dtype])
-    optimizer = 2 * params  # AdamW's two moments, in the parameters' dtype (optax's default)
+    # The float32 accumulator of micro-batch gradients, one micro-batch's gradient in the param dtype,
+    # and the float32 update AdamW makes of them.
+    gradients = count_share * (2 * _F32 + _BYTES[dtype])
+    optimizer = 2 * count_share * _F32  # AdamW's two moments, float32 whatever the parameters' dtype (step.py)
     parts = {"parameters": params, "gradients": gradients, "optimizer state": optimizer}
     if trainer.lora.enabled:
         parts.update(_lora_parts(model, trainer, dtype, sizes, params))
@@ -175,15 +188,22 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
     heads = model.num_heads // tensor if model.num_heads % tensor == 0 else model.num_heads
     act = _BYTES[dtype]
     # Per micro-batch on one chip: the layers' saved inputs [rows, T, E] (all of each layer's
-    # activations without remat), one layer's backward with its float32 scores, probabilities and
-    # their gradient [rows, heads, T, T] (masked_attention is dense), and the float32 logits,
-    # log-softmax and their gradient [rows, T, V / tensor].
+    # activations without remat), one layer's backward: with dense attention its float32 scores,
+    # probabilities and their gradient [rows, heads, T, T], with a flash kernel (models.attention)
+    # the output, its gradient and the softmax statistics [rows, heads, T, D]; and the float32
+    # logits, log-softmax and their gradient [rows, T, V / tensor].
     per_layer = rows * length * act * (model.hidden_size if trainer.remat else
                                        4 * model.hidden_size + 3 * model.intermediate_size // tensor)
-    attention = 3 * rows * heads * length * length * _F32
+    impl = attention_for_platform(platform_of(hardware.chip)) if trainer.attention == "auto" else trainer.attention
+    if impl == "dense":
+        attention = 3 * rows * heads * length * length * _F32
+    else:
+        attention = rows * heads * length * (2 * model.head_dim * act + 2 * _F32)
     vocab = model.vocab_size // tensor if model.vocab_size % tensor == 0 else model.vocab_size
     logits = 3 * rows * length * vocab * _F32
     parts["activations"] = model.num_layers * per_layer + attention + logits
+    if hardware.chip != CPU:  # XLA:CPU's code lives in host memory beside the program
+        parts["compiled code"] = TRAINER_CODE_BYTES
     return MemoryPlan(
         role="trainer", model=name, chip=hardware.chip, chips=hardware.chips,
         layout=f"mesh data {data} x fsdp {fsdp} x tensor {tensor}, {rows} row(s) per chip per micro-batch",
@@ -197,7 +217,8 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
                "merged kernel gradients": "adapt fewer trainer.lora.targets, or raise trainer.mesh.fsdp",
                "value model": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
                "activations": "raise trainer.micro_batches (rows per chip) or trainer.mesh.tensor, set "
-                              "trainer.remat, or lower trainer.max_seq_len"})
+                              "trainer.remat, or lower trainer.max_seq_len",
+               "compiled code": "nothing: XLA's generated code"})
 
 
 def _lora_parts(model: ModelConfig, trainer: TrainerConfig, dtype: str, sizes, base: int) -> dict[str, int]:

@@ -1,0 +1,157 @@
+"""``rlax compile``: every program of a recipe's roles compiled ahead of time for the TPU slices it names.
+
+    rlax compile --config configs/qwen25_7b_math_dataflow_tpu.yaml --json runs/compile-7b.json
+
+Runs in the lock-tpu environment (``make setup-tpu-compile`` builds ``.venv-tpu``: libtpu is the TPU compiler; no TPU is needed).
+Per role of the recipe (``rlax plan``'s roles: rollout, filter and evaluate engines on the rollout
+workers, the trainer on its slice), the programs of ``rlax_core.compile.programs`` are compiled for
+the slice from the recipe's ``hardware:`` section, and each prints: compiled or the compiler's error,
+XLA's bytes per chip against the planner's figure and the chip's HBM, FLOPs, bytes accessed, XLA's
+optimal time and the roofline time, and the Pallas kernels lowered through Mosaic. ``--json`` writes
+the same as JSON. Engines of identical configuration compile once (filter and evaluate usually share
+the rollout engine's programs). Exit 1 when a program fails to compile or a role exceeds its chip's HBM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+
+HELP = "compile every program of the recipe's roles for the TPU slices it names (lock-tpu environment, no TPU)"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--roles", default="rollout,trainer,filter,evaluate",
+                        help="comma-separated roles to compile (default: all the recipe has)")
+    parser.add_argument("--json", dest="json_path", help="also write the reports to this JSON file")
+
+
+def _sampling_mode(temperature: float, top_p: float, top_k: int = 0):
+    from rlax_core.inference.sampling import SamplingMode
+
+    if temperature == 0:
+        return SamplingMode.GREEDY
+    return SamplingMode.FILTERED if top_p < 1 or top_k > 0 else SamplingMode.TEMPERATURE
+
+
+def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
+    """(role, slice spec, memory plan, programs) per role of a ``RunConfig`` with TPU hardware."""
+    from pipelines.config import resolve_asset
+    from pipelines.plan import _template_of, memory_plans
+    from rlax_core.compile.programs import engine_programs, trainer_programs
+    from rlax_core.compile.topology import slice_devices
+    from rlax_core.config import ConfigError
+    from rlax_core.models.checkpoint import read_model_config
+
+    if config.hardware is None:
+        raise ConfigError("hardware", "the recipe declares no hardware: section; there is no slice to compile for")
+    plans = {plan.role: plan for plan in memory_plans(config, roles)}
+    out = []
+    engines = [("rollout", config.model.path, config.engine, config.model.dtype,
+                _sampling_mode(config.loop.temperature, config.loop.top_p))]
+    engines.append(("filter", config.filter.generation.model, config.filter.generation.engine,
+                    config.filter.generation.dtype, _sampling_mode(config.filter.generation.temperature,
+                                                                   config.filter.generation.top_p,
+                                                                   config.filter.generation.top_k)))
+    evaluate = config.evaluate.generation
+    engines += [("evaluate", path, evaluate.engine, evaluate.dtype,
+                 _sampling_mode(evaluate.temperature, evaluate.top_p, evaluate.top_k)) for path in config.evaluate.models]
+    slice_ = config.hardware.rollout
+    for role, path, engine, dtype, mode in engines:
+        if role not in plans or not path:
+            continue
+        model = read_model_config(_template_of(resolve_asset(path) if role != "rollout" else
+                                               config.model.resolved_path()))
+        out.append((role, slice_, plans[role], (model, engine, dtype, mode),
+                    lambda model=model, engine=engine, dtype=dtype, mode=mode, role=role, slice_=slice_:
+                    engine_programs(model, engine, dtype, slice_devices(slice_.chip, slice_.chips_per_host,
+                                                                        slice_.chips_per_host), mode, role)))
+    if "trainer" in plans:
+        slice_ = config.hardware.trainer
+        model = read_model_config(_template_of(config.model.resolved_path()))
+        rows = config.trainer.groups_per_step * config.loop.samples_per_prompt
+        out.append(("trainer", slice_, plans["trainer"], None,
+                    lambda slice_=slice_: trainer_programs(model, config.algorithm, config.trainer,
+                                             slice_devices(slice_.chip, slice_.chips, slice_.chips_per_host), rows)))
+    return out
+
+
+def compile_roles(config, roles) -> tuple[list, dict, dict]:
+    """Compile each role's programs: (reports, HBM bytes per role, planned bytes per role)."""
+    from rlax_core.compile.report import ProgramReport, compile_program
+    from rlax_core.compile.topology import topology_name
+    from rlax_core.planning.hardware import TPU_CHIPS
+
+    reports, hbm, planned, done = [], {}, {}, {}
+    for role, slice_, plan, engine_key, programs in role_programs(config, roles):
+        hbm[role], planned[role] = slice_.bytes_per_chip, plan.total
+        if slice_.chip not in TPU_CHIPS:  # XLA compiles for a GPU or CPU only on one
+            reports.append(ProgramReport(role, "(every program)", slice_.chip, "-", compiled=False, error=(
+                f"not compiled: {slice_.chip} is not a TPU, and its compiler needs the device on this host")))
+            continue
+        chips = slice_.chips if role == "trainer" else slice_.chips_per_host
+        topology = topology_name(slice_.chip, chips)
+        if engine_key is not None and engine_key in done:  # the same engine: the same programs
+            reports += [dataclasses.replace(r, role=role) for r in done[engine_key]]
+            log.info("%s: the same engine as %s; its programs are not compiled twice", role, done[engine_key][0].role)
+            continue
+        mine = []
+        for program in programs():
+            log.info("compiling %s: %s for %s", role, program.name, topology)
+            report = compile_program(program, slice_.chip, topology)
+            log.info("%s: %s", program.name, f"{report.compile_s:.0f} s" if report.compiled else report.error)
+            mine.append(report)
+        reports += mine
+        if engine_key is not None:
+            done[engine_key] = mine
+    return reports, hbm, planned
+
+
+def role_peaks(reports, plans_incoming: dict[str, int]) -> dict[str, int]:
+    """XLA's bytes per chip of each role: its largest program, plus the incoming weights a weight
+    swap places beside the engine's own (no single program holds them)."""
+    peaks: dict[str, int] = {}
+    for r in reports:
+        if r.compiled:
+            peaks[r.role] = max(peaks.get(r.role, 0), r.peak_bytes)
+    return {role: peak + plans_incoming.get(role, 0) for role, peak in peaks.items()}
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    from pipelines.config import load_run_config
+    from pipelines.plan import memory_plans
+    from rlax_core.compile.report import format_table
+    from rlax_core.config import ConfigError
+    from rlax_core.planning.memory import gib
+
+    if beam_args:
+        raise ConfigError("", f"rlax compile takes no Beam options; unknown arguments: {' '.join(beam_args)}")
+    if not args.config:
+        raise ConfigError("", "rlax compile needs --config RECIPE (a recipe with a hardware: section)")
+    roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+    config = load_run_config(args.config, args.overrides)
+    reports, hbm, planned = compile_roles(config, roles)
+    incoming = {plan.role: plan.parts.get("incoming weights", 0) for plan in memory_plans(config, roles)}
+    peaks = role_peaks(reports, incoming)
+    print(format_table(reports, hbm, planned))
+    print()
+    for role, peak in peaks.items():
+        print(f"{role}: XLA {gib(peak)} per chip (largest program + incoming weights {gib(incoming.get(role, 0))}) "
+              f"against the planner's {gib(planned[role])} ({peak / planned[role]:.2f}x) and {gib(hbm[role])} HBM")
+    if args.json_path:
+        with open(args.json_path, "w") as out:
+            json.dump({"config": args.config, "overrides": args.overrides, "programs": [r.to_json() for r in reports],
+                       "roles": {role: {"xla_bytes_per_chip": peak, "planned_bytes_per_chip": planned[role],
+                                        "hbm_bytes_per_chip": hbm[role]} for role, peak in peaks.items()}},
+                      out, indent=1)
+    failed = [r for r in reports if not r.compiled and r.topology != "-"]
+    failed += [role for role, peak in peaks.items() if peak > hbm[role]]
+    for role, peak in peaks.items():
+        if peak > hbm[role]:
+            print(f"rlax compile: {role} needs {gib(peak)} per chip, over the {gib(hbm[role])} of HBM", file=sys.stderr)
+    return 1 if failed else 0

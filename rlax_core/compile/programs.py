@@ -1,0 +1,97 @@
+"""The programs a role runs, lowered for a device slice from abstract inputs (shapes and shardings).
+
+Each builder reuses the role's own code: the trainer's update is ``Trainer.lower_step`` of the
+``Trainer`` that ``rlax train`` builds (its mesh, remat, micro-batches and dtypes), and the engine's
+programs are ``inference.programs``' prefill (one per prompt bucket, at the largest prefill batch)
+and decode, with the weights, KV pool and slot state laid out as ``Engine`` lays them out. Nothing
+is materialised: a 32B model's programs lower on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from rlax_core.inference import programs as inference_programs
+from rlax_core.inference.config import EngineConfig
+from rlax_core.inference.engine import Engine, _SlotState
+from rlax_core.inference.kv_cache import KVCache, kv_pool_shape
+from rlax_core.inference.pallas_attention import kernel_for_backend
+from rlax_core.inference.sampling import SamplingMode
+from rlax_core.inference.sharding import decoding_param_shardings, engine_mesh, kv_pool_sharding
+from rlax_core.models.attention import attention_for_platform
+from rlax_core.models.config import ModelConfig
+from rlax_core.models.transformer import init_params, unstack_layers
+from rlax_core.rl.config import AlgorithmConfig
+from rlax_core.training.config import TrainerConfig
+from rlax_core.training.mesh import make_mesh
+from rlax_core.training.step import DTYPES, Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One compiled program of a role: ``lower()`` gives JAX's ``Lowered`` for the role's devices."""
+
+    role: str
+    name: str
+    lower: Callable[[], jax.stages.Lowered]
+
+
+def _abstract(tree: Any, shardings: Any, dtype=None) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, dtype or x.dtype, sharding=s), tree, shardings)
+
+
+def trainer_programs(model: ModelConfig, algorithm: AlgorithmConfig, config: TrainerConfig,
+                     devices: Sequence[jax.Device], rows_per_step: int) -> list[Program]:
+    """The update step of ``rlax train`` for a batch of ``rows_per_step`` rollouts, on ``devices``."""
+    trainer = Trainer(model, algorithm, config, make_mesh(config.mesh, devices))
+    state = trainer.abstract_state()
+    reference = state.params if algorithm.uses_reference else None
+    return [Program("trainer", "update step", lambda: trainer.lower_step(state, rows_per_step, reference))]
+
+
+def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, devices: Sequence[jax.Device],
+                    mode: SamplingMode = SamplingMode.FILTERED, role: str = "rollout") -> list[Program]:
+    """An engine replica's prefill (each prompt bucket) and decode programs on its first
+    ``tensor_parallel`` devices; decode in the most general sampling ``mode`` the role uses."""
+    tp = config.tensor_parallel
+    if len(devices) < tp:
+        raise ValueError(f"engine.tensor_parallel={tp} needs {tp} devices of one host; the slice has {len(devices)}")
+    platform = devices[0].platform
+    mesh = engine_mesh(devices[:tp]) if tp > 1 else None
+    stacked = jax.eval_shape(lambda: init_params(model, jax.random.key(0), DTYPES[dtype]))
+    if mesh is None:
+        place = SingleDeviceSharding(devices[0])
+        params = jax.eval_shape(inference_programs.decoding_layout, stacked)
+        params = _abstract(params, jax.tree.map(lambda _: place, params))
+    else:
+        place = NamedSharding(mesh, PartitionSpec())
+        params = jax.eval_shape(unstack_layers, stacked)
+        params = _abstract(params, decoding_param_shardings(model, params, mesh))
+    pool = kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads, model.head_dim)
+    pool = jax.ShapeDtypeStruct(pool, DTYPES[config.cache_dtype], sharding=place if mesh is None
+                                else kv_pool_sharding(pool, mesh))
+    cache = KVCache((pool,) * model.num_layers, (pool,) * model.num_layers)
+    host = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=place)
+
+    out = []
+    for bucket in config.prefill_buckets:
+        tokens = host(np.zeros((config.prefill_batch, bucket), np.int32))
+        page_table = host(np.zeros((config.prefill_batch, config.pages_per_sequence), np.int32))
+        out.append(Program(role, f"prefill {config.prefill_batch}x{bucket}", lambda tokens=tokens, page_table=page_table:
+                           inference_programs.prefill.lower(params, cache, tokens, tokens, page_table,
+                                                            model_config=model, mesh=mesh,
+                                                            attention=attention_for_platform(platform))))
+    attention = Engine._resolve_attention(config.attention_impl, platform)  # as the engine picks it
+    attention = kernel_for_backend(platform) if attention == "pallas" else attention
+    state = {name: host(x) for name, x in _SlotState(config.num_slots, config.pages_per_sequence).as_dict().items()}
+    decode = inference_programs.decode_on_cpu if platform == "cpu" else inference_programs.decode
+    out.append(Program(role, f"decode {config.num_slots} slots x {config.decode_steps_per_call} steps ({attention})",
+                       lambda: decode.lower(params, cache, state, model_config=model, chunk=config.decode_steps_per_call,
+                                            attention=attention, mode=mode, mesh=mesh, interpret=False)))
+    return out

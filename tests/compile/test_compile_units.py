@@ -1,0 +1,65 @@
+"""The parts of ``rlax compile`` that need no TPU compiler: slice names, kernel names, rooflines, and
+the one-line refusal where libtpu is missing (the ordinary environment)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlax_core.compile.report import mosaic_kernels, roofline_seconds
+from rlax_core.compile.topology import host_bounds, topology_name
+from rlax_core.config import ConfigError
+from rlax_core.planning.hardware import CHIP_PEAKS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("chip, chips, name", [
+    ("v5e", 1, "v5e:1x1"), ("v5e", 4, "v5e:2x2"), ("v6e", 8, "v6e:2x4"), ("v5e", 256, "v5e:16x16"),
+    ("v5p", 4, "v5p:2x2x1"), ("v5p", 16, "v5p:2x2x4"), ("v5p", 256, "v5p:4x8x8"), ("v5p", 1024, "v5p:8x8x16"),
+])
+def test_a_roles_chips_map_to_the_slice_cloud_tpu_sells(chip, chips, name):
+    assert topology_name(chip, chips) == name
+
+
+def test_slices_that_do_not_exist_are_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="power of two"):
+        topology_name("v5p", 12)
+    with pytest.raises(ConfigError, match="not a TPU"):
+        topology_name("l4", 8)
+    with pytest.raises(ConfigError, match="holds 4 chips, not 8"):
+        host_bounds("v5p", 8)
+
+
+def test_mosaic_kernels_are_named_once_each_from_the_compiled_hlo():
+    hlo = """
+  %paged_attention.2 = (f32[8,2,1,128]) custom-call(%a, %b), custom_call_target="tpu_custom_call", backend_config={}
+  %fusion.1 = f32[8] fusion(%a), kind=kLoop
+  %concat = f32[8] custom-call(%a), custom_call_target="ConcatBitcast"
+  ROOT %splash_mqa_fwd_segmented.1 = (f32[2]) custom-call(%q), custom_call_target="tpu_custom_call"
+  %paged_attention.7 = (f32[8,2,1,128]) custom-call(%a, %b), custom_call_target="tpu_custom_call"
+"""
+    assert mosaic_kernels(hlo) == ("paged_attention", "splash_mqa_fwd_segmented")
+    assert mosaic_kernels(hlo.replace("tpu_custom_call", "interpreted")) == ()
+
+
+def test_the_roofline_is_the_slower_of_compute_and_memory():
+    peak = CHIP_PEAKS["v5e"]
+    assert roofline_seconds("v5e", peak.bf16_flops, 0) == pytest.approx(1.0)  # compute bound
+    assert roofline_seconds("v5e", 1.0, 2 * peak.hbm_bytes_per_s) == pytest.approx(2.0)  # memory bound
+    assert roofline_seconds("cpu", 1.0, 1.0) is None
+    assert all(p.source.startswith("https://") for p in CHIP_PEAKS.values())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is not None, reason="libtpu is here: the tpu lane compiles")
+def test_without_libtpu_rlax_compile_says_where_the_tpu_compiler_is():
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "compile", "--config",
+                           "tests/fixtures/compile/small_qwen2_tpu.yaml"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "rlax compile: config error" in done.stderr and "make setup-tpu-compile" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,99 @@
+"""The TPU lane without a TPU: a small Qwen2-shaped recipe's programs compiled by libtpu on this host.
+
+Runs in the lock-tpu environment (``make test-tpu-compile`` builds it: the worker image's packages
+plus this one, as the image installs them). ``rlax compile`` compiles the engine tensor-parallel
+over a v5e 2x2 host and the trainer FSDP over a v5p 2x2x1 host, then, with the chips swapped by
+overrides, the engine on v5p and the trainer tensor-parallel over v5e.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.tpu
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = "tests/fixtures/compile/small_qwen2_tpu.yaml"
+SWAPPED = ["hardware.rollout.chip=v5p", "hardware.trainer.chip=v5e", "trainer.mesh.fsdp=1", "trainer.mesh.tensor=4"]
+
+
+def _compile(tmp_path_factory, name: str, overrides: list[str]) -> dict:
+    out = tmp_path_factory.mktemp(name) / "compile.json"
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "compile", "--config", RECIPE, "--json", str(out),
+                           *overrides], cwd=REPO, capture_output=True, text=True, timeout=900)
+    print(done.stdout)  # the table, in the lane's log
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    report["stdout"] = done.stdout
+    return report
+
+
+@pytest.fixture(scope="module")
+def tp_v5e_fsdp_v5p(tmp_path_factory):
+    return _compile(tmp_path_factory, "v5e-tp", [])
+
+
+@pytest.fixture(scope="module")
+def tp_v5p_tensor_v5e(tmp_path_factory):
+    return _compile(tmp_path_factory, "v5p-tp", SWAPPED)
+
+
+def test_the_package_imports_in_the_worker_images_environment():
+    done = subprocess.run([sys.executable, "-c", "import jax, libtpu, rlax_core, transforms, pipelines; "
+                           "print(jax.__version__)"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("which", ["tp_v5e_fsdp_v5p", "tp_v5p_tensor_v5e"])
+def test_every_program_of_the_small_recipe_compiles_for_its_slice(which, request):
+    report = request.getfixturevalue(which)
+    programs = {(p["role"], p["program"]): p for p in report["programs"]}
+    assert [p for p in programs.values() if not p["compiled"]] == []
+    engine_chip, trainer_chip = ("v5e", "v5p") if which == "tp_v5e_fsdp_v5p" else ("v5p", "v5e")
+    topologies = {"v5e": "v5e:2x2", "v5p": "v5p:2x2x1"}
+    assert {p["topology"] for p in programs.values() if p["role"] == "rollout"} == {topologies[engine_chip]}
+    assert programs["trainer", "update step"]["topology"] == topologies[trainer_chip]
+    names = sorted(name for role, name in programs if role == "rollout")
+    assert names == ["decode 8 slots x 16 steps (tpu)", "prefill 4x128", "prefill 4x64"]
+    for program in programs.values():  # XLA's own accounting came back: bytes per chip, FLOPs, a roofline
+        assert program["argument_bytes"] > 0 and program["flops"] > 0 and program["roofline_s"] > 0
+        assert program["peak_bytes"] < 16 * 2**30
+
+
+@pytest.mark.parametrize("which", ["tp_v5e_fsdp_v5p", "tp_v5p_tensor_v5e"])
+def test_the_pallas_kernels_are_lowered_through_mosaic_not_interpreted(which, request):
+    """Interpret mode, or a fall-back to the jnp reference, leaves no ``tpu_custom_call`` in the HLO:
+    decode's paged attention, the prefill's and the trainer's splash attention (forward, and the
+    trainer's backward kernels) are each one. A 64-token bucket is not a multiple of the kernel's
+    128-token tiles: that prefill is dense by rule."""
+    kernels = {p["program"]: p["pallas_kernels"] for p in request.getfixturevalue(which)["programs"]}
+    assert kernels["decode 8 slots x 16 steps (tpu)"] == ["paged_attention"]
+    assert kernels["prefill 4x64"] == []
+    assert [name for name in kernels["prefill 4x128"] if name.startswith("splash_mqa_fwd")]
+    trainer = kernels["update step"]
+    assert [name for name in trainer if name.startswith("splash_mqa_fwd")], trainer
+    assert [name for name in trainer if name.startswith(("splash_mqa_dkv", "splash_mqa_dq"))], trainer
+
+
+def test_the_compiled_tensor_parallel_engine_holds_a_quarter_of_the_weights(tp_v5e_fsdp_v5p):
+    """2 layers' and the embeddings' bfloat16 weights split by heads, MLP columns and vocabulary over 4 chips:
+    the decode program's arguments are those plus a quarter of the KV pool and the slot state."""
+    decode = next(p for p in tp_v5e_fsdp_v5p["programs"] if p["program"].startswith("decode"))
+    embed, layer = 2048 * 512, (1024 + 512 + 512 + 1024) * 512 + 3 * 512 * 1024  # q, k, v, o + the MLP
+    weights = 2 * (2 * embed + 2 * layer) // 4  # untied embed and lm_head
+    pool = 2 * 2 * 4 * 256 * 16 * 128 * 2 // 4  # layers x (k, v) x KV heads x pages x page size x head_dim x bf16 / 4
+    assert weights + pool < decode["argument_bytes"] < 1.05 * (weights + pool) + 64 * 1024
+
+
+@pytest.mark.parametrize("which", ["tp_v5e_fsdp_v5p", "tp_v5p_tensor_v5e"])
+def test_the_planner_is_within_15_percent_of_xla_for_every_role(which, request):
+    roles = request.getfixturevalue(which)["roles"]
+    assert set(roles) == {"rollout", "trainer"}
+    for role, figures in roles.items():
+        ratio = figures["planned_bytes_per_chip"] / figures["xla_bytes_per_chip"]
+        assert 0.85 <= ratio <= 1.15, f"{role}: planner / XLA = {ratio:.2f} ({figures})"
