@@ -29,7 +29,7 @@ from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import init_params, unstack_layers
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.config import TrainerConfig
-from rlax_core.training.mesh import make_mesh
+from rlax_core.parallel.mesh import make_mesh
 from rlax_core.training.step import DTYPES, Trainer
 
 

@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
+from rlax_core.parallel.mesh import BATCH_AXES
+
 AttentionImpl = Literal["dense", "splash", "cudnn"]
 IMPLS = ("dense", "splash", "cudnn")
 _SPLASH_BLOCK = 512  # query and key tokens per kernel block, at most (a divisor of the row length)
@@ -97,8 +99,6 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     kernel = functools.partial(_splash, interpret=interpret)
     if mesh is None:
         return kernel(q, k, v, segment_ids)
-    from rlax_core.training.mesh import BATCH_AXES
-
     batch_axes = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1 and q.shape[0] % mesh.shape[a] == 0)
     heads = "tensor" if k.shape[2] % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
     qkv = PartitionSpec(batch_axes or None, None, heads, None)
