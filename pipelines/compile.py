@@ -42,7 +42,7 @@ def _sampling_mode(temperature: float, top_p: float, top_k: int = 0):
 def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
     """(role, slice spec, memory plan, programs) per role of a ``RunConfig`` with TPU hardware."""
     from pipelines.config import resolve_asset
-    from pipelines.plan import _template_of, memory_plans
+    from pipelines.plan import template_of, memory_plans
     from rlax_core.compile.programs import engine_programs, trainer_programs
     from rlax_core.compile.topology import slice_devices
     from rlax_core.config import ConfigError
@@ -61,19 +61,19 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
     evaluate = config.evaluate.generation
     engines += [("evaluate", path, evaluate.engine, evaluate.dtype,
                  _sampling_mode(evaluate.temperature, evaluate.top_p, evaluate.top_k)) for path in config.evaluate.models]
-    slice_ = config.hardware.rollout
     for role, path, engine, dtype, mode in engines:
-        if role not in plans or not path:
+        slice_ = config.hardware.workers_of(role)
+        if role not in plans or not path or slice_ is None:
             continue
-        model = read_model_config(_template_of(resolve_asset(path) if role != "rollout" else
+        model = read_model_config(template_of(resolve_asset(path) if role != "rollout" else
                                                config.model.resolved_path()))
-        out.append((role, slice_, plans[role], (model, engine, dtype, mode),
+        out.append((role, slice_, plans[role], (model, engine, dtype, mode, slice_),
                     lambda model=model, engine=engine, dtype=dtype, mode=mode, role=role, slice_=slice_:
                     engine_programs(model, engine, dtype, slice_devices(slice_.chip, slice_.chips_per_host,
                                                                         slice_.chips_per_host), mode, role)))
-    if "trainer" in plans:
+    if "trainer" in plans and config.hardware.trainer is not None:
         slice_ = config.hardware.trainer
-        model = read_model_config(_template_of(config.model.resolved_path()))
+        model = read_model_config(template_of(config.model.resolved_path()))
         rows = config.trainer.groups_per_step * config.loop.samples_per_prompt
         out.append(("trainer", slice_, plans["trainer"], None,
                     lambda slice_=slice_: trainer_programs(model, config.algorithm, config.trainer,

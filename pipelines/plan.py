@@ -40,7 +40,7 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     plans = []
     hardware = config.hardware
     if hardware.rollout is not None or hardware.trainer is not None:
-        model = read_model_config(_template_of(config.model.resolved_path()))
+        model = read_model_config(template_of(config.model.resolved_path()))
     if "rollout" in roles and hardware.rollout is not None:
         plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name))
     # Difficulty filtering and evaluation run an engine on their workers (by default the rollouts' kind).
@@ -48,7 +48,7 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     generations += [("evaluate", config.evaluate.generation, path) for path in config.evaluate.models]
     for role, generation, path in generations:
         if role in roles and path and hardware.workers_of(role) is not None:
-            shape = read_model_config(_template_of(resolve_asset(path)))
+            shape = read_model_config(template_of(resolve_asset(path)))
             plans.append(dataclasses.replace(
                 plan_rollout(shape, generation.engine, hardware.workers_of(role), generation.dtype, _name_of(path)),
                 role=role))
@@ -64,7 +64,7 @@ def _name_of(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1].removeprefix("assets:")
 
 
-def _template_of(spec: str) -> str:
+def template_of(spec: str) -> str:
     """Where the shape of ``model.path`` is written: the checkpoint itself, or the model template beside
     a weight store's versions or a checkpoint folder's steps. A remote plain path is not probed."""
     from rlax_core.training.policy_source import PREFIXES, parse_policy_source

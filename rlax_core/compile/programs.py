@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from rlax_core.inference import programs as inference_programs
 from rlax_core.inference.config import EngineConfig
-from rlax_core.inference.engine import Engine, _SlotState
+from rlax_core.inference.engine import Engine, SlotState
 from rlax_core.inference.kv_cache import KVCache, kv_pool_shape
 from rlax_core.inference.pallas_attention import kernel_for_backend
 from rlax_core.inference.sampling import SamplingMode
@@ -87,9 +87,9 @@ def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, device
                            inference_programs.prefill.lower(params, cache, tokens, tokens, page_table,
                                                             model_config=model, mesh=mesh,
                                                             attention=attention_for_platform(platform))))
-    attention = Engine._resolve_attention(config.attention_impl, platform)  # as the engine picks it
+    attention = Engine.resolve_attention(config.attention_impl, platform)  # as the engine picks it
     attention = kernel_for_backend(platform) if attention == "pallas" else attention
-    state = {name: host(x) for name, x in _SlotState(config.num_slots, config.pages_per_sequence).as_dict().items()}
+    state = {name: host(x) for name, x in SlotState(config.num_slots, config.pages_per_sequence).as_dict().items()}
     decode = inference_programs.decode_on_cpu if platform == "cpu" else inference_programs.decode
     out.append(Program(role, f"decode {config.num_slots} slots x {config.decode_steps_per_call} steps ({attention})",
                        lambda: decode.lower(params, cache, state, model_config=model, chunk=config.decode_steps_per_call,

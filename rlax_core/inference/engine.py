@@ -103,7 +103,7 @@ class _Sequence:
     cache_version: int = -1  # the weight version that computed its cached tokens
 
 
-class _SlotState:
+class SlotState:
     """Per-slot decode state as numpy arrays: uploaded before each decode call, read back after."""
 
     FIELDS = {
@@ -182,14 +182,14 @@ class Engine:
         self._params, self._version = self._layout(params), int(version)
         self._pending_weights: tuple[Any, int] | None = None
         self._lock = threading.Lock()
-        self.attention = self._resolve_attention(config.attention_impl, platform)
+        self.attention = self.resolve_attention(config.attention_impl, platform)
         self._prefill_batches = _power_of_two_buckets(config.prefill_batch)
         # The Pallas kernel reads only the pages in use whatever the table width: one width serves.
         self._window_widths = ((config.pages_per_sequence,) if self.attention == "pallas"
                                else _geometric_buckets(config.pages_per_sequence))
         self._cache = self._allocate_cache()
         self._allocator = PageAllocator(config.num_pages)
-        self._slots = _SlotState(config.num_slots, config.pages_per_sequence)
+        self._slots = SlotState(config.num_slots, config.pages_per_sequence)
         self._running: list[_Sequence | None] = [None] * config.num_slots
         self._queue: deque[_Sequence] = deque()
         self._episodes = EpisodeTurns(self)
@@ -415,7 +415,7 @@ class Engine:
             self._cache = self._copy_pages(self._cache, source, target)
             self.stats["shared_prefills"] += copies
 
-    def _fill_sampling(self, state: _SlotState, row: int, seq: _Sequence) -> None:
+    def _fill_sampling(self, state: SlotState, row: int, seq: _Sequence) -> None:
         sampling, request = seq.request.sampling, seq.request
         state.seed[row] = request.seed
         state.prompt_key[row] = prompt_key_id(request.prompt_id)
@@ -553,7 +553,7 @@ class Engine:
         return jax.jit(allocate, out_shardings=KVCache(pools, pools))()
 
     @staticmethod
-    def _resolve_attention(impl: str, platform: str) -> str:
+    def resolve_attention(impl: str, platform: str) -> str:
         if impl == "auto":
             return "pallas" if platform in ("tpu", "gpu") else "window"
         return impl

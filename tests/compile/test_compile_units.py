@@ -63,3 +63,16 @@ def test_without_libtpu_rlax_compile_says_where_the_tpu_compiler_is():
     assert done.returncode == 2, done.stderr[-2000:]
     assert "rlax compile: config error" in done.stderr and "make setup-tpu-compile" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_qwq_trainer_holds_32k_rows_with_splash_attention_and_not_with_dense(capsys):
+    """docs/memory.md's two commands: the paper's 32,768-token rows on a v5p chip, dense vs splash."""
+    from pipelines.cli import main
+
+    recipe = "configs/qwq32b_code_tpu_1024.yaml"
+    assert main(["plan", "--config", recipe, "trainer.attention=dense"]) == 1
+    dense = capsys.readouterr().out
+    assert main(["plan", "--config", recipe]) == 0
+    splash = capsys.readouterr().out
+    assert "trainer: QwQ-32B on 256 x v5p" in dense and "total 89.37 GiB" in dense and "activations 86.96 GiB" in dense
+    assert "total 29.45 GiB" in splash and "activations 27.04 GiB" in splash
