@@ -137,18 +137,32 @@ def merge(base: Params, adapters: Params, lora: LoraConfig) -> Params:
     ``base`` and ``adapters`` must share the layer layout (both stacked, or both unstacked). Only
     the adapted kernels are new arrays; every other leaf is the base's own.
     """
+    return with_kernels(base, merged_kernels(adapted_kernels(base, adapters), adapters, lora))
+
+
+def adapted_kernels(base: Params, adapters: Params) -> Params:
+    """The base's kernels that ``adapters`` adapt, in the adapters' tree (``{layer: {module: {proj: W}}}``)."""
+    return {layer: {module: {proj: base[layer][module][proj]["kernel"] for proj in projections}
+                    for module, projections in modules.items()}
+            for layer, modules in adapters.items()}
+
+
+def merged_kernels(kernels: Params, adapters: Params, lora: LoraConfig) -> Params:
+    """``adapted_kernels``' W + scale * A @ B each, in W's dtype (jit this alone: nothing else is copied)."""
+    return jax.tree.map(lambda w, ab: (w.astype(jnp.float32) + delta(ab["lora_a"], ab["lora_b"], lora.scale, w.ndim)
+                                       ).astype(w.dtype),
+                        kernels, adapters, is_leaf=lambda x: isinstance(x, Mapping) and "lora_a" in x)
+
+
+def with_kernels(base: Params, kernels: Params) -> Params:
+    """``base`` with the kernels of ``kernels`` (``adapted_kernels``' tree) in place of its own."""
     merged = dict(base)
-    for layer_key, layer_adapters in adapters.items():
-        layer = {module: dict(value) if isinstance(value, Mapping) else value
-                 for module, value in base[layer_key].items()}
-        for module, projections in layer_adapters.items():
-            for proj, ab in projections.items():
-                weights = dict(layer[module][proj])
-                kernel = weights["kernel"]
-                weights["kernel"] = (kernel.astype(jnp.float32)
-                                     + delta(ab["lora_a"], ab["lora_b"], lora.scale, kernel.ndim)).astype(kernel.dtype)
-                layer[module][proj] = weights
-        merged[layer_key] = layer
+    for layer, modules in kernels.items():
+        merged[layer] = dict(base[layer])
+        for module, projections in modules.items():
+            merged[layer][module] = dict(base[layer][module])
+            for proj, kernel in projections.items():
+                merged[layer][module][proj] = {**base[layer][module][proj], "kernel": kernel}
     return merged
 
 

@@ -18,13 +18,12 @@ model's does, and merging costs one rank-r product per adapted kernel once per v
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any, Mapping
 
 import jax
 
-from rlax_core.models.lora import LoraConfig, merge
+from rlax_core.models.lora import LoraConfig, adapted_kernels, merged_kernels, with_kernels
 from rlax_core.weights.errors import IntegrityError, ManifestError, WeightStoreError
 from rlax_core.weights.store import ShardingSpec, WeightStore
 
@@ -93,10 +92,10 @@ def load_policy(store: WeightStore, version: int, *, held_base: HeldBase | None 
                                                               as_numpy=as_numpy))
         log.info("loaded base version %d for adapter version %d", base_version, version)
     adapters = store.load(version, as_numpy=True)
-    merged = _merge(held_base.params, adapters, lora)
-    return (jax.device_get(merged) if as_numpy else merged), held_base
+    # Only the adapted kernels go through the jitted merge: the other leaves stay the base's own arrays.
+    kernels = _merged_kernels(adapted_kernels(held_base.params, adapters), adapters, lora)
+    merged = with_kernels(held_base.params, jax.device_get(kernels) if as_numpy else kernels)
+    return merged, held_base
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def _merge(base, adapters, lora):
-    return merge(base, adapters, lora)
+_merged_kernels = jax.jit(merged_kernels, static_argnums=2)
