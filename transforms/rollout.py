@@ -15,8 +15,7 @@ the model compiles once and every DoFn instance and thread of the process shares
 version is loaded from the parameter server and swapped in without recompiling. Every rollout
 carries the version that generated it.
 
-Exactly-once at the store: groups are written under names from ``(run, step, prompt slot)`` only, so a
-retried bundle or a restarted pipeline rewrites the same file and the trainer never sees a duplicate.
+Exactly-once at the store: groups are named by ``(run, step, prompt slot)`` only (a retry rewrites the same file).
 """
 
 from __future__ import annotations
@@ -87,7 +86,7 @@ class GenerateRollouts(beam.DoFn):
         with Busy(spec.rollout_root, spec.run, "starting: loading and compiling the engine"):
             self._worker = acquire_worker(self._shared, spec)
         self._examples = spec.examples()
-        self._claims = spec.claims()  # renewed while their steps are generated, released when deferred
+        self._claims = spec.claims()
         self._versions_refused = beam.metrics.Metrics.counter("rollout", "weight_versions_refused")
         self._steps_deferred = beam.metrics.Metrics.counter("rollout", "steps_deferred_no_fresh_weights")
         self._generated = beam.metrics.Metrics.counter("rollout", "groups_generated")
@@ -112,19 +111,20 @@ class GenerateRollouts(beam.DoFn):
         pending, self._pending = self._pending, []
         if not pending:
             return
-        steps = sorted({u.step for u, _, _ in pending})
-        with Busy(spec.rollout_root, spec.run, f"generating steps {steps}"), self._claims.keep(spec.run, steps):
+        claims = {u.step: u.claim for u, _, _ in pending}  # renewed while generated, released when deferred
+        renewing = self._claims.keep(spec.run, list(claims.items()))
+        with Busy(spec.rollout_root, spec.run, f"generating steps {sorted(claims)}"), renewing:
             made = generate_units(worker, self._examples, [(unit, version) for unit, version, _ in pending])
         if made.refused:
             self._versions_refused.inc(made.refused)
+            refused = ", ".join(f"{v}: {why}" for v, why in sorted(worker.follower.refused.items()))
             logger.error("rollout worker: %d weight version(s) refused (%s); generating with version %s",
-                         made.refused, ", ".join(f"{v}: {why}" for v, why in sorted(worker.follower.refused.items())),
-                         made.loaded)
+                         made.refused, refused, made.loaded)
         for step in made.deferred_steps:  # too stale for the trainer: wait for a repaired or newer version
             self._steps_deferred.inc()
             logger.warning("rollout worker: step %d needs weights >= %d, the newest usable is %s; deferring it",
                            step, step - spec.max_staleness, made.loaded)
-            self._claims.release(spec.run, step)
+            self._claims.release(spec.run, step, claims[step])  # only the claim it was scheduled under
         for (_, _, place), groups in zip(pending, made.groups):
             for group in groups or ():
                 self._generated.inc()

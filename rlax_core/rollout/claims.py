@@ -2,15 +2,17 @@
 
 The schedule offers a step only when no live claim holds it, so a step is not generated twice while
 it is in flight. A claim is a small object in the run's store, ``ROOT/RUN-claims[/JOB]/step_N.json``
-(``{"owner", "expires"}``), created atomically: on a local folder under an exclusive ``flock`` of the
+(``{"owner", "token", "expires"}``), created atomically: on a local folder under an exclusive ``flock`` of the
 folder's lock file (every process of the machine), on ``gs://`` with GCS generation preconditions
 (``if_generation_match=0`` creates only when absent; a takeover or a renewal matches the generation
 it read). A release deletes the object, so the step is offered again at once, by whichever process
-schedules next. A claim nobody releases (a dropped bundle, a killed worker) expires: its lifetime
-follows the recipe's expected step time (``loop.expected_step_s``, twice over: a step's units may
-queue for a step's time before a worker takes them), and a worker generating a step renews its
-claim while it works (:meth:`StepClaims.keep`), so a step slower than its lifetime is not offered
-twice while it is in flight either.
+schedules next. A claim is named by its token (``try_claim`` returns it, the step's work units carry
+it): a release or renewal with a token touches only that claim, so a worker late with a step whose
+claim expired and was taken over neither frees nor prolongs the new owner's claim. A claim nobody
+releases (a dropped bundle, a killed worker) expires: its lifetime follows the recipe's expected
+step time (``loop.expected_step_s``, twice over: a step's units may queue for a step's time before a
+worker takes them), and a worker generating a step renews its claim while it works
+(:meth:`StepClaims.keep`), so a step slower than its lifetime is not offered twice in flight either.
 
 Correctness does not rest on claims: group writes are idempotent, a step generated twice is written
 twice under the same names. Claims save the fleet's time on its most expensive steps.
@@ -24,6 +26,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -54,29 +57,32 @@ class StepClaims:
         claim = self._backend.read(self.path(run, step))
         return claim is not None and claim[0]["expires"] > time.time()
 
-    def try_claim(self, run: str, step: int) -> bool:
-        """Claim ``step`` unless a live claim holds it; True when this call claimed it."""
-        return self._backend.claim(self.path(run, step), self._body())
+    def try_claim(self, run: str, step: int) -> str:
+        """Claim ``step`` unless a live claim holds it: the new claim's token, or "" (falsy) when held."""
+        body = self._body(uuid.uuid4().hex)
+        return body["token"] if self._backend.claim(self.path(run, step), body) else ""
 
-    def renew(self, run: str, step: int) -> bool:
-        """Extend the claim on ``step`` by a lifetime from now; False when there is none (released)."""
-        return self._backend.renew(self.path(run, step), self._body())
+    def renew(self, run: str, step: int, token: str = "") -> bool:
+        """Extend the claim on ``step`` (only the one named ``token``, if given) by a lifetime from now;
+        False when there is none (released, or taken over)."""
+        return self._backend.renew(self.path(run, step), token, self._body(token))
 
-    def release(self, run: str, step: int) -> None:
-        """The step is written (or deferred): it may be offered again at once, by any process."""
-        self._backend.delete(self.path(run, step))
+    def release(self, run: str, step: int, token: str = "") -> None:
+        """The step is written (any claim goes) or deferred (only the claim named ``token``): it may be
+        offered again at once, by any process."""
+        self._backend.delete(self.path(run, step), token)
 
     @contextlib.contextmanager
-    def keep(self, run: str, steps: Sequence[int]) -> Iterator[None]:
-        """Renew the claims on ``steps`` while the block runs (a step being generated stays claimed
-        however long it takes)."""
+    def keep(self, run: str, claims: Sequence[tuple[int, str]]) -> Iterator[None]:
+        """Renew the claims ``(step, token)`` while the block runs (a step being generated stays
+        claimed however long it takes)."""
         done = threading.Event()
 
         def renew() -> None:
             while not done.wait(self.lifetime_s / 4):
-                for step in steps:
+                for step, token in claims:
                     try:
-                        self.renew(run, step)
+                        self.renew(run, step, token)
                     except OSError:
                         pass  # the next renewal tries again; an expired claim costs a duplicate, no more
 
@@ -88,8 +94,8 @@ class StepClaims:
             done.set()
             thread.join(timeout=30)
 
-    def _body(self) -> dict:
-        return {"owner": self.owner, "expires": time.time() + self.lifetime_s}
+    def _body(self, token: str) -> dict:
+        return {"owner": self.owner, "token": token, "expires": time.time() + self.lifetime_s}
 
 
 class _LocalClaims:
@@ -127,16 +133,19 @@ class _LocalClaims:
             target.write_text(json.dumps(body))
             return True
 
-    def renew(self, path: str, body: dict) -> bool:
+    def renew(self, path: str, token: str, body: dict) -> bool:
         with self._locked(path) as target:
-            if self._read(target) is None:
+            found = self._read(target)
+            if found is None or (token and found[0].get("token") != token):
                 return False
-            target.write_text(json.dumps(body))
+            target.write_text(json.dumps({**body, "token": found[0].get("token")}))
             return True
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str, token: str) -> None:
         with self._locked(path) as target:
-            target.unlink(missing_ok=True)
+            found = self._read(target)
+            if found is not None and (not token or found[0].get("token") == token):
+                target.unlink(missing_ok=True)
 
 
 class _GcsClaims:
@@ -187,12 +196,17 @@ class _GcsClaims:
         claim, generation = found
         return claim["expires"] <= time.time() and self._write(path, body, generation)
 
-    def renew(self, path: str, body: dict) -> bool:
+    def renew(self, path: str, token: str, body: dict) -> bool:
         found = self.read(path)
-        return found is not None and self._write(path, body, found[1])
+        if found is None or (token and found[0].get("token") != token):
+            return False
+        return self._write(path, {**body, "token": found[0].get("token")}, found[1])
 
-    def delete(self, path: str) -> None:
-        from google.api_core.exceptions import NotFound
+    def delete(self, path: str, token: str) -> None:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
 
-        with contextlib.suppress(NotFound):
-            self._blob(path).delete()
+        found = self.read(path)
+        if found is None or (token and found[0].get("token") != token):
+            return
+        with contextlib.suppress(NotFound, PreconditionFailed):  # gone, or renewed or taken over meanwhile
+            self._blob(path).delete(if_generation_match=found[1])

@@ -41,6 +41,7 @@ class WorkUnit:
     # side input and when the unit was scheduled (rlax_core.utils.timeline joins them).
     version_seen_t: float = dataclasses.field(default=0.0, compare=False)
     scheduled_t: float = dataclasses.field(default=0.0, compare=False)
+    claim: str = dataclasses.field(default="", compare=False)  # the token of its step's claim (claims.py)
 
 
 def _mix(*parts: object) -> int:

@@ -41,10 +41,11 @@ class StepScheduler:
         self._complete |= complete_steps(self.store, spec.prompts_per_step, unclaimed)
         units = []
         for step in (s for s in unclaimed if s not in self._complete):
-            if not self.claims.try_claim(spec.run, step):
+            claim = self.claims.try_claim(spec.run, step)
+            if not claim:
                 continue
             scheduled_t = time.time()
             units += [WorkUnit(step=step, version=latest_version, slots=slots, version_seen_t=seen_t,
-                               scheduled_t=scheduled_t)
+                               scheduled_t=scheduled_t, claim=claim)
                       for slots in work_units(spec.prompts_per_step, spec.loop.groups_per_unit)]
         return units
