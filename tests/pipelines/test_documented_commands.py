@@ -7,7 +7,9 @@ must translate its job without a network or credentials, and say which inputs it
 ``rlax plan`` runs there as written too. ``rlax train`` with a Dataflow recipe runs on the trainer
 slice's hosts; here its recipe's trainer must plan and fit. Commands of other tools (docker,
 gcloud, tensorboard) need Docker or a Google Cloud project and are listed, not run. Local commands
-(a rehearsal, the quickstart, the small recipes) run for real in ``test_local_commands.py``'s slow lane.
+run for real: the small recipes' headers here (slow lane), the README's in ``test_readme.py``, the
+rehearsals and the quickstart by the tests ``LOCAL_ELSEWHERE`` names; ``NEEDS_DATA`` lists the two
+recipes whose commands need data this repository does not hold.
 """
 
 from __future__ import annotations
@@ -42,12 +44,13 @@ def _joined(lines: list[str]) -> list[str]:
 
 
 def recipe_header_commands(path: Path) -> list[str]:
-    """Commands in the comment block at the top of a YAML recipe (``#   rlax ...``, ``\\`` continues)."""
+    """Commands in the comment block at the top of a YAML recipe: indented lines (``#   rlax ...``;
+    ``\\`` continues), not the prose beside them (``# rlax filter on Dataflow: ...``)."""
     header = []
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
-        header.append(line[1:])
+        header.append(line[1:] if line.startswith("#  ") else "")
     return _joined(header)
 
 
@@ -158,3 +161,51 @@ def test_every_documented_dataflow_command_translates_without_a_network():
 def test_commands_of_other_tools_are_named_with_why_they_are_not_run_here():
     others = [c for _, c in COMMANDS if kind(c) == "elsewhere"]
     assert all(_words(c)[0] in ELSEWHERE for c in others)
+
+
+# Local commands of the recipes' headers and docs/dataflow.md: run here as written (below), or by the
+# test named (the same command with fewer rows or steps), or not runnable from this repository alone.
+LOCAL_ELSEWHERE = {
+    "rlax quickstart": "tests/foundation/test_readme.py runs the README's quickstart (shortened)",
+    "rlax launch": "tests/pipelines/test_rehearsal.py rehearses the math and code recipes (--rows 4, on gs://)",
+}
+NEEDS_DATA = {
+    "configs/curate_gsm8k_math.yaml": "the full GSM8K and MATH in ../shared/data (the tests use nothing there)",
+    "configs/evaluate_math.yaml": "two trained checkpoints (base/, runs/step_200/) and ../shared/data's eval sets",
+}
+WORKER_IMAGE = "make worker-image"  # without Docker it says so and exits 2 (tests/foundation/test_worker_image.py)
+
+
+def _local_runs() -> dict[str, list[str]]:
+    """Per document, its local commands this file runs as written, in order."""
+    runs: dict[str, list[str]] = {}
+    for document, command in COMMANDS:
+        if kind(command) != "local" or document in NEEDS_DATA or document == "README.md":  # the README's: test_readme
+            continue
+        if command.startswith(tuple(LOCAL_ELSEWHERE)):
+            continue
+        runs.setdefault(document, []).append(command)
+    return runs
+
+
+def test_every_local_command_is_run_here_or_by_a_named_test():
+    runs = _local_runs()
+    assert set(runs) == {"configs/filter_stories260k.yaml", "configs/evaluate_stories260k.yaml", "docs/dataflow.md"}
+    assert all(c.startswith(WORKER_IMAGE) for c in runs["docs/dataflow.md"])
+
+
+@pytest.mark.slow  # two small Beam jobs on stories260K
+@pytest.mark.parametrize("document", ["configs/filter_stories260k.yaml", "configs/evaluate_stories260k.yaml"])
+def test_the_small_recipes_header_commands_run_as_written(document, tmp_path):
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    # evaluate_stories260k compares the base with the quickstart's exported model; a Hugging Face folder
+    # of the same model (the bundled stories260K, as the quickstart exports it) stands at that path.
+    shutil.copytree(REPO / "pipelines" / "assets" / "stories260K", tmp_path / "runs" / "quickstart" / "final_model")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update(PATH=f"{REPO / '.venv' / 'bin'}{os.pathsep}{env['PATH']}", PYTHONPATH=str(REPO),
+               XLA_FLAGS=env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "").strip())
+    script = "\n".join(["set -euo pipefail", *(c.partition("  #")[0] for c in _local_runs()[document])])
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, f"{script}\n---\n{(done.stdout + done.stderr)[-4000:]}"
+    assert "rlax filter: kept" in done.stdout or "rlax evaluate:" in done.stdout
