@@ -156,7 +156,8 @@ class RlaxGrpo:
             self.ref_params = jax.device_put(jax.tree.map(lambda x: np.asarray(x, self.trainer.param_dtype),
                                                           model.params), self.trainer.param_shardings)
         self.kl_coef = kl_coef
-        self.sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, n=NUM_GENERATIONS, ignore_eos=True)
+        self.sampling = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, samples_per_prompt=NUM_GENERATIONS,
+                                       ignore_eos=True)
         self.steps_done = 0
         self.timed: dict[str, list[float]] = {"step": [], "generate": [], "update": [], "reward": []}
         self._steps(warmup, record=False)

@@ -108,8 +108,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     try:
         prompts = _read_prompts(args)
         sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                  max_new_tokens=args.max_new_tokens, n=args.n, stop_strings=tuple(args.stop),
-                                  ignore_eos=args.no_stop)
+                                  max_new_tokens=args.max_new_tokens, samples_per_prompt=args.n,
+                                  stop_strings=tuple(args.stop), ignore_eos=args.no_stop)
     except (OSError, ValueError) as error:  # ConfigError is a ValueError: it names the bad option
         print(f"rlax generate: {error}", file=sys.stderr)
         return 2

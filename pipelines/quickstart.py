@@ -88,7 +88,7 @@ def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int 
         raise RuntimeError(f"rlax {argv[0]} failed (exit {code}); see {log_path}:\n{tail}")
 
 
-# transforms.inference logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
+# EngineHost.complete (rlax_core.rollout.host) logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
 _SAMPLED_BATCH = re.compile(rb": (\d+) prompt\(s\) x \d+ sample\(s\)")
 
 
@@ -144,10 +144,18 @@ def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: lis
 def evaluate(model_config, params, base_params, tokenizer, examples, run_config, stops) -> dict[str, Any]:
     from rlax_core.tasks.evaluation import evaluate_policy
 
-    return evaluate_policy(model_config, params, tokenizer, examples, rewards=run_config.loop.rewards,
+    return evaluate_policy(model_config, params, tokenizer, examples, rewards=run_config.loop.named_rewards(),
                            engine=run_config.engine,
                            samples=HELDOUT_SAMPLES, ks=(1, HELDOUT_SAMPLES), stop_token_ids=stops,
                            seed=run_config.run.seed + 1, base_params=base_params)
+
+
+def rl_settings(run_config) -> dict[str, Any]:
+    """What the report says of the RL run, read from the run's config."""
+    trainer = run_config.trainer
+    return {"steps": trainer.total_steps, "groups_per_step": trainer.groups_per_step,
+            "samples_per_prompt": run_config.loop.samples_per_prompt, "max_staleness": trainer.max_staleness,
+            "algorithm": run_config.algorithm.name}
 
 
 def significance(before: dict[str, Any], after: dict[str, Any]) -> float:
@@ -298,9 +306,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         "after": after,
         "pass@1_gain_in_se": significance(before, after),
         "target_pass@1": TARGET_PASS_AT_1,
-        "rl": {"steps": run_config.trainer.total_steps, "groups_per_step": run_config.trainer.groups_per_step,
-               "samples_per_prompt": 8, "max_staleness": run_config.trainer.max_staleness,
-               "algorithm": "grpo", "final_weight_version": final_version, "seconds": seconds["rl"]},
+        "rl": {**rl_settings(run_config), "final_weight_version": final_version, "seconds": seconds["rl"]},
         "seconds": seconds,
         "where": {**where, "final_model": str(output / "final_model")},
     }

@@ -34,10 +34,12 @@ log = logging.getLogger(__name__)
 
 
 def load_configs(config_path: str | None, overrides: Sequence[str]):
-    """(RunConfig, its ``loop:`` section) from a run config file and dotted overrides."""
+    """(RunConfig, its ``loop:`` section) from a run config file and dotted overrides; refused (ConfigError)
+    when the loop names no reward, before anything starts."""
     from pipelines.config import load_run_config
 
     run_config = load_run_config(config_path, overrides)
+    run_config.loop.named_rewards()
     return run_config, run_config.loop
 
 

@@ -147,7 +147,7 @@ class ScoreRollouts(beam.DoFn):
 
         # Imports the built-in task terms and the config's own reward modules and functions in this
         # worker before building the terms (rlax_core.rewards.custom).
-        self._rewarder = Rewarder(self._spec.loop.rewards)
+        self._rewarder = Rewarder(self._spec.rewards)
 
     def teardown(self):
         self._rewarder.close()

@@ -18,13 +18,13 @@ import time
 
 import fsspec
 
-from rlax_core.data.rollout_store import metrics_dir
+from rlax_core.utils.paths import rollout_metrics_dir
 
 INTERVAL_S = 5.0
 
 
 def _folder(rollout_root: str, run: str) -> str:
-    return metrics_dir(rollout_root, run, "busy")
+    return rollout_metrics_dir(rollout_root, run, "busy")
 
 
 class Busy:

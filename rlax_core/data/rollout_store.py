@@ -22,10 +22,10 @@ Reader (the trainer)::
     keys = store.wait_for_groups(lambda ks: len(ks) >= 8, timeout_s=600)
     table = store.read_group(key)                     # a pyarrow Table of ROLLOUT_SCHEMA
 
-The rollout side's own files sit beside the groups, under ``metrics_dir(ROOT, RUN)``: each step's
-metrics (``ROOT/RUN-metrics/step_00000012.json``, ``write_step_metrics`` / ``read_step_metrics``),
-the workers' start-up stamps (``startup/``, ``rlax_core.utils.startup``) and their busy notices
-(``busy/``, ``transforms.worker_heartbeat``). This module is the one that knows that layout.
+The rollout side's own files sit beside the groups, under ``ROOT/RUN-metrics/``
+(``rlax_core.utils.paths.rollout_metrics_dir``): each step's metrics (``step_00000012.json``,
+``write_step_metrics`` / ``read_step_metrics``), the workers' start-up stamps (``startup/``,
+``rlax_core.utils.startup``) and their busy notices (``busy/``, ``transforms.worker_heartbeat``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlax_core.data.records import ROLLOUT_SCHEMA, to_table
+from rlax_core.utils.paths import rollout_metrics_dir
 
 _GROUP_FILE = re.compile(r"step_(\d{8})/group_(\d{5})\.parquet$")
 
@@ -63,11 +64,6 @@ class GroupKey:
     @property
     def relpath(self) -> str:
         return f"step_{self.step:08d}/group_{self.prompt_index:05d}.parquet"
-
-
-def metrics_dir(root: str | os.PathLike, run: str, *parts: str) -> str:
-    """``ROOT/RUN-metrics[/PART...]``: the rollout side's metrics of ``run`` (local folder or URL)."""
-    return "/".join([f"{str(root).rstrip('/')}/{run}-metrics", *parts])
 
 
 class RolloutStore:
@@ -135,7 +131,7 @@ class RolloutStore:
 
     def write_step_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """The rollout side's metrics of one schedule step, as JSON (rewritten whole: idempotent)."""
-        fs, folder = fsspec.core.url_to_fs(metrics_dir(self.root, self.run))
+        fs, folder = fsspec.core.url_to_fs(rollout_metrics_dir(self.root, self.run))
         fs.makedirs(folder, exist_ok=True)
         fs.pipe_file(f"{folder}/step_{step:08d}.json", json.dumps(metrics, sort_keys=True).encode())
 
@@ -143,7 +139,7 @@ class RolloutStore:
 
     def read_step_metrics(self) -> list[dict[str, Any]]:
         """Every step's rollout metrics written so far, by step."""
-        fs, folder = fsspec.core.url_to_fs(metrics_dir(self.root, self.run))
+        fs, folder = fsspec.core.url_to_fs(rollout_metrics_dir(self.root, self.run))
         try:
             files = sorted(fs.glob(f"{folder}/step_*.json"))
         except FileNotFoundError:

@@ -170,9 +170,10 @@ def _per_start(episodes: list[Episode], starts: Sequence[EpisodeStart]) -> list[
     return out
 
 
-def _turn(sampling: SamplingParams, env: Environment, max_new: int, n: int = 1) -> SamplingParams:
+def _turn(sampling: SamplingParams, env: Environment, max_new: int, samples_per_prompt: int = 1) -> SamplingParams:
     stops = tuple(dict.fromkeys((*sampling.stop_strings, *env.stop_strings)))
-    return dataclasses.replace(sampling, max_new_tokens=max_new, n=n, stop_strings=stops)
+    return dataclasses.replace(sampling, max_new_tokens=max_new, samples_per_prompt=samples_per_prompt,
+                               stop_strings=stops)
 
 
 def _record_turn(state: _Live, completion, tokenizer) -> bool:

@@ -3,7 +3,8 @@
     from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams
 
     engine = Engine(EngineConfig(num_slots=16), model.config, model.params, version=0)
-    completions = engine.generate([Request(prompt_ids, SamplingParams(temperature=1.0, n=4), "id-17", seed=0)])
+    sampling = SamplingParams(temperature=1.0, samples_per_prompt=4)
+    completions = engine.generate([Request(prompt_ids, sampling, "id-17", seed=0)])
 
 See ``engine`` for scheduling and weight swaps, ``programs`` for the compiled prefill and decode,
 ``sampling`` for keys and log-probs, ``kv_cache`` for the paged cache and the decode window,

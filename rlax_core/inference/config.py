@@ -113,7 +113,8 @@ class SamplingParams:
     """How one prompt is sampled.
 
     temperature 0 is greedy (argmax). top_k 0 and top_p 1.0 switch those filters off.
-    n: samples drawn for the prompt; sample i uses the key derived from (seed, prompt id, i).
+    samples_per_prompt: samples drawn for the prompt (GRPO's group); sample i uses the key derived from
+      (seed, prompt id, i).
     stop_token_ids: a sampled token in this set ends the sample (finish reason "stop"); it is kept
       as the last completion token so its log-prob is recorded.
     stop_strings: decoded text containing one of these ends the sample; the completion is cut after
@@ -126,7 +127,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     max_new_tokens: int = 64
-    n: int = 1
+    samples_per_prompt: int = 1
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -136,7 +137,7 @@ class SamplingParams:
         require(self.top_k >= 0, "top_k", "must be >= 0 (0 means no top-k filter)")
         require(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1] (1 means no nucleus filter)")
         require(self.max_new_tokens >= 1, "max_new_tokens", "must be at least 1")
-        require(self.n >= 1, "n", "must be at least 1")
+        require(self.samples_per_prompt >= 1, "samples_per_prompt", "must be at least 1")
         require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be token ids >= 0")
         require(all(isinstance(s, str) and s for s in self.stop_strings), "stop_strings", "must be non-empty strings")
 
@@ -184,4 +185,5 @@ class GenerationSpec:
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.max_new_tokens, n=self.samples, stop_strings=self.stop_strings)
+                              max_new_tokens=self.max_new_tokens, samples_per_prompt=self.samples,
+                              stop_strings=self.stop_strings)

@@ -1,7 +1,8 @@
 """The rollout engine: prompts and sampling parameters in, completions with log-probs out.
 
     engine = Engine(EngineConfig(num_slots=16), model_config, params, version=0)
-    completions = engine.generate([Request(prompt_ids, SamplingParams(temperature=1.0, n=4), "gsm8k/17", seed=3)])
+    sampling = SamplingParams(temperature=1.0, samples_per_prompt=4)
+    completions = engine.generate([Request(prompt_ids, sampling, "gsm8k/17", seed=3)])
     engine.update_weights(new_params, version=1)     # the next generate() runs on version 1
 
 How it runs. A fixed number of slots decode together. Each sample of each request waits in a FIFO
@@ -30,7 +31,6 @@ import dataclasses
 import functools
 import logging
 import math
-import threading
 from collections import deque
 from typing import Any, Callable, Literal, Sequence
 
@@ -58,7 +58,8 @@ MAX_STOP_TOKEN_IDS = 8  # stop ids per sequence checked on the device (EOS ids i
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One prompt to complete ``sampling.n`` times. ``prompt_id`` and ``seed`` fix the samples' keys."""
+    """One prompt to complete ``sampling.samples_per_prompt`` times; ``prompt_id`` and ``seed`` fix the
+    samples' keys."""
 
     prompt_ids: Sequence[int]
     sampling: SamplingParams = SamplingParams()
@@ -181,7 +182,6 @@ class Engine:
         self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
         self._params, self._version = self._layout(params), int(version)
         self._pending_weights: tuple[Any, int] | None = None
-        self._lock = threading.Lock()
         self.attention = self.resolve_attention(config.attention_impl, platform)
         self._prefill_batches = _power_of_two_buckets(config.prefill_batch)
         # The Pallas kernel reads only the pages in use whatever the table width: one width serves.
@@ -215,7 +215,7 @@ class Engine:
         return self._version
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        """Complete every request ``n`` times; results in request order, then sample index."""
+        """Complete every request ``samples_per_prompt`` times; results in request order, then sample index."""
         if self.has_unfinished():
             raise RuntimeError("generate() called while other requests are in flight; use add_request/step")
         for request in requests:
@@ -229,7 +229,7 @@ class Engine:
     def add_request(self, request: Request) -> None:
         """Queue ``request`` (all of its samples); bad requests fail here with the reason."""
         self._validate(request)
-        for sample_index in range(request.sampling.n):
+        for sample_index in range(request.sampling.samples_per_prompt):
             self._queue.append(_Sequence(self._next_order, request, sample_index))
             self._next_order += 1
 
@@ -294,17 +294,13 @@ class Engine:
         self._episodes.abort(prompt_id)
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Use ``params`` (same structure, shapes and dtypes: no recompilation) for sequences started from now.
-
-        Safe to call from another thread. Sequences in flight finish on their own version first.
-        """
+        """Use ``params`` (same structure, shapes and dtypes: no recompilation) for sequences started from
+        now; sequences in flight finish on their own version first."""
         shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
         if shapes != self._param_shapes:
             raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
                              "engine's; build a new Engine for a different model")
-        params = self._layout(params)
-        with self._lock:
-            self._pending_weights = (params, int(version))
+        self._pending_weights = (self._layout(params), int(version))
         self._maybe_swap_weights()
 
     # ------------------------------------------------------------------ scheduling (host)
@@ -516,10 +512,9 @@ class Engine:
             episode=seq.episode)) for seq in done]
 
     def _maybe_swap_weights(self) -> None:
-        with self._lock:
-            if self._pending_weights is None or any(seq is not None for seq in self._running):
-                return
-            (self._params, self._version), self._pending_weights = self._pending_weights, None
+        if self._pending_weights is None or any(seq is not None for seq in self._running):
+            return
+        (self._params, self._version), self._pending_weights = self._pending_weights, None
         self.stats["weight_swaps"] += 1
         logger.info("engine now on weight version %d", self._version)
 

@@ -76,8 +76,9 @@ class EpisodeTurns:
         vocab = self._engine.model_config.vocab_size
         if any(not 0 <= t < vocab for t in observation_ids):
             raise ValueError(f"episode {episode}: observation token ids must lie in [0, {vocab})")
-        if sampling.n != 1 or sampling.stop_strings and self._engine.detokenize is None:
-            raise ValueError(f"episode {episode}: a continued turn samples once (n=1); stop strings need detokenize=")
+        if sampling.samples_per_prompt != 1 or sampling.stop_strings and self._engine.detokenize is None:
+            raise ValueError(f"episode {episode}: a continued turn samples once (samples_per_prompt=1); "
+                             "stop strings need detokenize=")
         if len(history) + sampling.max_new_tokens > request.episode_tokens:
             raise ValueError(f"episode {episode}: {len(history)} tokens of history + {sampling.max_new_tokens} new "
                              f"exceed its episode_tokens={request.episode_tokens}")

@@ -7,7 +7,7 @@
 
 Each replica holds its own weights and paged cache on its device and runs its own decode loop in
 its own thread (a compiled call releases the GIL), so ``num_slots`` is per replica. A request goes
-whole to one replica, so its ``n`` samples still share one prefill; requests are dealt to the
+whole to one replica, so its samples still share one prefill; requests are dealt to the
 replica with the fewest sample tokens so far, in request order, so the split is deterministic.
 
 Which replica decodes a sample does not change its random draws (they are keyed by seed, prompt id
@@ -62,15 +62,15 @@ class ReplicatedEngine:
         return {name: sum(engine.stats[name] for engine in self.engines) for name in self.engines[0].stats}
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        """Complete every request ``n`` times across the replicas; request order, then sample index."""
+        """Complete every request ``samples_per_prompt`` times across the replicas; request order, then sample index."""
         shares = self._deal(requests)
         results = self._on_every_replica(lambda engine, share: engine.generate([requests[i] for i in share]), shares)
         by_request: list[list[Completion]] = [[] for _ in requests]
         for share, completions in zip(shares, results):
             position = 0
             for i in share:  # each replica returns its requests in order, n completions each
-                by_request[i] = completions[position:position + requests[i].sampling.n]
-                position += requests[i].sampling.n
+                by_request[i] = completions[position:position + requests[i].sampling.samples_per_prompt]
+                position += requests[i].sampling.samples_per_prompt
         return [completion for completions in by_request for completion in completions]
 
     def update_weights(self, params: Any, version: int) -> None:
@@ -96,7 +96,8 @@ class ReplicatedEngine:
         for i, request in enumerate(requests):
             target = min(range(len(self.engines)), key=lambda r: load[r])
             shares[target].append(i)
-            load[target] += request.sampling.n * (len(request.prompt_ids) + request.sampling.max_new_tokens)
+            sampling = request.sampling
+            load[target] += sampling.samples_per_prompt * (len(request.prompt_ids) + sampling.max_new_tokens)
         return shares
 
     def _on_every_replica(self, work, arguments: list) -> list:

@@ -7,8 +7,9 @@ The trainer's section owns what both halves share (``trainer.groups_per_step`` p
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
-import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before a config names them)
+import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before a config names them: story_word)
 from rlax_core.config import require
 from rlax_core.envs.base import EnvConfig
 from rlax_core.rewards.config import RewardConfig
@@ -19,11 +20,12 @@ class LoopConfig:
     """The rollout side of the online loop (``loop.KEY=VALUE`` on the command line)."""
 
     train_set: str = ""  # parquet file or folder of Example rows (the difficulty filter's output)
-    samples_per_prompt: int = 8  # G
+    samples_per_prompt: int = 8  # the group of GRPO-like advantages
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
-    rewards: RewardConfig = dataclasses.field(default_factory=lambda: RewardConfig(terms={"story_word": 1.0}))
+    # No default: what the rollouts are scored by is the recipe's to say (``named_rewards``).
+    rewards: Optional[RewardConfig] = None
     drop_uniform_groups: bool = False  # DAPO dynamic sampling
     # Multi-turn: each sample is an episode of this environment (docs/multi_turn.md); None: one completion.
     env: EnvConfig | None = None
@@ -69,3 +71,12 @@ class LoopConfig:
         """Whether the reward terms score every sample: always for single-turn rollouts, for episodes
         as ``env.judge_answer`` says."""
         return self.env is None or self.env.judge_answer
+
+    def named_rewards(self) -> RewardConfig:
+        """The rollouts' reward; a recipe that names none is refused, with the key to set (a math or code
+        recipe would otherwise be trained on a reward meant for another task, without a word)."""
+        require(self.rewards is not None, "loop.rewards",
+                "name the reward the rollouts are scored by, e.g. loop.rewards.terms={task: 1.0} (math and code: "
+                "the example's own task verifier) or {story_word: 1.0} (the quickstart's story task); "
+                "docs/rewards.md lists the terms")
+        return self.rewards

@@ -94,7 +94,8 @@ class EngineHost:
         started = time.monotonic()
         completions = self.generate(requests)
         logger.info("%s: %d prompt(s) x %d sample(s), %d tokens in %.1f s", spec.label, len(requests),
-                    sampling.n, sum(len(c.completion_ids) for c in completions), time.monotonic() - started)
+                    sampling.samples_per_prompt, sum(len(c.completion_ids) for c in completions),
+                    time.monotonic() - started)
         by_id = {r["example"]["id"]: r for r in results}
         for completion in completions:  # in request order, then sample index
             result = by_id[completion.prompt_id]

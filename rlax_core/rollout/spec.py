@@ -11,6 +11,7 @@ import dataclasses
 from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.data.training_set import cached_examples
 from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.rewards.config import RewardConfig
 from rlax_core.rollout.claims import StepClaims, claim_lifetime_s
 from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
@@ -40,6 +41,14 @@ class RolloutSpec:
     # claims of the job it replaces. ``rlax rollout`` names each job; "" shares one set.
     job: str = ""
 
+    def __post_init__(self):
+        self.loop.named_rewards()  # a worker scores with the recipe's reward, never a default
+
+    @property
+    def rewards(self) -> RewardConfig:
+        """What the rollouts are scored by: ``loop.rewards``, named (checked on construction)."""
+        return self.loop.named_rewards()
+
     @property
     def prompts_per_step(self) -> int:
         """Prompts (so groups) per schedule step: one trainer step's batch."""
@@ -56,7 +65,7 @@ class RolloutSpec:
     def sampling(self) -> SamplingParams:
         loop = self.loop
         return SamplingParams(temperature=loop.temperature, top_p=loop.top_p, max_new_tokens=self.engine.max_new_tokens,
-                              n=loop.samples_per_prompt, stop_token_ids=tuple(loop.stop_token_ids))
+                              samples_per_prompt=loop.samples_per_prompt, stop_token_ids=tuple(loop.stop_token_ids))
 
     def claims(self) -> StepClaims:
         """This job's claims on steps, in the rollout store, live ``loop.expected_step_s`` twice over."""

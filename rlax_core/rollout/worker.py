@@ -69,7 +69,7 @@ class RolloutWorker:
             from rlax_core.envs.runner import EpisodeStart
 
             return [EpisodeStart(example, rollout_prompt_id(spec.run, step, slot), sample_seed(spec.run_seed, step),
-                                 sampling.n) for slot, example in slots]
+                                 sampling.samples_per_prompt) for slot, example in slots]
         return [Request(self.host.prompt_ids(example), sampling, prompt_id=rollout_prompt_id(spec.run, step, slot),
                         seed=sample_seed(spec.run_seed, step)) for slot, example in slots]
 
@@ -147,8 +147,9 @@ class RolloutWorker:
 
 
 def _samples_of(request) -> int:
-    """Results one request makes: an engine Request's ``sampling.n``, an EpisodeStart's ``samples``."""
-    return request.samples if hasattr(request, "samples") else request.sampling.n
+    """Results one request makes: an engine Request's ``sampling.samples_per_prompt``, an EpisodeStart's
+    ``samples``."""
+    return request.samples if hasattr(request, "samples") else request.sampling.samples_per_prompt
 
 
 @dataclasses.dataclass

@@ -68,7 +68,7 @@ def evaluate_policy(model_config: ModelConfig, params: Any, tokenizer, examples:
     from rlax_core.inference.engine import Request
     from rlax_core.inference.replicas import ReplicatedEngine
 
-    sampling = SamplingParams(temperature=temperature, max_new_tokens=engine.max_new_tokens, n=samples,
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=engine.max_new_tokens, samples_per_prompt=samples,
                               stop_token_ids=tuple(stop_token_ids))
     requests = [Request(tuple(prompt_ids(example, tokenizer)), sampling, prompt_id=i, seed=seed)
                 for i, example in enumerate(examples)]

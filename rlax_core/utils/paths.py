@@ -17,3 +17,9 @@ def join(base: str | os.PathLike, *parts: str) -> str:
     for part in parts:
         text = f"{text.rstrip('/')}/{part.lstrip('/')}"
     return text
+
+
+def rollout_metrics_dir(rollout_root: str | os.PathLike, run: str, *parts: str) -> str:
+    """``ROOT/RUN-metrics[/PART...]``: the rollout side's files of ``run`` beside its rollout store (step
+    metrics, start-up stamps, busy notices); the one place that knows this layout."""
+    return join(f"{str(rollout_root).rstrip('/')}/{run}-metrics", *parts)

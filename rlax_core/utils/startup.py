@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Mapping
 
+from rlax_core.utils.paths import rollout_metrics_dir
+
 log = logging.getLogger(__name__)
 
 PREFIX = "startup/"
@@ -118,9 +120,7 @@ def mark_process_start(role: str) -> None:
 
 
 def _folder(rollout_root: str, run: str) -> str:
-    from rlax_core.data.rollout_store import metrics_dir  # pyarrow loads when stamps are written, not at start
-
-    return metrics_dir(rollout_root, run, "startup")
+    return rollout_metrics_dir(rollout_root, run, "startup")
 
 
 def write_stamps(rollout_root: str, run: str, role: str) -> None:

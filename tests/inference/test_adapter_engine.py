@@ -42,7 +42,7 @@ def test_engine_on_an_adapter_version_equals_the_merged_model(tmp_path, stories,
     requests = [Request(tuple(tokenizer.encode(text)), sampling, f"p{i}", seed=7)
                 for i, text in enumerate(["Once upon a time", "The little dog"])
                 for sampling in (SamplingParams(temperature=0.0, max_new_tokens=24),
-                                 SamplingParams(temperature=1.0, n=2, max_new_tokens=24))]
+                                 SamplingParams(temperature=1.0, samples_per_prompt=2, max_new_tokens=24))]
     engine = Engine(small_engine_config, model.config, model.params, version=0)
     base_out = engine.generate(requests)
     engine.update_weights(follower.take()[1], 1)

@@ -65,7 +65,7 @@ def test_ragged_greedy_batch_equals_full_forward_argmax_and_logprobs(engine, sto
 def test_same_seed_same_tokens_other_seed_other_tokens(engine, stories):
     _, tokenizer = stories
     prompt = tokenizer.encode("Once upon a time", add_bos=True)
-    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=20, n=3, ignore_eos=True)
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=20, samples_per_prompt=3, ignore_eos=True)
     first = engine.generate([Request(prompt, params, prompt_id="p", seed=7)])
     again = engine.generate([Request(prompt, params, prompt_id="p", seed=7)])
     other = engine.generate([Request(prompt, params, prompt_id="p", seed=8)])
@@ -79,7 +79,7 @@ def test_same_seed_same_tokens_other_seed_other_tokens(engine, stories):
 def test_a_sample_does_not_depend_on_its_batch_companions(engine, stories):
     """One rollout regenerated alone equals the same rollout made in a full, busy batch."""
     _, tokenizer = stories
-    params = SamplingParams(temperature=0.8, top_k=40, max_new_tokens=32, n=2, ignore_eos=True)
+    params = SamplingParams(temperature=0.8, top_k=40, max_new_tokens=32, samples_per_prompt=2, ignore_eos=True)
     target = Request(tokenizer.encode("The little cat", add_bos=True), params, prompt_id="target", seed=3)
     alone = engine.generate([target])
     companions = [Request(tokenizer.encode(t, add_bos=True), params, prompt_id=f"c{i}", seed=i)
@@ -113,7 +113,7 @@ def test_stop_tokens_stop_strings_and_lengths(engine, stories):
 def test_eos_stops_unless_ignored(engine, stories):
     model, tokenizer = stories
     prompt = tokenizer.encode("Once upon a time", add_bos=True)
-    stopping = SamplingParams(temperature=1.0, max_new_tokens=256, n=8)
+    stopping = SamplingParams(temperature=1.0, max_new_tokens=256, samples_per_prompt=8)
     completions = engine.generate([Request(prompt, stopping, seed=3)])  # a seed under which stories end early
     # stories260K ends a story with BOS (ids 1 and 2 are both its stop ids).
     eos = set(model.config.eos_token_ids)
@@ -276,7 +276,7 @@ def test_window_engine_matches_reference_engine(engine, stories, small_engine_co
     reference = Engine(dataclasses.replace(small_engine_config, attention_impl="reference"), model.config,
                        model.params)
     assert engine.attention == "window" and reference.attention == "reference"
-    sampled = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=40, n=3, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=40, samples_per_prompt=3, ignore_eos=True)
     # Six samples through four slots: later samples reuse freed slots and pages mid-generation.
     requests = [Request(tokenizer.encode(t, add_bos=True), sampled, prompt_id=i, seed=7)
                 for i, t in enumerate(["Once upon a time", "The dog ran to the big"])]
@@ -287,7 +287,8 @@ def test_samples_of_a_request_share_one_prefill_and_equal_unshared_samples(engin
     model, tokenizer = stories
     alone = Engine(dataclasses.replace(small_engine_config, num_slots=1), model.config, model.params)
     request = Request(tokenizer.encode("Once upon a time there was a little", add_bos=True),
-                      SamplingParams(temperature=1.0, max_new_tokens=20, n=4, ignore_eos=True), prompt_id="p", seed=3)
+                      SamplingParams(temperature=1.0, max_new_tokens=20, samples_per_prompt=4, ignore_eos=True),
+                      prompt_id="p", seed=3)
     before = engine.stats["shared_prefills"]
     shared = engine.generate([request])
     assert engine.stats["shared_prefills"] - before == 3  # one prefill, three page copies

@@ -10,7 +10,7 @@ from rlax_core.inference.config import SamplingParams
 from rlax_core.inference.engine import Engine, Request
 from rlax_core.inference.replicas import ReplicatedEngine
 
-SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, n=3, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, samples_per_prompt=3, ignore_eos=True)
 TEXTS = ["Once upon a time", "The dog ran to the big", "Lily", "A boy found a box and", "Tom"]
 
 # tests/conftest.py gives every test process 8 simulated CPU devices unless XLA_FLAGS says otherwise.
@@ -66,7 +66,7 @@ def test_each_replica_runs_on_its_device_and_both_take_work(replicated, stories,
 
 def test_requests_are_dealt_by_sample_tokens_deterministically(replicated, stories):
     _, tokenizer = stories
-    long_one = SamplingParams(temperature=0.0, max_new_tokens=200, n=4, ignore_eos=True)
+    long_one = SamplingParams(temperature=0.0, max_new_tokens=200, samples_per_prompt=4, ignore_eos=True)
     short = SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True)
     requests = [Request([1, 2, 3], long_one, prompt_id="long")] + [
         Request([1, 2, 3], short, prompt_id=f"s{i}") for i in range(6)]

@@ -27,7 +27,8 @@ FAMILIES = {
 # Few compiled shapes (one prompt bucket, four window widths, one sampling mode): compiling is the cost.
 CONFIG = EngineConfig(num_slots=4, page_size=8, num_pages=20, max_prompt_len=16, max_new_tokens=12,
                       prefill_buckets=(16,), decode_steps_per_call=6, attention_impl="window")
-REQUESTS = [Request([5, 9, 33, 7], SamplingParams(temperature=1.0, max_new_tokens=12, n=2, ignore_eos=True), "a", 3),
+REQUESTS = [Request([5, 9, 33, 7],
+                    SamplingParams(temperature=1.0, max_new_tokens=12, samples_per_prompt=2, ignore_eos=True), "a", 3),
             Request(list(range(20, 33)), SamplingParams(temperature=0.7, max_new_tokens=9, ignore_eos=True), "b"),
             Request([100], SamplingParams(temperature=1.3, max_new_tokens=12, ignore_eos=True), "c", 7)]
 
