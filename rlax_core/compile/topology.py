@@ -60,6 +60,9 @@ def slice_devices(chip: str, chips: int, chips_per_host: int) -> tuple:
     # libtpu looks for the TPU VM's metadata when it loads; there is none on a compile-only host.
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{chip}-{chips}")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    # libtpu takes a host-wide lockfile that guards a TPU's chips; a compiling process opens none, and
+    # without this a second one on the host (CI beside an engineer's run) fails to load libtpu.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     name = topology_name(chip, chips)
     try:
         topology = topologies.get_topology_desc(platform="tpu", topology_name=name,
