@@ -6,12 +6,14 @@ are exact, else with a tolerance relative to the gold answer's size (either was 
 decimal point). They never need the pool.
 
 Parsing LaTeX and simplifying with sympy can take unbounded time and memory (``10^{10^{10^{10}}}``,
-a thousand nested parentheses). So math-verify never runs in the caller: it runs in a pool of worker
-processes (pebble), each comparison under an interval timer in the worker (half the hard limit) and
-a hard timeout outside it; a worker that overruns the hard limit is killed and replaced. Either way
-the verdict is "not equal" with the reason ``timeout``, never ``not_equal``: the answer may have
-been right. It earns no reward all the same, because a reward for answers too costly to check would
-teach a policy to write them. Workers also carry an address-space limit, so a runaway
+a thousand nested parentheses). So math-verify never runs in the caller: it runs in worker processes
+(``rlax_core.rewards.math_worker``: forks of a warm parent process that is started with fork and exec,
+so none of the caller's threads or its ``__main__`` comes along), each comparison under an interval
+timer in the worker (half the hard limit) and a hard timeout outside it; a worker that overruns the
+hard limit is killed and replaced. Either way the verdict is "not equal" with the reason ``timeout``,
+never ``not_equal``: the answer may have been right. It earns no reward all the same, because a
+reward for answers too costly to check would teach a policy to write them. Workers also carry an
+address-space limit, so a runaway
 simplification ends in ``MemoryError`` inside the worker rather than in the host's memory.
 
 Inside a worker, two answers that both parse to real numbers (``\\frac{1}{3}``, ``0.333333``,
@@ -26,24 +28,26 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import dataclasses
-import io
-import multiprocessing
-import multiprocessing.context
 import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
 import threading
-from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
-from multiprocessing.context import set_spawning_popen
+from pathlib import Path
 from typing import Iterable
 
-import pebble
-
 from rlax_core.config import require
+from rlax_core.rewards.math_worker import READY, SPAWN, recv_frame, send_frame
 from rlax_core.rewards.math_symbolic import verdict
 from rlax_core.rewards.quantities import (MAGNITUDE_WORD, plain_number, quantities_equal, read_quantity, strip_answer,
                                           word_that_is_no_unit)
 
 MATH_REASONS = ("exact", "numeric", "symbolic", "not_equal", "timeout", "too_long", "error")
 EQUAL_REASONS = ("exact", "numeric", "symbolic")
+WORKER_MODULE = "rlax_core.rewards.math_worker"
+_SPAWN_SECONDS = 60.0  # a fork of a warm process takes milliseconds; this is the loud end of a wedged one
 __all__ = ["MATH_REASONS", "MathResult", "MathVerifier", "MathVerifierConfig", "default_math_verifier",
            "math_equal", "plain_number"]
 
@@ -59,10 +63,12 @@ class MathVerifierConfig:
     # An interval timer in the worker at half the hard limit ends most overruns there (reason
     # "timeout"), and the worker needs no replacement; the hard limit stands behind it either way.
     inner_timeouts: bool = True
+    startup_seconds: float = 120.0  # for the worker parent to import math-verify and warm sympy, once
 
     def __post_init__(self):
         require(self.workers >= 1, "workers", "must be >= 1")
         require(self.timeout_seconds > 0, "timeout_seconds", "must be > 0")
+        require(self.startup_seconds > 0, "startup_seconds", "must be > 0")
         require(self.memory_bytes >= 256 << 20, "memory_bytes", "must be >= 256 MiB (sympy needs ~150 MiB)")
         require(0 <= self.relative_tolerance < 1, "relative_tolerance", "must be in [0, 1)")
         require(self.max_answer_chars >= 1, "max_answer_chars", "must be >= 1")
@@ -74,75 +80,74 @@ class MathResult:
     reason: str  # one of MATH_REASONS
 
 
-# ----------------------------------------------------------------------------- inside a worker process
+# ----------------------------------------------------------------------------- the workers
 
 
-# The module the fork server imports before forking any worker (math-verify loaded, sympy warm). Named,
-# not imported: the caller never loads it.
-WARM_WORKER_MODULE = "rlax_core.rewards.math_worker"
+class _WorkerParent:
+    """``rlax_core.rewards.math_worker.main`` in its own interpreter: a warm process that forks a worker on request.
+
+    Started with fork and exec (``subprocess``), never a plain fork of the caller, which may hold
+    threads (JAX, Beam) mid-lock; and nothing of the caller's ``__main__`` runs in it, so a script
+    may call :func:`math_equal` at its top level without a main guard. Its workers are forks of a
+    process that has math-verify loaded and sympy warm: a worker replacing a killed one is ready in
+    milliseconds, not the seconds a fresh interpreter would need to import sympy.
+    """
+
+    def __init__(self, memory_bytes: int, startup_seconds: float):
+        ours, theirs = socket.socketpair()
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
+                                                                         os.environ.get("PYTHONPATH")]))}
+        self._process = subprocess.Popen(
+            # -c, not -m: the package (imported first) already holds the module, which runpy warns about
+            [sys.executable, "-c", f"import sys; from {WORKER_MODULE} import main; main(sys.argv[1:])",
+             str(theirs.fileno()), str(memory_bytes)],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        theirs.close()
+        self._control = ours
+        self._lock = threading.Lock()
+        self._control.settimeout(startup_seconds)
+        try:
+            ready = self._control.recv(len(READY))
+        except OSError:  # socket.timeout included
+            ready = b""
+        if ready != READY:
+            self.close()
+            raise RuntimeError(f"the math worker parent ({WORKER_MODULE}) did not start within "
+                               f"{startup_seconds:g} s (exit status {self._process.poll()})")
+        self._control.settimeout(_SPAWN_SECONDS)
+
+    def spawn(self) -> "_Worker":
+        with self._lock:
+            self._control.sendall(SPAWN)
+            pid, fds, _, _ = socket.recv_fds(self._control, 32, 1)
+        if not fds:
+            raise RuntimeError(f"the math worker parent sent no worker ({pid!r})")
+        return _Worker(int(pid), socket.socket(fileno=fds[0]))
+
+    def close(self) -> None:
+        self._control.close()  # the parent kills its process group, workers included, when this closes
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait(timeout=10)
 
 
-def _worker_init(memory_bytes: int) -> None:
-    import importlib
-    import resource
+@dataclasses.dataclass
+class _Worker:
+    pid: int
+    conn: socket.socket
 
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    importlib.import_module(WARM_WORKER_MODULE)  # a no-op when the fork server preloaded it
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it had died already
+            pass
+        self.conn.close()
 
 
 # ----------------------------------------------------------------------------- the caller's side
-
-
-class _WorkerPopen(popen_forkserver.Popen):
-    """Starts a worker from the fork server without re-running the caller's ``__main__`` in it.
-
-    multiprocessing imports the main script again in every child (so that functions defined there
-    unpickle): a script that calls ``math_equal`` at its top level, without an ``if __name__ ==
-    "__main__":`` guard, would run again inside the worker and fail there ("An attempt has been made
-    to start a new process before the current process has finished its bootstrapping phase"). Our
-    workers run only this package's functions, so their preparation data names no main module. The
-    rest is the standard library's ``popen_forkserver.Popen._launch`` (Python 3.11).
-    """
-
-    def _launch(self, process_obj):
-        prep_data = {key: value for key, value in spawn.get_preparation_data(process_obj._name).items()
-                     if key not in ("init_main_from_name", "init_main_from_path")}
-        buf = io.BytesIO()
-        set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, buf)
-            reduction.dump(process_obj, buf)
-        finally:
-            set_spawning_popen(None)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
-        _parent_w = os.dup(w)  # the child's sentinel of its parent, as the standard library keeps it
-        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
-
-
-class _WorkerProcess(multiprocessing.context.ForkServerProcess):
-    @staticmethod
-    def _Popen(process_obj):
-        return _WorkerPopen(process_obj)
-
-
-class _WorkerContext(multiprocessing.context.ForkServerContext):
-    Process = _WorkerProcess
-
-
-def _fork_server() -> multiprocessing.context.BaseContext:
-    """Workers forked from a single-threaded server that has math-verify loaded and warm.
-
-    Not plain fork: the caller may hold threads (JAX, Beam) that a fork would copy mid-lock. Not
-    spawn: a worker replacing a killed one would need seconds to import sympy, and the next
-    comparison would wait for it.
-    """
-    context = _WorkerContext()
-    context.set_forkserver_preload([WARM_WORKER_MODULE])  # applies when the server starts
-    return context
-
 
 
 class MathVerifier:
@@ -150,16 +155,22 @@ class MathVerifier:
 
     def __init__(self, config: MathVerifierConfig = MathVerifierConfig()):
         self.config = config
-        self._pool: pebble.ProcessPool | None = None
         self._lock = threading.Lock()
         self._soft_seconds = config.timeout_seconds / 2 if config.inner_timeouts else None
+        self._parent: _WorkerParent | None = None
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        # One slot per worker; a slot holds None until its worker is forked, and again after it is killed.
+        self._slots: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
 
-    def _get_pool(self) -> pebble.ProcessPool:
+    def _start(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
-            if self._pool is None:
-                self._pool = pebble.ProcessPool(max_workers=self.config.workers, initializer=_worker_init,
-                                                initargs=(self.config.memory_bytes,), context=_fork_server())
-            return self._pool
+            if self._threads is None:
+                self._parent = _WorkerParent(self.config.memory_bytes, self.config.startup_seconds)
+                for _ in range(self.config.workers):
+                    self._slots.put(None)
+                self._threads = concurrent.futures.ThreadPoolExecutor(self.config.workers,
+                                                                      thread_name_prefix="math-verifier")
+            return self._threads
 
     def _fast(self, gold: str, prediction: str) -> MathResult | None:
         """A verdict without the pool, when one is certain."""
@@ -180,19 +191,32 @@ class MathVerifier:
         return None
 
     def _submit(self, gold: str, prediction: str) -> concurrent.futures.Future:
-        return self._get_pool().schedule(verdict, args=(gold, prediction, self._soft_seconds,
-                                                        self.config.relative_tolerance),
-                                         timeout=self.config.timeout_seconds)
+        return self._start().submit(self._run, gold, prediction)
 
-    @staticmethod
-    def _collect(future: concurrent.futures.Future) -> MathResult:
+    def _run(self, gold: str, prediction: str) -> MathResult:
+        """One comparison on a free worker (there is one per thread), the hard limit timed from the send."""
+        worker = self._slots.get(timeout=_SPAWN_SECONDS)
         try:
-            reason = future.result()
-        except concurrent.futures.TimeoutError:  # the hard limit: the worker was killed
+            if worker is None:
+                worker = self._parent.spawn()
+            worker.conn.settimeout(self.config.timeout_seconds)
+            send_frame(worker.conn, [gold, prediction, self._soft_seconds, self.config.relative_tolerance])
+            reply = recv_frame(worker.conn)
+            if reply is None:
+                raise ConnectionError("the worker died")  # the kernel's OOM killer, a crash in C
+        except TimeoutError:  # the hard limit: the worker is killed, the next call forks another
+            worker.kill()
+            worker = None
             return MathResult(False, "timeout")
-        except Exception:  # noqa: BLE001 - a crashed worker (pebble.ProcessExpired), MemoryError, parse bugs
+        except (OSError, ValueError):  # a crashed worker, a garbled frame
+            if worker is not None:
+                worker.kill()
+            worker = None
             return MathResult(False, "error")
-        return MathResult(reason in EQUAL_REASONS, reason)
+        finally:
+            self._slots.put(worker)
+        reason = reply.get("reason")
+        return MathResult(reason in EQUAL_REASONS, reason if reason in MATH_REASONS else "error")
 
     def compare(self, gold: str, prediction: str) -> MathResult:
         return self.compare_many([(gold, prediction)])[0]
@@ -203,14 +227,19 @@ class MathVerifier:
         for gold, prediction in pairs:
             gold, prediction = str(gold), str(prediction)
             results.append(self._fast(gold, prediction) or self._submit(gold, prediction))
-        return [r if isinstance(r, MathResult) else self._collect(r) for r in results]
+        return [r if isinstance(r, MathResult) else r.result() for r in results]
 
     def close(self) -> None:
         with self._lock:
-            if self._pool is not None:
-                self._pool.stop()
-                self._pool.join(timeout=10)
-                self._pool = None
+            if self._threads is None:
+                return
+            self._threads.shutdown(wait=True, cancel_futures=True)
+            for _ in range(self.config.workers):
+                worker = self._slots.get(timeout=_SPAWN_SECONDS)
+                if worker is not None:
+                    worker.kill()
+            self._parent.close()
+            self._parent = self._threads = None
 
     def __enter__(self) -> "MathVerifier":
         return self
