@@ -27,7 +27,6 @@ INSTALL_REQUIRES = [
     "sentencepiece",
     "jinja2",
     "math-verify[antlr4_13_2]",
-    "pebble",  # process pool whose tasks time out by killing and replacing the worker (verifiers)
     "datasketch",
     "tqdm",
     "rich",

@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -197,10 +198,15 @@ class MathVerifier:
         """One comparison on a free worker (there is one per thread), the hard limit timed from the send."""
         worker = self._slots.get(timeout=_SPAWN_SECONDS)
         try:
-            if worker is None:
-                worker = self._parent.spawn()
+            worker = worker or self._parent.spawn()
+        except BaseException:  # the parent is gone or wedged: loudly, to the caller, and the slot stays
+            self._slots.put(None)
+            raise
+        deadline = time.monotonic() + self.config.timeout_seconds
+        try:
             worker.conn.settimeout(self.config.timeout_seconds)
             send_frame(worker.conn, [gold, prediction, self._soft_seconds, self.config.relative_tolerance])
+            worker.conn.settimeout(max(deadline - time.monotonic(), 1e-3))
             reply = recv_frame(worker.conn)
             if reply is None:
                 raise ConnectionError("the worker died")  # the kernel's OOM killer, a crash in C
@@ -209,8 +215,7 @@ class MathVerifier:
             worker = None
             return MathResult(False, "timeout")
         except (OSError, ValueError):  # a crashed worker, a garbled frame
-            if worker is not None:
-                worker.kill()
+            worker.kill()
             worker = None
             return MathResult(False, "error")
         finally:

@@ -1,11 +1,18 @@
 """Math answer equivalence: the forms answers take, and pathological answers that must not hang."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from rlax_core.config import ConfigError
 from rlax_core.rewards.math_verifier import MathVerifier, MathVerifierConfig, math_equal, plain_number
+
+REPO = Path(__file__).resolve().parents[2]
 
 EQUAL = [
     # fractions and decimals
@@ -134,3 +141,59 @@ def test_competition_golds_match_a_model_style_answer(data_dir, verifier):
     predictions = [str(int(float(gold))) for gold in golds]
     assert all(r.equal for r in verifier.compare_many([(str(g), p) for g, p in zip(golds, predictions)]))
     assert not any(r.equal for r in verifier.compare_many([(str(g), str(int(float(g)) + 1)) for g in golds]))
+
+
+def test_many_threads_share_the_workers_while_stuck_ones_are_killed():
+    # 9^(9^9) runs in C without signal checks (no inner timer here): only a kill ends it, and the
+    # comparisons of the other threads go on, on the worker left and on forks replacing the killed.
+    import threading
+
+    config = MathVerifierConfig(workers=2, timeout_seconds=4.0, inner_timeouts=False)
+    pairs = [("\\frac{1}{2}", "0.5", True), ("x^2+2x+1", "(x+1)^2", True), ("\\{1,2\\}", "\\{1,3\\}", False),
+             ("9^{9^{9}}", "1", None)] * 4
+    results = {}
+    with MathVerifier(config) as verifier:
+        assert verifier.compare("3\\sqrt{3}", "\\sqrt{27}").equal  # the parent is up before the timed calls
+        threads = [threading.Thread(target=lambda i=i, g=g, p=p: results.__setitem__(i, verifier.compare(g, p)))
+                   for i, (g, p, _) in enumerate(pairs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert verifier.compare("\\frac{1}{2}", "0.6").reason == "not_equal"
+    assert len(results) == len(pairs)
+    for i, (_, _, equal) in enumerate(pairs):
+        assert results[i].reason == "timeout" if equal is None else results[i].equal == equal, (pairs[i], results[i])
+
+
+def _live_processes_in_group(group: int) -> list[int]:
+    live = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # not a process, or gone meanwhile
+        if int(fields[2]) == group and fields[0] != "Z":  # after the command: state, ppid, pgrp
+            live.append(int(entry.name))
+    return live
+
+
+def test_workers_end_when_their_caller_is_killed(tmp_path):
+    # The caller dies without closing anything (SIGKILL): its workers, even one stuck in C, go with it.
+    code = ("import os, signal, threading\n"
+            "from rlax_core.rewards.math_verifier import MathVerifier, MathVerifierConfig\n"
+            "v = MathVerifier(MathVerifierConfig(workers=2, timeout_seconds=600, inner_timeouts=False))\n"
+            "assert v.compare('x^2 + 2x + 1', '(x+1)^2').equal\n"
+            "threading.Thread(target=v.compare, args=('9^{9^{9}}', '1'), daemon=True).start()\n"
+            "print(v._parent._process.pid, flush=True)\n"
+            "threading.Event().wait(1)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    # Files, not pipes: the workers inherit them, and a pipe would keep run() waiting for them to end.
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=out, stderr=err, timeout=300)
+    assert result.returncode == -signal.SIGKILL, (tmp_path / "err").read_text()[-2000:]
+    group = int((tmp_path / "out").read_text().split()[0])  # the workers' parent leads their process group
+    deadline = time.monotonic() + 60
+    while _live_processes_in_group(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _live_processes_in_group(group)
