@@ -15,7 +15,9 @@ answers against a rewritten form of themselves (``gold + 0``, which the fast pat
 so every pair goes through math-verify; both sides first warm up on 50 other answers), and
 HumanEval canonical solutions with their tests (from ../shared/data, else the repository's fixtures).
 Pathological answers (an exponent tower, a megabyte of digits...): seconds until the caller has its
-verdict with a 3 s hard timeout, beside an ordinary comparison. Prints one JSON object.
+verdict with a 3 s hard timeout, beside an ordinary comparison; and an ordinary comparison on the
+worker that replaces one killed at the hard limit, beside one on a worker that has served before
+(``first_after_a_kill_vs_ordinary``: about 1 when replacements are warm forks). Prints one JSON object.
 
     python benchmarks/verify.py
     python benchmarks/verify.py --math-pairs 100 --code-programs 20
@@ -128,6 +130,24 @@ def bench_pathological(timeout: float) -> dict[str, float]:
     return seconds
 
 
+def bench_replacement(timeout: float) -> dict[str, float]:
+    """Seconds of an ordinary comparison on a worker that has served one, and on the fork replacing a killed one.
+
+    The killed worker is stuck in C (9^(9^9), no interval timer), so only the hard limit ends it;
+    its replacement is a fork of the warm parent, which should answer about as fast as the old one.
+    """
+    config = MathVerifierConfig(workers=1, timeout_seconds=timeout, inner_timeouts=False)
+    seconds = {}
+    with MathVerifier(config) as verifier:
+        verifier.compare("\\frac{1}{2}", "0.5")
+        for name, (gold, answer) in {"ordinary (baseline)": ("x^2+2x+1", "(x+1)^2"), "stuck (killed)": ("9^{9^{9}}", "1"),
+                                     "first after the kill": ("x^2+2x+1", "(x+1)^2")}.items():
+            start = time.perf_counter()
+            verifier.compare(gold, answer)
+            seconds[name] = round(time.perf_counter() - start, 3)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--math-pairs", type=int, default=200)
@@ -153,6 +173,9 @@ def main() -> None:
     out["pathological_seconds"] = bench_pathological(args.pathological_timeout)
     out["pathological_max_over_timeout_s"] = round(
         max(out["pathological_seconds"].values()) - args.pathological_timeout, 3)
+    out["replacement_seconds"] = bench_replacement(args.pathological_timeout)
+    out["first_after_a_kill_vs_ordinary"] = round(
+        out["replacement_seconds"]["first after the kill"] / out["replacement_seconds"]["ordinary (baseline)"], 3)
     out["unit"] = "verifications per second (pathological_*: seconds)"
     print(json.dumps(out))
 
