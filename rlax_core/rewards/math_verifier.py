@@ -26,6 +26,7 @@ symbolic comparison.
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import dataclasses
 import os
@@ -48,6 +49,7 @@ from rlax_core.rewards.quantities import (MAGNITUDE_WORD, plain_number, quantiti
 MATH_REASONS = ("exact", "numeric", "symbolic", "not_equal", "timeout", "too_long", "error")
 EQUAL_REASONS = ("exact", "numeric", "symbolic")
 WORKER_MODULE = "rlax_core.rewards.math_worker"
+_BATCH = 8  # comparisons per exchange with a worker: fewer round trips through a loaded host's scheduler
 _SPAWN_SECONDS = 60.0  # a fork of a warm process takes milliseconds; this is the loud end of a wedged one
 __all__ = ["MATH_REASONS", "MathResult", "MathVerifier", "MathVerifierConfig", "default_math_verifier",
            "math_equal", "plain_number"]
@@ -191,48 +193,71 @@ class MathVerifier:
                 return MathResult(False, "not_equal")
         return None
 
-    def _submit(self, gold: str, prediction: str) -> concurrent.futures.Future:
-        return self._start().submit(self._run, gold, prediction)
-
-    def _run(self, gold: str, prediction: str) -> MathResult:
-        """One comparison on a free worker (there is one per thread), the hard limit timed from the send."""
-        worker = self._slots.get(timeout=_SPAWN_SECONDS)
+    def _drain(self, pending: collections.deque, results: list, lock: threading.Lock) -> None:
+        """Runs pending comparisons on one worker, a few per exchange, until none is left."""
+        worker = self._slots.get(timeout=_SPAWN_SECONDS)  # never waits: one worker per thread
         try:
-            worker = worker or self._parent.spawn()
-        except BaseException:  # the parent is gone or wedged: loudly, to the caller, and the slot stays
-            self._slots.put(None)
-            raise
-        deadline = time.monotonic() + self.config.timeout_seconds
-        try:
-            worker.conn.settimeout(self.config.timeout_seconds)
-            send_frame(worker.conn, [gold, prediction, self._soft_seconds, self.config.relative_tolerance])
-            worker.conn.settimeout(max(deadline - time.monotonic(), 1e-3))
-            reply = recv_frame(worker.conn)
-            if reply is None:
-                raise ConnectionError("the worker died")  # the kernel's OOM killer, a crash in C
-        except TimeoutError:  # the hard limit: the worker is killed, the next call forks another
-            worker.kill()
-            worker = None
-            return MathResult(False, "timeout")
-        except (OSError, ValueError):  # a crashed worker, a garbled frame
-            worker.kill()
-            worker = None
-            return MathResult(False, "error")
+            while True:
+                with lock:  # a few at a time: the worker starts each the moment it ends the last
+                    count = min(len(pending), _BATCH, -(-len(pending) // self.config.workers))
+                    batch = [pending.popleft() for _ in range(count)]
+                if not batch:
+                    return
+                worker = worker or self._parent.spawn()  # a failed fork raises: the parent is gone
+                done = self._exchange(worker, batch, results)
+                if done < len(batch):  # the worker was killed at batch[done]; the rest go to its successor
+                    worker = None
+                    with lock:
+                        pending.extendleft(reversed(batch[done + 1:]))
         finally:
             self._slots.put(worker)
-        reason = reply.get("reason")
-        return MathResult(reason in EQUAL_REASONS, reason if reason in MATH_REASONS else "error")
+
+    def _exchange(self, worker: _Worker, batch: list, results: list) -> int:
+        """Sends a batch, reads its verdicts into ``results``; the index of a failed one (its worker killed), or the batch's size.
+
+        The hard limit counts for each comparison from the previous verdict (or the send), when the
+        worker begins it.
+        """
+        timeout, position = self.config.timeout_seconds, 0
+        try:
+            worker.conn.settimeout(timeout)
+            send_frame(worker.conn, [[gold, prediction, self._soft_seconds, self.config.relative_tolerance]
+                                     for _, gold, prediction in batch])
+            for position, (index, _, _) in enumerate(batch):
+                worker.conn.settimeout(timeout)
+                reply = recv_frame(worker.conn)
+                if reply is None:
+                    raise ConnectionError("the worker died")  # the kernel's OOM killer, a crash in C
+                reason = reply.get("reason")
+                results[index] = MathResult(reason in EQUAL_REASONS, reason if reason in MATH_REASONS else "error")
+            return len(batch)
+        except TimeoutError:  # the hard limit: the worker is killed, the next exchange forks another
+            reason = "timeout"
+        except (OSError, ValueError):  # a crashed worker, a garbled frame
+            reason = "error"
+        worker.kill()
+        results[batch[position][0]] = MathResult(False, reason)
+        return position
 
     def compare(self, gold: str, prediction: str) -> MathResult:
         return self.compare_many([(gold, prediction)])[0]
 
     def compare_many(self, pairs: Iterable[tuple[str, str]]) -> list[MathResult]:
         """Results in input order; pairs needing math-verify run in parallel across the workers."""
-        results: list[MathResult | concurrent.futures.Future] = []
+        results: list[MathResult | None] = []
+        pending: collections.deque = collections.deque()
         for gold, prediction in pairs:
             gold, prediction = str(gold), str(prediction)
-            results.append(self._fast(gold, prediction) or self._submit(gold, prediction))
-        return [r if isinstance(r, MathResult) else r.result() for r in results]
+            results.append(self._fast(gold, prediction))
+            if results[-1] is None:
+                pending.append((len(results) - 1, gold, prediction))
+        if pending:
+            threads, lock = self._start(), threading.Lock()
+            drains = [threads.submit(self._drain, pending, results, lock)
+                      for _ in range(min(self.config.workers, len(pending)))]
+            for drain in drains:
+                drain.result()
+        return results
 
     def close(self) -> None:
         with self._lock:

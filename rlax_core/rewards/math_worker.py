@@ -9,8 +9,9 @@ The caller kills a worker that overruns its hard limit and asks for another: a f
 single-threaded process, ready in milliseconds where a fresh interpreter would import sympy for seconds.
 
 Each worker has its own connection, so a killed one leaves nothing half-read for its successor. It
-serves frames (a 4-byte big-endian length, then JSON): a request ``[gold, prediction, soft_seconds,
-relative_tolerance]``, a reply ``{"reason": ...}``. Its address space is limited, so a runaway
+serves frames (a 4-byte big-endian length, then JSON): a request is a list of comparisons ``[gold,
+prediction, soft_seconds, relative_tolerance]``, and each gets its reply frame ``{"reason": ...}`` as
+soon as it is decided, so the caller times every comparison on its own. Its address space is limited, so a runaway
 simplification ends in ``MemoryError`` there (reply reason ``error``), not in the host's memory.
 
 When the caller goes away (its end of the control socket closes), this process kills its whole
@@ -64,12 +65,13 @@ def _serve(conn: socket.socket, memory_bytes: int) -> None:
     from rlax_core.rewards.math_symbolic import verdict
 
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    while (request := recv_frame(conn)) is not None:
-        try:
-            reply = {"reason": verdict(*request)}
-        except Exception as error:  # noqa: BLE001 - MemoryError, a parser's bug: this answer only
-            reply = {"reason": "error", "detail": f"{type(error).__name__}: {error}"[:500]}
-        send_frame(conn, reply)
+    while (batch := recv_frame(conn)) is not None:
+        for request in batch:  # one reply each, sent as it is known: the caller times each comparison
+            try:
+                reply = {"reason": verdict(*request)}
+            except Exception as error:  # noqa: BLE001 - MemoryError, a parser's bug: this answer only
+                reply = {"reason": "error", "detail": f"{type(error).__name__}: {error}"[:500]}
+            send_frame(conn, reply)
 
 
 def _fork_worker(control: socket.socket, memory_bytes: int) -> None:

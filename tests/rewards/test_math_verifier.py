@@ -166,6 +166,19 @@ def test_many_threads_share_the_workers_while_stuck_ones_are_killed():
         assert results[i].reason == "timeout" if equal is None else results[i].equal == equal, (pairs[i], results[i])
 
 
+def test_a_worker_killed_inside_a_batch_leaves_the_rest_to_its_successor():
+    # compare_many sends a worker several comparisons at once; one stuck in C ends in its kill, and
+    # the comparisons after it in that batch get their verdicts from the fork that replaces it.
+    config = MathVerifierConfig(workers=1, timeout_seconds=4.0, inner_timeouts=False)
+    stuck = ("9^{9^{9}}", "1")
+    pairs = [("\\frac{1}{2}", "0.5"), stuck, ("x^2+2x+1", "(x+1)^2"), ("\\{1,2\\}", "\\{1,3\\}"), stuck,
+             ("3\\sqrt{3}", "\\sqrt{27}")]
+    with MathVerifier(config) as verifier:
+        assert verifier.compare("\\frac{2}{4}", "0.5").equal  # the parent is up before the timed calls
+        results = verifier.compare_many(pairs)
+    assert [r.reason for r in results] == ["numeric", "timeout", "symbolic", "not_equal", "timeout", "symbolic"]
+
+
 def _live_processes_in_group(group: int) -> list[int]:
     live = []
     for entry in Path("/proc").iterdir():
