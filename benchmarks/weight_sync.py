@@ -55,7 +55,7 @@ from rlax_core.models import ModelConfig, init_params  # noqa: E402
 from rlax_core.models.lora import LoraConfig, init_adapters  # noqa: E402
 from rlax_core.weights import AsyncPublisher, WeightStore, WeightStoreConfig  # noqa: E402
 from rlax_core.weights.adapters import adapter_reference, load_policy  # noqa: E402
-from rlax_core.weights.storage import open_storage  # noqa: E402
+from rlax_core.utils.storage import open_storage  # noqa: E402
 from rlax_core.weights.tree import flatten_params, unflatten_params  # noqa: E402
 
 QWEN2 = dict(architecture="qwen2", qkv_bias=True, tie_word_embeddings=True, head_dim=64)

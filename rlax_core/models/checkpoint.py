@@ -452,7 +452,7 @@ def save_pretrained(model: Model, path: str | os.PathLike, max_shard_size: int |
             (out / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
             written.append(SAFETENSORS_INDEX)
         if remote:
-            from rlax_core.weights.storage import open_storage
+            from rlax_core.utils.storage import open_storage
 
             storage = open_storage(str(path))
             for file in written:

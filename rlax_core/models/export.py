@@ -10,7 +10,7 @@ model came from (a llama2.c SentencePiece ``tok512.model`` becomes ``tokenizer.m
 and the sampling settings the policy was trained with). Without ``params`` it writes everything but
 the weights: the *model template* a weight-store version or an orbax checkpoint is read with.
 
-Files go through the weight store's storage (``rlax_core.weights.storage``), so a destination may be a
+Files go through the weight store's storage (``rlax_core.utils.storage``), so a destination may be a
 local folder or gs://. ``config.json`` is written last: a reader never takes a half-written folder
 for a model.
 """
@@ -45,7 +45,7 @@ def export_hf(destination: str | os.PathLike, config: ModelConfig, params: Any |
     ``generation`` adds sampling settings (``temperature``, ``top_p``, ``max_new_tokens``, ...) to the
     token ids ``generation_config.json`` always holds.
     """
-    from rlax_core.weights.storage import open_storage
+    from rlax_core.utils.storage import open_storage
 
     with tempfile.TemporaryDirectory(prefix="rlax-export-") as staging:
         folder = Path(staging)

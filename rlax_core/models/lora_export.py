@@ -40,7 +40,7 @@ def export_peft(destination: str | os.PathLike, config: ModelConfig, lora: LoraC
     """Write a PEFT LoRA folder (local or gs://) for stacked ``adapters``; returns the file names written."""
     from safetensors.numpy import save_file
 
-    from rlax_core.weights.storage import open_storage
+    from rlax_core.utils.storage import open_storage
 
     if config.rope_interleaved:
         raise ValueError("export_peft: this model keeps llama2.c's interleaved RoPE rows, which Hugging Face "

@@ -308,7 +308,7 @@ def _export(export: HFExport, step: int, model_config: ModelConfig, params: Any,
 
 def _exported(export: HFExport, step: int) -> bool:
     """True when step's folder is complete (``config.json`` is written last): a re-run does not redo it."""
-    from rlax_core.weights.storage import open_storage
+    from rlax_core.utils.storage import open_storage
 
     return open_storage(export.folder(step)).exists(MODEL_CONFIG)
 

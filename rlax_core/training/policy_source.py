@@ -140,7 +140,7 @@ def _template_config(source: PolicySource) -> ModelConfig:
 def _weight_version(source: PolicySource):
     from rlax_core.weights import WeightStore, WeightStoreConfig
     from rlax_core.weights.manifest import CommitMarker, marker_path
-    from rlax_core.weights.storage import open_storage
+    from rlax_core.utils.storage import open_storage
 
     storage = open_storage(source.path)
     committed = sorted(n for n in storage.list("committed") if n.endswith(".json"))

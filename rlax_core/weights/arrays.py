@@ -8,7 +8,7 @@ import numpy as np
 
 from rlax_core.weights.errors import IntegrityError
 from rlax_core.weights.manifest import TensorRecord
-from rlax_core.weights.storage import aligned_empty
+from rlax_core.utils.storage import aligned_empty
 
 # Sharding for load(): one for every tensor, a nested dict like the params, or a function of the name.
 ShardingSpec = Any

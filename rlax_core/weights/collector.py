@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from rlax_core.weights import manifest as mf
 from rlax_core.weights.errors import WeightStoreError
 from rlax_core.weights.manifest import CommitMarker
-from rlax_core.weights.storage import Storage
+from rlax_core.utils.storage import Storage
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import xxhash
 from rlax_core.weights.delta import CHUNK_ELEMENTS, CODEC, DeltaEncoder, chunk_bounds, decode_delta
 from rlax_core.weights.errors import IntegrityError
 from rlax_core.weights.manifest import DeltaRecord, ShardRecord
-from rlax_core.weights.storage import Storage, aligned_empty
+from rlax_core.utils.storage import Storage, aligned_empty
 
 READ_CHUNK_BYTES = 1 << 20  # hashed while still in the cache
 

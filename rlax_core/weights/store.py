@@ -60,7 +60,7 @@ from rlax_core.weights.errors import (
 )
 from rlax_core.weights.manifest import CommitMarker, Manifest, ShardRecord, TensorRecord
 from rlax_core.weights.shard_io import read_shard, write_shard
-from rlax_core.weights.storage import FsspecStorage, Storage, open_storage
+from rlax_core.utils.storage import FsspecStorage, Storage, open_storage
 from rlax_core.weights.tree import flatten_params, unflatten_params
 
 log = logging.getLogger(__name__)

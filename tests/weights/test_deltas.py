@@ -15,7 +15,7 @@ from rlax_core.weights import IntegrityError, WeightFollower, WeightStore, Weigh
 from rlax_core.weights import manifest as mf
 from rlax_core.weights.delta import CHUNK_ELEMENTS, DeltaEncoder, chunk_bounds, decode_delta
 from rlax_core.weights.shard_io import read_shard, write_shard
-from rlax_core.weights.storage import LocalStorage
+from rlax_core.utils.storage import LocalStorage
 from rlax_core.weights.tree import flatten_params
 
 # ---------------------------------------------------------------------- params that train a little each version

@@ -9,7 +9,7 @@ import pytest
 
 from rlax_core.config import ConfigError
 from rlax_core.weights import StorageTimeoutError, WeightFollower, WeightStoreConfig, WeightStoreError
-from rlax_core.weights.storage import Storage
+from rlax_core.utils.storage import Storage
 from tests.weights.versioned_params import assert_is_version, params_for
 
 STALL_LIMIT_S = 30.0  # a stalled call gives up after this long, so a broken test cannot hang the suite
