@@ -54,9 +54,8 @@ class ScheduleSteps(beam.DoFn):
     def process(self, tick_version: Optional[int], side_versions: SideVersions) -> Iterable[WorkUnit]:
         # A tick carries the version that made it; the side input of its window holds the same once
         # the runner has materialized it (Prism sometimes hands it over before that, empty).
-        # Either may be None while the store holds no committed version yet.
         known = [v for v in (*side_versions, tick_version) if v is not None]
-        if known:  # else the trainer has not published its first weights yet
+        if known:  # else the trainer has not published its first weights yet (all None)
             yield from self._scheduler.units(max(known))
 
 
