@@ -42,6 +42,7 @@ def test_config_errors_are_reported_without_traceback(tmp_path):
 STORIES = "pipelines/assets/stories260K"
 HELDOUT = "pipelines/assets/story_task/heldout.jsonl"
 MISSING = "/nonexistent/rlax-input"
+REWARD = "loop.rewards.terms={story_word: 1.0}"  # the loop names its reward; these cases are about inputs
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -54,9 +55,9 @@ MISSING = "/nonexistent/rlax-input"
     (["evaluate", "--model", STORIES, "--eval-set", f"{MISSING}.jsonl", "--output", "{tmp}/e"],
      f"eval set {MISSING}.jsonl: no such file"),
     (["train", f"model.path={MISSING}", "run.output_dir={tmp}/t"], f"{MISSING}: no such file or folder"),
-    (["rollout", "--train-set", f"{MISSING}.parquet", "run.output_dir={tmp}/r"], "No such file or directory"),
-    (["launch", "--train-set", f"{MISSING}.parquet", "run.output_dir={tmp}/l"], f"train set {MISSING}.parquet"),
-    (["launch", "--train-set", HELDOUT, f"model.path={MISSING}", "run.output_dir={tmp}/l"], f"model {MISSING}"),
+    (["rollout", "--train-set", f"{MISSING}.parquet", REWARD, "run.output_dir={tmp}/r"], "No such file or directory"),
+    (["launch", "--train-set", f"{MISSING}.parquet", REWARD, "run.output_dir={tmp}/l"], f"train set {MISSING}.parquet"),
+    (["launch", "--train-set", HELDOUT, f"model.path={MISSING}", REWARD, "run.output_dir={tmp}/l"], f"model {MISSING}"),
     (["generate", "--model", MISSING, "--prompt", "hi"], f"{MISSING}: no such"),
     (["generate", "--model", STORIES, "--prompts-file", f"{MISSING}.txt"], "No such file or directory"),
     (["quickstart", "--config", f"{MISSING}.yaml", "--output", "{tmp}/q"], "config file not found"),

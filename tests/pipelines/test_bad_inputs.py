@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 STORIES = str(REPO / "pipelines" / "assets" / "stories260K")
 HELDOUT = str(REPO / "pipelines" / "assets" / "story_task" / "heldout.jsonl")
 MISSING = "/nonexistent/rlax-input"
+REWARD = "loop.rewards.terms={story_word: 1.0}"  # the loop names its reward; these cases are about inputs
 
 
 def _files(tmp: Path) -> dict[str, str]:
@@ -47,9 +48,9 @@ CASES = [
      "weights:{store}@4: no model template {store}/model/config.json"),
     ("evaluate-checkpoint", ["evaluate", "--model", "checkpoint:{ckpt}@7", "--eval-set", HELDOUT, "--output", "{tmp}/e"],
      "checkpoint:{ckpt}@7: no model template"),
-    ("rollout-wrong-schema", ["rollout", "--train-set", "{other.jsonl}", "run.output_dir={tmp}/r"],
+    ("rollout-wrong-schema", ["rollout", "--train-set", "{other.jsonl}", REWARD, "run.output_dir={tmp}/r"],
      "not Example rows (no id, prompt, task; found label, question)"),
-    ("launch-wrong-schema", ["launch", "--train-set", "{other.jsonl}", "run.output_dir={tmp}/l"],
+    ("launch-wrong-schema", ["launch", "--train-set", "{other.jsonl}", REWARD, "run.output_dir={tmp}/l"],
      "train set {other.jsonl}: not Example rows"),
     # not refused before work started, before
     ("launch-negative-timeout", ["launch", "--timeout-s", "-1", "--train-set", HELDOUT], "--timeout-s: seconds > 0, got -1"),
@@ -63,8 +64,8 @@ CASES = [
                                "{tmp}/none", "--output", "{tmp}/rh"],
      "{tmp}/none/math/*.jsonl (a checkout has them in tests/fixtures/data; give --data FOLDER)"),
     # one refusal for one mistake: a loop without a train set, in rollout and in launch alike
-    ("rollout-no-train-set", ["rollout", "run.output_dir={tmp}/r"], "config error: loop.train_set: say which prompts"),
-    ("launch-no-train-set", ["launch", "run.output_dir={tmp}/l"], "config error: loop.train_set: say which prompts"),
+    ("rollout-no-train-set", ["rollout", REWARD, "run.output_dir={tmp}/r"], "config error: loop.train_set: say which prompts"),
+    ("launch-no-train-set", ["launch", REWARD, "run.output_dir={tmp}/l"], "config error: loop.train_set: say which prompts"),
 ]
 
 

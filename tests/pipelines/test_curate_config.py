@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.config import load_section
 from pipelines.curate import resolve_config
 from pipelines.evaluate import EvaluateConfig
 from pipelines.filter_difficulty import FilterConfig
@@ -14,13 +15,15 @@ from rlax_core.data.curation import CurateConfig
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("pattern,cls", [("curate_*.yaml", CurateConfig), ("filter_*.yaml", FilterConfig),
-                                         ("evaluate_*.yaml", EvaluateConfig)])
-def test_example_configs_load(pattern, cls):
-    files = sorted(CONFIGS.glob(pattern))
+@pytest.mark.parametrize("section,cls", [("curate", CurateConfig), ("filter", FilterConfig),
+                                         ("evaluate", EvaluateConfig)])
+def test_example_configs_load(section, cls):
+    """A section file (``filter_stories260k.yaml``) or a run config with a ``beam:`` section
+    (``filter_dataflow_gpu.yaml``) loads as its command loads it."""
+    files = sorted(CONFIGS.glob(f"{section}_*.yaml"))
     assert files
     for path in files:
-        load_config(path, [], cls)
+        assert isinstance(getattr(load_section(path, [], section), section), cls), path
 
 
 def _curate_args(**kwargs):
