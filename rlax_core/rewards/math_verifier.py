@@ -29,6 +29,7 @@ import atexit
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import queue
 import signal
@@ -45,6 +46,8 @@ from rlax_core.rewards.math_worker import READY, SPAWN, recv_frame, send_frame
 from rlax_core.rewards.math_symbolic import verdict
 from rlax_core.rewards.quantities import (MAGNITUDE_WORD, plain_number, quantities_equal, read_quantity, strip_answer,
                                           word_that_is_no_unit)
+
+log = logging.getLogger(__name__)
 
 MATH_REASONS = ("exact", "numeric", "symbolic", "not_equal", "timeout", "too_long", "error")
 EQUAL_REASONS = ("exact", "numeric", "symbolic")
@@ -124,9 +127,14 @@ class _WorkerParent:
         with self._lock:
             self._control.sendall(SPAWN)
             pid, fds, _, _ = socket.recv_fds(self._control, 32, 1)
+        if not pid and not fds:
+            raise ConnectionResetError("the math worker parent closed its socket")
         if not fds:
             raise RuntimeError(f"the math worker parent sent no worker ({pid!r})")
         return _Worker(int(pid), socket.socket(fileno=fds[0]))
+
+    def exit_status(self) -> int | None:
+        return self._process.poll()
 
     def close(self) -> None:
         self._control.close()  # the parent kills its process group, workers included, when this closes
@@ -193,6 +201,21 @@ class MathVerifier:
                 return MathResult(False, "not_equal")
         return None
 
+    def _spawn(self) -> "_Worker":
+        """A worker from the warm parent; a parent found gone (killed, or its socket closed) is replaced
+        once, so that one lost helper process costs a start-up, not the batch."""
+        parent = self._parent
+        try:
+            return parent.spawn()
+        except OSError:  # ECONNRESET, EPIPE, a closed socket: the parent is gone
+            with self._lock:
+                if self._parent is parent:
+                    log.warning("the math worker parent is gone (exit status %s); starting another",
+                                parent.exit_status())
+                    parent.close()
+                    self._parent = _WorkerParent(self.config.memory_bytes, self.config.startup_seconds)
+            return self._parent.spawn()
+
     def _drain(self, pending: collections.deque, results: list, lock: threading.Lock) -> None:
         """Runs pending comparisons on one worker, a few per exchange, until none is left."""
         worker = self._slots.get(timeout=_SPAWN_SECONDS)  # never waits: one worker per thread
@@ -203,7 +226,7 @@ class MathVerifier:
                     batch = [pending.popleft() for _ in range(count)]
                 if not batch:
                     return
-                worker = worker or self._parent.spawn()  # a failed fork raises: the parent is gone
+                worker = worker or self._spawn()
                 done = self._exchange(worker, batch, results)
                 if done < len(batch):  # the worker was killed at batch[done]; the rest go to its successor
                     worker = None

@@ -76,7 +76,13 @@ def _serve(conn: socket.socket, memory_bytes: int) -> None:
 
 def _fork_worker(control: socket.socket, memory_bytes: int) -> None:
     ours, theirs = socket.socketpair()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as error:  # EAGAIN or ENOMEM on a loaded host: this request fails, the server stays
+        ours.close()
+        theirs.close()
+        socket.send_fds(control, [f"fork failed: {error}".encode()], [])
+        return
     if pid == 0:
         status = 1
         try:

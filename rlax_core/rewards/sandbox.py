@@ -179,11 +179,20 @@ class _Launcher:
     def get(cls, python: str) -> "_Launcher":
         with cls._lock:
             current = cls._current
-            if current is None or current.owner != os.getpid() or current.process.poll() is not None:
+            if current is None or current.owner != os.getpid() or not current.alive():
                 if current is None:
                     atexit.register(cls._close_current)
                 cls._current = current = cls(python)
             return current
+
+    def alive(self) -> bool:
+        """Running, and its end of the socket open: the server never writes to it, so anything to read
+        (end of file) or a hang-up means it is gone, even before its exit status is there to poll."""
+        if self.process.poll() is not None:
+            return False
+        poller = select.poll()
+        poller.register(self.socket, select.POLLIN | select.POLLHUP | select.POLLERR)
+        return not poller.poll(0)
 
     @classmethod
     def _close_current(cls) -> None:

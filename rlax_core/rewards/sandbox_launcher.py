@@ -373,7 +373,10 @@ def serve(control: int) -> None:
             continue
         if not message and not fds:
             return
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # EAGAIN or ENOMEM on a loaded host: closing the fds fails this job alone
+            pid = -1
         if pid == 0:
             status = 0
             try:

@@ -210,3 +210,18 @@ def test_workers_end_when_their_caller_is_killed(tmp_path):
     while _live_processes_in_group(group) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _live_processes_in_group(group)
+
+
+def test_a_worker_parent_killed_between_calls_is_replaced():
+    import os
+
+    with MathVerifier(MathVerifierConfig(workers=1, timeout_seconds=10.0)) as verifier:
+        assert verifier.compare("\\frac{1}{2}", "0.5").equal
+        parent = verifier._parent
+        os.killpg(parent._process.pid, signal.SIGKILL)  # the parent and its workers, as a stray kill would
+        parent._process.wait(timeout=10)
+        # The slot's worker died with it: its comparison may come back as an error, never a raise; the
+        # next one is served by a fresh parent's worker.
+        verifier.compare("\\sqrt{4}", "2")
+        assert verifier.compare("\\frac{1}{3}", "\\frac{2}{6}").equal
+        assert verifier._parent is not parent
