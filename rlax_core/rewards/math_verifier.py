@@ -108,7 +108,8 @@ class _WorkerParent:
             # -c, not -m: the package (imported first) already holds the module, which runpy warns about
             [sys.executable, "-c", f"import sys; from {WORKER_MODULE} import main; main(sys.argv[1:])",
              str(theirs.fileno()), str(memory_bytes)],
-            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            # cwd "/": it outlives the caller's working folder, which may be a temporary one deleted later.
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd="/")
         theirs.close()
         self._control = ours
         self._lock = threading.Lock()

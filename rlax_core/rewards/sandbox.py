@@ -168,9 +168,10 @@ class _Launcher:
     _current: "_Launcher | None" = None
 
     def __init__(self, python: str):
+        # cwd "/": it outlives the caller's working folder (a test's or job's temporary one may be deleted).
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.process = subprocess.Popen([python, "-I", "-S", "-B", str(LAUNCHER), "--serve", str(theirs.fileno())],
-                                        pass_fds=(theirs.fileno(),), env={}, start_new_session=True,
+                                        pass_fds=(theirs.fileno(),), env={}, start_new_session=True, cwd="/",
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
         self.socket, self.owner = ours, os.getpid()
