@@ -116,10 +116,10 @@ def test_the_folder_stays_held_while_a_job_outlives_its_owner(tmp_path):
 
 
 def test_resume_on_a_live_folder_is_refused_before_the_heavy_imports(owner, tmp_path):
-    from tests.foundation.test_run_folder import _rlax_light
+    from tests.foundation.test_run_folder import rlax_light
 
     process, _, _ = owner
-    done = _rlax_light("launch", "--resume", "--output", str(tmp_path / "run"), cwd=tmp_path)
+    done = rlax_light("launch", "--resume", "--output", str(tmp_path / "run"), cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("rlax launch: config error: --output: ") and f"pid {process.pid}" in line, line

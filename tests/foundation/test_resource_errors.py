@@ -5,16 +5,15 @@ mounted in a user and mount namespace of the test's own (``unshare -Urm``: no ro
 """
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from pipelines.launch import start, start_command, wait_for_trainer
 from rlax_core.utils.resources import ResourceError, resource_failure, resource_failure_in_log
+from tests.support.namespaces import can_mount_a_tmpfs
 
 REPO = Path(__file__).resolve().parents[2]
 HELDOUT = str(REPO / "pipelines" / "assets" / "story_task" / "heldout.jsonl")
@@ -24,15 +23,6 @@ def _write_to_full_device():
     handle = open("/dev/full", "w")
     handle.write("x" * 100)
     handle.flush()
-
-
-def _can_mount_a_tmpfs() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    with tempfile.TemporaryDirectory() as folder:
-        done = subprocess.run(["unshare", "-Urm", "mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", folder],
-                              capture_output=True, timeout=30)
-    return done.returncode == 0
 
 
 def test_a_wrapped_enospc_names_the_file_and_the_process():
@@ -62,7 +52,7 @@ def test_a_runner_s_text_is_read_and_a_job_s_line_read_back_from_its_log(tmp_pat
     assert resource_failure_in_log("exited with code 1\n") is None
 
 
-@pytest.mark.skipif(not _can_mount_a_tmpfs(), reason="no user namespaces here to mount a tiny tmpfs in")
+@pytest.mark.skipif(not can_mount_a_tmpfs(), reason="no user namespaces here to mount a tiny tmpfs in")
 def test_a_command_on_a_full_file_system_says_enospc_and_the_output_in_one_line(tmp_path):
     full = tmp_path / "full"
     full.mkdir()

@@ -29,7 +29,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _rlax_light(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+def rlax_light(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-c", BLOCK_HEAVY, *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -62,7 +62,7 @@ def test_a_used_output_is_refused_before_the_heavy_imports(tmp_path, command):
     used = tmp_path / "used"
     used.mkdir()
     (used / "report.json").write_text("{}")
-    done = _rlax_light(command, "--output", str(used), cwd=tmp_path)
+    done = rlax_light(command, "--output", str(used), cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     (line,) = done.stderr.strip().splitlines()
     assert "already holds a run" in line and "--resume" in line and "imported before" not in done.stderr
@@ -71,12 +71,12 @@ def test_a_used_output_is_refused_before_the_heavy_imports(tmp_path, command):
 @pytest.mark.parametrize("command", ["quickstart", "launch", "train"])
 def test_an_unusable_output_is_reported_at_once(tmp_path, command):
     (tmp_path / "file").write_text("x")
-    done = _rlax_light(command, "--output", str(tmp_path / "file" / "out"), cwd=tmp_path)
+    done = rlax_light(command, "--output", str(tmp_path / "file" / "out"), cwd=tmp_path)
     assert done.returncode == 2 and "cannot write" in done.stderr and "imported before" not in done.stderr, done.stderr
 
 
 def test_version(tmp_path):
-    done = _rlax_light("--version", cwd=tmp_path)  # at once: no subcommand module is loaded
+    done = rlax_light("--version", cwd=tmp_path)  # at once: no subcommand module is loaded
     assert done.returncode == 0 and done.stdout.startswith("rlax ") and str(REPO / "pipelines") in done.stdout, done
 
 

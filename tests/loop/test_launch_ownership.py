@@ -86,9 +86,9 @@ def test_a_sigkilled_launch_leaves_no_live_job_and_a_live_one_refuses_resume(tmp
 def test_a_launch_whose_weights_fill_their_disk_names_enospc_the_path_and_the_job_first(tmp_path):
     """The weight store on a 64 KiB tmpfs (a mount namespace of the test's own): the trainer's first
     publish fills it; the launch's one line names the job, ENOSPC and the path, not "exited with code 1"."""
-    from tests.foundation.test_resource_errors import _can_mount_a_tmpfs
+    from tests.support.namespaces import can_mount_a_tmpfs
 
-    if not _can_mount_a_tmpfs():
+    if not can_mount_a_tmpfs():
         pytest.skip("no user namespaces here to mount a tiny tmpfs in")
     train_set = tmp_path / "train.jsonl"
     write_jsonl(story_examples("train", 8), train_set)
