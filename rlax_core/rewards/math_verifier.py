@@ -101,6 +101,9 @@ class _WorkerParent:
 
     def __init__(self, memory_bytes: int, startup_seconds: float):
         ours, theirs = socket.socketpair()
+        # Blocking whatever socket.getdefaulttimeout() is (Beam's GCS credentials set it to 60 s for the
+        # whole process): the parent would inherit O_NONBLOCK and end at its first recv with nothing queued.
+        theirs.setblocking(True)
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root,
                                                                          os.environ.get("PYTHONPATH")]))}

@@ -102,6 +102,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 2:
         sys.exit("usage: main([CONTROL_FD, MEMORY_BYTES]), CONTROL_FD a Unix socket")
     control = socket.socket(fileno=int(argv[0]))
+    control.setblocking(True)  # the file may come O_NONBLOCK from a caller with a default socket timeout
     memory_bytes = int(argv[1])
     from rlax_core.rewards.math_symbolic import verdict
 

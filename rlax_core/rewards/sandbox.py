@@ -170,6 +170,11 @@ class _Launcher:
     def __init__(self, python: str):
         # cwd "/": it outlives the caller's working folder (a test's or job's temporary one may be deleted).
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Blocking whatever socket.getdefaulttimeout() is (Beam's GCS credentials set it to 60 s for the
+        # whole process): a socket made under a default timeout is O_NONBLOCK, a flag of the open file
+        # that the server would inherit, and its first recv with nothing queued would end it (EAGAIN).
+        ours.setblocking(True)
+        theirs.setblocking(True)
         self.process = subprocess.Popen([python, "-I", "-S", "-B", str(LAUNCHER), "--serve", str(theirs.fileno())],
                                         pass_fds=(theirs.fileno(),), env={}, start_new_session=True, cwd="/",
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -366,6 +366,7 @@ def serve(control: int) -> None:
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     channel = socket.socket(fileno=control)
+    channel.setblocking(True)  # the file may come O_NONBLOCK from a caller with a default socket timeout
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(channel, 16, 64)
