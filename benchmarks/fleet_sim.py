@@ -23,6 +23,15 @@ busy fraction and the staleness histogram.
     python benchmarks/fleet_sim.py                  # runs rollout_scaling.py itself first
 
 Prints one JSON object (and, with ``--markdown``, the table as Markdown after it).
+
+With ``--compiled`` it predicts a production recipe's fleet from its compiled programs instead
+(``pipelines/fleet.py``, ``rlax_core/fleet/compiled.py``): per-chip decode, prefill and update
+seconds from ``rlax compile --json``'s cost analysis, the weight sync from bytes over the host
+network, the mean prompt and completion lengths assumed. The baseline beside it, in the same run,
+is the same fleet with k = 0:
+
+    .venv-tpu/bin/rlax compile --config configs/qwq32b_code_tpu_1024.yaml --json runs/compile-qwq32b.json
+    python benchmarks/fleet_sim.py --compiled runs/compile-qwq32b.json [--completion-fraction 0.5] [--markdown]
 """
 
 from __future__ import annotations
@@ -117,8 +126,45 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def compiled_markdown(result: dict) -> str:
+    lines = ["| setting | k | s per step | rollout tokens/s | trainer idle | workers busy | staleness 0 / 1 / 2 |",
+             "|---|---|---|---|---|---|---|"]
+    for name in ("prediction", "baseline_k0"):
+        r = result[name]
+        lags = " / ".join(f"{r['staleness'].get(str(lag), 0.0):.2f}" for lag in STALENESS)
+        lines.append(f"| {name} | {r['inputs']['max_staleness']['value']} | {r['seconds_per_step']:,.3g} | "
+                     f"{r['rollout_tokens_per_s']:,.0f} | {r['trainer_idle_fraction']:.2f} | "
+                     f"{r['worker_busy_fraction']:.2f} | {lags} |")
+    return "\n".join(lines)
+
+
+def main_compiled(args: argparse.Namespace) -> None:
+    from pipelines.fleet import predict_from_reports
+
+    try:
+        result = predict_from_reports(args.compiled, args.prompt_tokens, args.completion_fraction,
+                                      args.host_network_gbps * 1e9 / 8)
+    except ValueError as error:
+        raise SystemExit(f"fleet_sim: {error}")
+    print(json.dumps({"benchmark": "fleet_sim_compiled", **result,
+                      "load_average": [round(x, 2) for x in os.getloadavg()]}, indent=2))
+    if args.markdown:
+        print(compiled_markdown(result))
+
+
 def main() -> None:
+    from rlax_core.fleet.compiled import HOST_NETWORK_BYTES_PER_S
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--compiled", nargs="+", metavar="REPORT",
+                        help="predict from `rlax compile --json` reports instead (the first names the recipe; "
+                             "a role's programs come from the first report that has them)")
+    parser.add_argument("--prompt-tokens", type=int, help="with --compiled: mean prompt length (assumed; "
+                        "default: the smallest prefill bucket)")
+    parser.add_argument("--completion-fraction", type=float, default=0.5,
+                        help="with --compiled: mean completion length as a fraction of max_new_tokens (assumed)")
+    parser.add_argument("--host-network-gbps", type=float, default=HOST_NETWORK_BYTES_PER_S * 8 / 1e9,
+                        help="with --compiled: a TPU VM's network bandwidth (default: v5e's published 2 x 100 Gbps)")
     parser.add_argument("--scaling", help="benchmarks/rollout_scaling.py's JSON output (default: run it now)")
     parser.add_argument("--trainer-s-per-group", type=float, default=0.15 / 8,
                         help="trainer seconds per group of a step (default: 0.15 s / 8 groups, docs/training.md)")
@@ -127,6 +173,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps simulated per configuration (a fifth warm up)")
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     args = parser.parse_args()
+    if args.compiled:
+        return main_compiled(args)
     if args.scaling:
         try:
             scaling = json.loads(Path(args.scaling).read_text())

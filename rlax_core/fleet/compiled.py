@@ -1,0 +1,179 @@
+"""The fleet simulator fed by the compiler: generation and update costs from ``rlax compile --json``.
+
+    costs = read_compiled_costs(json.load(open("runs/compile-qwq32b.json")))
+    prediction = predict(costs, shape)          # shape: the recipe's numbers (``FleetShape``)
+
+Each cost is a roofline time, ``max(FLOPs / peak FLOP/s, bytes accessed / HBM bandwidth)`` of one
+chip's compiled program (``rlax_core.compile.report``); the chips of one engine replica or of the
+trainer slice run their programs in step, so a program's time per chip is the replica's time.
+
+* Decode: XLA counts a loop body once, so the decode program's figure is one decode step of every
+  slot. The engine reserves a sequence's pages for its whole budget (prompt + ``max_new_tokens``)
+  when it admits it, so the sequences decoding at once are ``min(num_slots, num_pages // pages per
+  budget)``; one step yields a token for each of them.
+* Prefill: the samples of one prompt share one prefill (the engine copies the first sample's pages),
+  so a group costs one row of the prefill program at the smallest compiled bucket holding its prompt.
+* Update: the trainer's step is a scan over micro-batches, counted once by XLA: the step is
+  ``micro_batches`` times the program's figure (the optimizer update, outside the scan, is counted
+  with each: a small overestimate).
+* Weight sync: the published weights' bytes over the host network, written by the trainer's hosts
+  together and read whole by each rollout host: ``bytes / (trainer_hosts x bandwidth) + bytes /
+  bandwidth``.
+
+What the compiler cannot know is assumed and named as such: the mean prompt and completion lengths,
+the host network bandwidth. Scoring (rewards) is assumed to overlap generation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from rlax_core.fleet.simulate import FleetParams, simulate
+
+# The program names ``rlax_core.compile.programs`` gives: "prefill 8x1024", "decode 256 slots x 16 steps (tpu)".
+_PREFILL = re.compile(r"^prefill (\d+)x(\d+)$")
+_DECODE = re.compile(r"^decode (\d+) slots x (\d+) steps")
+
+# Bytes per second of one TPU VM's data-centre network: 2 x 100 Gbps NICs per host, as published for
+# v5e hosts (https://cloud.google.com/tpu/docs/v5e, "Per-host NIC configuration"); assumed for the
+# other hosts, whose published figures this module does not carry.
+HOST_NETWORK_BYTES_PER_S = 2 * 100e9 / 8
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledCosts:
+    """Roofline seconds of one replica's compiled programs, read from an ``rlax compile`` report."""
+
+    rollout_chip: str
+    trainer_chip: str
+    decode_step_s: float  # one decode step of every slot of one engine replica
+    decode_slots: int
+    prefill_s: dict[int, tuple[int, float]]  # prompt bucket -> (rows per call, seconds per call)
+    update_micro_batch_s: float  # one micro-batch of the trainer's update step
+
+    def prefill_for(self, prompt_tokens: int) -> tuple[int, int, float]:
+        """(bucket, rows per call, seconds per call) of the smallest bucket that holds the prompt."""
+        buckets = sorted(self.prefill_s)
+        bucket = next((b for b in buckets if b >= prompt_tokens), buckets[-1])
+        return (bucket, *self.prefill_s[bucket])
+
+
+def read_compiled_costs(report: dict[str, Any], role: str = "rollout") -> CompiledCosts:
+    """The rollout engine's decode and prefill and the trainer's update from ``rlax compile --json``.
+
+    Raises ``ValueError`` naming what is missing (a program not compiled, a role not in the report)."""
+    programs = report.get("programs")
+    if not isinstance(programs, list):
+        raise ValueError("not an `rlax compile --json` report: no list of programs")
+    compiled = [p for p in programs if p.get("compiled") and p.get("roofline_s") is not None]
+    decode = [p for p in compiled if p["role"] == role and _DECODE.match(p["program"])]
+    prefill = {}
+    for p in compiled:
+        match = _PREFILL.match(p["program"]) if p["role"] == role else None
+        if match:
+            prefill[int(match.group(2))] = (int(match.group(1)), float(p["roofline_s"]))
+    update = [p for p in compiled if p["role"] == "trainer"]
+    missing = [name for name, found in (("a compiled decode program of role " + role, decode),
+                                        ("a compiled prefill program of role " + role, prefill),
+                                        ("the trainer's compiled update step", update)) if not found]
+    if missing:
+        raise ValueError(f"the compile report {report.get('config', '')!r} lacks {'; '.join(missing)} "
+                         "(compile the recipe's rollout and trainer roles: rlax compile --roles rollout,trainer)")
+    return CompiledCosts(
+        rollout_chip=decode[0]["chip"], trainer_chip=update[0]["chip"],
+        decode_step_s=float(decode[0]["roofline_s"]), decode_slots=int(_DECODE.match(decode[0]["program"]).group(1)),
+        prefill_s=prefill, update_micro_batch_s=float(update[0]["roofline_s"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetShape:
+    """A recipe's numbers the simulator needs beside the compiled costs; ``*_tokens`` means are assumed."""
+
+    rollout_workers: int  # engine replicas (one per rollout host)
+    trainer_hosts: int
+    groups_per_step: int
+    samples_per_prompt: int  # G
+    max_staleness: int  # k
+    micro_batches: int
+    num_slots: int
+    num_pages: int
+    page_size: int
+    max_new_tokens: int
+    prompt_tokens: int  # mean prompt length (assumed)
+    completion_tokens: int  # mean completion length (assumed)
+    weight_bytes: int  # the published weights
+    host_network_bytes_per_s: float = HOST_NETWORK_BYTES_PER_S
+
+    def __post_init__(self):
+        positive = ("rollout_workers", "trainer_hosts", "groups_per_step", "samples_per_prompt", "micro_batches",
+                    "num_slots", "num_pages", "page_size", "max_new_tokens", "prompt_tokens", "weight_bytes",
+                    "host_network_bytes_per_s")
+        bad = [name for name in positive if not getattr(self, name) > 0]
+        if self.max_staleness < 0:
+            bad.append("max_staleness")
+        if not 0 < self.completion_tokens <= self.max_new_tokens:
+            bad.append(f"completion_tokens (1 .. max_new_tokens={self.max_new_tokens})")
+        if bad:
+            raise ValueError(f"FleetShape: out of range: {', '.join(bad)}")
+
+    @property
+    def concurrent_sequences(self) -> int:
+        """Sequences an engine decodes at once: its slots, or fewer when the KV pool cannot reserve
+        every slot's budget (prompt + max_new_tokens, whole pages)."""
+        pages_per_sequence = -(-(self.prompt_tokens + self.max_new_tokens) // self.page_size)
+        return max(1, min(self.num_slots, self.num_pages // pages_per_sequence))
+
+
+def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> FleetParams:
+    """The simulator's inputs: per-token and per-group seconds of one replica, the trainer's step and
+    the weight sync, all from ``costs`` and ``shape`` (the module docstring says how)."""
+    concurrent = min(shape.concurrent_sequences, costs.decode_slots)
+    _, rows, prefill_call_s = costs.prefill_for(shape.prompt_tokens)
+    sync_s = (shape.weight_bytes / (shape.trainer_hosts * shape.host_network_bytes_per_s)
+              + shape.weight_bytes / shape.host_network_bytes_per_s)
+    return FleetParams(
+        workers=shape.rollout_workers, max_staleness=shape.max_staleness, groups_per_step=shape.groups_per_step,
+        seconds_per_token=costs.decode_step_s / concurrent,
+        tokens_per_group=shape.samples_per_prompt * shape.completion_tokens,
+        trainer_step_s=shape.micro_batches * costs.update_micro_batch_s, weight_sync_s=sync_s,
+        groups_per_call=max(1, shape.num_slots // shape.samples_per_prompt),
+        group_overhead_s=prefill_call_s / rows, steps=steps, warmup_steps=steps // 5)
+
+
+def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> dict[str, Any]:
+    """Seconds per step, rollout tokens/s, trainer idle fraction and staleness of the simulated fleet,
+    with every input and where it comes from (compiled, recipe or assumed)."""
+    params = fleet_params(costs, shape, steps)
+    result = simulate(params)
+    bucket, rows, prefill_call_s = costs.prefill_for(shape.prompt_tokens)
+    trained = sum(result.staleness.values())
+    return {
+        "inputs": {
+            "decode_step_s": {"value": costs.decode_step_s, "from": f"compiled: decode of {costs.decode_slots} slots "
+                                                                       f"on {costs.rollout_chip}, roofline"},
+            "concurrent_sequences": {"value": min(shape.concurrent_sequences, costs.decode_slots),
+                                     "from": "recipe: slots, and pages reserved per prompt + max_new_tokens"},
+            "prefill_per_group_s": {"value": prefill_call_s / rows,
+                                    "from": f"compiled: prefill {rows}x{bucket} on {costs.rollout_chip}, one row"},
+            "update_micro_batch_s": {"value": costs.update_micro_batch_s,
+                                     "from": f"compiled: update step on {costs.trainer_chip}, roofline"},
+            "trainer_step_s": {"value": params.trainer_step_s,
+                               "from": f"compiled: the update's roofline x {shape.micro_batches} micro-batches"},
+            "weight_sync_s": {"value": params.weight_sync_s, "from": f"recipe: {shape.weight_bytes} bytes; assumed: "
+                              f"{shape.host_network_bytes_per_s * 8 / 1e9:g} Gbps per host"},
+            "prompt_tokens": {"value": shape.prompt_tokens, "from": "assumed"},
+            "completion_tokens": {"value": shape.completion_tokens, "from": "assumed"},
+            "workers": {"value": shape.rollout_workers, "from": "recipe"},
+            "groups_per_step": {"value": shape.groups_per_step, "from": "recipe"},
+            "max_staleness": {"value": shape.max_staleness, "from": "recipe"},
+        },
+        "seconds_per_step": result.seconds_per_step,
+        "rollout_tokens_per_s": result.groups_per_s * params.tokens_per_group,
+        "groups_per_s": result.groups_per_s,
+        "trainer_idle_fraction": result.trainer_idle_fraction,
+        "worker_busy_fraction": result.worker_busy_fraction,
+        "staleness": {str(lag): n / trained for lag, n in result.staleness.items()},
+        "generation_s_per_step_one_worker": params.groups_per_step * params.seconds_per_group,
+    }

@@ -1,0 +1,134 @@
+"""The simulator fed by compiled costs, on a real compile report of the small Qwen2-shaped recipe.
+
+The fixture ``tests/fixtures/compile/small_qwen2_tpu.compiled.json`` is the unedited output of
+``.venv-tpu/bin/rlax compile --config tests/fixtures/compile/small_qwen2_tpu.yaml --json ...``
+(libtpu's compiler, no TPU; docs/fleet.md says when and at what load). Reading it needs no libtpu.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import load_run_config
+from pipelines.fleet import fleet_shape, predict_from_reports, read_reports
+from rlax_core.fleet.compiled import FleetShape, fleet_params, read_compiled_costs
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "tests" / "fixtures" / "compile" / "small_qwen2_tpu.compiled.json"
+
+
+@pytest.fixture
+def report():
+    return json.loads(FIXTURE.read_text())
+
+
+@pytest.fixture
+def shape(monkeypatch):
+    monkeypatch.chdir(REPO)  # the report names its recipe relative to the repository
+    return fleet_shape(load_run_config(json.loads(FIXTURE.read_text())["config"]))
+
+
+def test_the_costs_are_the_compiled_programs_rooflines(report):
+    costs = read_compiled_costs(report)
+    by_name = {(p["role"], p["program"]): p for p in report["programs"]}
+    assert costs.decode_step_s == by_name[("rollout", "decode 8 slots x 16 steps (tpu)")]["roofline_s"]
+    assert costs.decode_slots == 8
+    assert costs.prefill_s == {64: (4, by_name[("rollout", "prefill 4x64")]["roofline_s"]),
+                               128: (4, by_name[("rollout", "prefill 4x128")]["roofline_s"])}
+    assert costs.update_micro_batch_s == by_name[("trainer", "update step")]["roofline_s"]
+    assert (costs.rollout_chip, costs.trainer_chip) == ("v5e", "v5p")
+    assert costs.prefill_for(65)[:2] == (128, 4) and costs.prefill_for(64)[0] == 64
+    assert costs.prefill_for(4096)[0] == 128  # longer than every bucket: the largest
+
+
+def test_the_recipes_numbers_and_the_assumed_lengths(shape):
+    assert (shape.rollout_workers, shape.trainer_hosts, shape.groups_per_step, shape.samples_per_prompt) == (1, 1, 2, 8)
+    assert (shape.prompt_tokens, shape.completion_tokens) == (64, 192)  # smallest bucket; half of 384 new tokens
+    assert shape.micro_batches == 2 and shape.max_staleness == 1
+
+
+def test_the_simulators_inputs_follow_from_the_compiled_costs(report, shape):
+    costs = read_compiled_costs(report)
+    params = fleet_params(costs, shape)
+    assert shape.concurrent_sequences == 8  # 256 pages of 16 hold 9 budgets of 64 + 384 tokens; 8 slots
+    assert params.seconds_per_token == pytest.approx(costs.decode_step_s / 8)
+    assert params.tokens_per_group == 8 * 192
+    assert params.group_overhead_s == pytest.approx(costs.prefill_s[64][1] / 4)  # one prefill row per group
+    assert params.trainer_step_s == pytest.approx(2 * costs.update_micro_batch_s)
+    network = shape.host_network_bytes_per_s
+    assert params.weight_sync_s == pytest.approx(shape.weight_bytes / network * (1 + 1 / shape.trainer_hosts))
+    assert params.groups_per_call == 1  # 8 slots / 8 samples
+
+
+def test_a_kv_pool_too_small_for_every_slots_budget_decodes_fewer_sequences(report, shape):
+    costs = read_compiled_costs(report)
+    small_pool = dataclasses.replace(shape, num_pages=3 * 28)  # 28 pages per 448-token budget: 3 fit
+    assert small_pool.concurrent_sequences == 3
+    assert fleet_params(costs, small_pool).seconds_per_token == pytest.approx(costs.decode_step_s / 3)
+
+
+def test_bad_shapes_are_refused_with_the_field(shape):
+    with pytest.raises(ValueError, match="completion_tokens"):
+        dataclasses.replace(shape, completion_tokens=shape.max_new_tokens + 1)
+    with pytest.raises(ValueError, match="rollout_workers"):
+        dataclasses.replace(shape, rollout_workers=0)
+
+
+def test_a_report_without_the_trainer_says_what_to_compile(report):
+    rollout_only = dict(report, programs=[p for p in report["programs"] if p["role"] != "trainer"])
+    with pytest.raises(ValueError, match="trainer's compiled update step.*--roles rollout,trainer"):
+        read_compiled_costs(rollout_only)
+    with pytest.raises(ValueError, match="not an `rlax compile --json` report"):
+        read_compiled_costs({"config": "x"})
+
+
+def test_reports_merge_role_by_role_the_first_report_naming_the_recipe(report, tmp_path):
+    rollout_only = dict(report, programs=[dict(p, roofline_s=1.0) for p in report["programs"]
+                                          if p["role"] == "rollout"], overrides=["loop.samples_per_prompt=4"])
+    first, second = tmp_path / "rollout.json", tmp_path / "full.json"
+    first.write_text(json.dumps(rollout_only))
+    second.write_text(json.dumps(report))
+    merged = read_reports([first, second])
+    assert merged["overrides"] == ["loop.samples_per_prompt=4"]
+    costs = read_compiled_costs(merged)
+    assert costs.decode_step_s == 1.0  # the first report's rollout
+    assert costs.update_micro_batch_s == read_compiled_costs(report).update_micro_batch_s  # the second's trainer
+
+
+def test_the_prediction_beats_its_synchronous_baseline_and_stays_within_k(monkeypatch):
+    monkeypatch.chdir(REPO)
+    result = predict_from_reports([FIXTURE])
+    ahead, synchronous = result["prediction"], result["baseline_k0"]
+    assert ahead["seconds_per_step"] < synchronous["seconds_per_step"]
+    assert set(ahead["staleness"]) <= {"0", "1"} and set(synchronous["staleness"]) == {"0"}
+    assert sum(ahead["staleness"].values()) == pytest.approx(1.0)
+    tokens_per_group = 8 * 192
+    assert ahead["rollout_tokens_per_s"] == pytest.approx(ahead["groups_per_s"] * tokens_per_group)
+    assert 0 <= ahead["trainer_idle_fraction"] <= 1 and 0 <= ahead["worker_busy_fraction"] <= 1
+    # one worker generating a step flat out bounds the step from below
+    assert ahead["seconds_per_step"] >= ahead["generation_s_per_step_one_worker"] * (1 - 1e-9)
+    assert {v["from"].split(":")[0] for v in ahead["inputs"].values()} >= {"compiled", "recipe", "assumed"}
+
+
+def _benchmark(monkeypatch, *args: str) -> None:
+    """``python benchmarks/fleet_sim.py ARGS``, run in this process (the subprocess would import JAX again)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["benchmarks/fleet_sim.py", *args])
+    runpy.run_path(str(REPO / "benchmarks" / "fleet_sim.py"), run_name="__main__")
+
+
+def test_the_benchmark_predicts_from_a_compile_report(monkeypatch, capsys):
+    _benchmark(monkeypatch, "--compiled", str(FIXTURE), "--markdown", "--completion-fraction", "0.25")
+    out = capsys.readouterr().out
+    payload = json.loads(out[:out.rindex("}") + 1])
+    assert payload["benchmark"] == "fleet_sim_compiled"
+    assert payload["prediction"]["inputs"]["completion_tokens"]["value"] == 96
+    assert "| prediction | 1 |" in out and "| baseline_k0 | 0 |" in out
+    with pytest.raises(SystemExit, match="cannot read the compile report no-such-report.json"):
+        _benchmark(monkeypatch, "--compiled", "no-such-report.json")
