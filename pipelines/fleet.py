@@ -11,6 +11,7 @@ rollout-only report can be paired with the recipe's full one for the trainer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -51,26 +52,30 @@ def fleet_shape(config, prompt_tokens: int | None = None, completion_fraction: f
         raise ConfigError("hardware", "the recipe names no rollout and trainer slices to simulate")
     if not 0 < completion_fraction <= 1:
         raise ConfigError("completion_fraction", f"must lie in (0, 1], not {completion_fraction}")
-    engine = config.engine
+    engine, trainer = config.engine, config.trainer
     model = read_model_config(template_of(config.model.resolved_path()))
+    layers = 1.0
+    if trainer.scan_layers:  # XLA counts the scanned block once
+        one_layer = dataclasses.replace(model, num_layers=1)
+        layers = model.flops_per_token(trainer.max_seq_len) / one_layer.flops_per_token(trainer.max_seq_len)
     dtype = (config.weights.publish_dtype if config.weights is not None else None) or config.trainer.param_dtype
     return FleetShape(
         rollout_workers=hardware.rollout.hosts, trainer_hosts=hardware.trainer.hosts,
         groups_per_step=config.trainer.groups_per_step, samples_per_prompt=config.loop.samples_per_prompt,
-        max_staleness=config.trainer.max_staleness, micro_batches=config.trainer.micro_batches,
+        max_staleness=trainer.max_staleness,
+        update_iterations=trainer.ppo_epochs * trainer.mini_batches * trainer.micro_batches,
         num_slots=engine.num_slots, num_pages=engine.num_pages, page_size=engine.page_size,
         max_new_tokens=engine.max_new_tokens,
         prompt_tokens=prompt_tokens or min(engine.prefill_buckets),
         completion_tokens=max(1, round(completion_fraction * engine.max_new_tokens)),
-        weight_bytes=model.num_params * BYTES[dtype], host_network_bytes_per_s=host_network_bytes_per_s)
+        weight_bytes=model.num_params * BYTES[dtype], layer_loop_factor=layers,
+        host_network_bytes_per_s=host_network_bytes_per_s)
 
 
 def predict_from_reports(paths: Sequence[str | Path], prompt_tokens: int | None = None,
                          completion_fraction: float = 0.5,
                          host_network_bytes_per_s: float = HOST_NETWORK_BYTES_PER_S) -> dict[str, Any]:
     """The prediction for the recipe the first report names, its k = 0 twin as the baseline beside it."""
-    import dataclasses
-
     from pipelines.config import load_run_config
     from rlax_core.fleet.compiled import predict
 

@@ -13,9 +13,13 @@ trainer slice run their programs in step, so a program's time per chip is the re
   budget)``; one step yields a token for each of them.
 * Prefill: the samples of one prompt share one prefill (the engine copies the first sample's pages),
   so a group costs one row of the prefill program at the smallest compiled bucket holding its prompt.
-* Update: the trainer's step is a scan over micro-batches, counted once by XLA: the step is
-  ``micro_batches`` times the program's figure (the optimizer update, outside the scan, is counted
-  with each: a small overestimate).
+* Update: the trainer's step loops over PPO epochs, mini-batches and micro-batches, and its layers
+  are one scanned block (``trainer.scan_layers``): XLA counts each loop body once, so its figure
+  is one micro-batch through one layer plus what lies outside the layer scan (embedding, logits,
+  loss, optimizer). The step is ``update_iterations x layer_loop_factor`` times the figure, where
+  ``layer_loop_factor`` is the model's forward FLOPs per token over those of the same model with one
+  layer (1 with unrolled layers): it scales the whole figure, the outside part included, so it
+  leans high.
 * Weight sync: the published weights' bytes over the host network, written by the trainer's hosts
   together and read whole by each rollout host: ``bytes / (trainer_hosts x bandwidth) + bytes /
   bandwidth``.
@@ -96,7 +100,7 @@ class FleetShape:
     groups_per_step: int
     samples_per_prompt: int  # G
     max_staleness: int  # k
-    micro_batches: int
+    update_iterations: int  # ppo_epochs x mini_batches x micro_batches: the update's loop trips
     num_slots: int
     num_pages: int
     page_size: int
@@ -104,13 +108,16 @@ class FleetShape:
     prompt_tokens: int  # mean prompt length (assumed)
     completion_tokens: int  # mean completion length (assumed)
     weight_bytes: int  # the published weights
+    layer_loop_factor: float = 1.0  # the update's layers over the one XLA counts (module docstring)
     host_network_bytes_per_s: float = HOST_NETWORK_BYTES_PER_S
 
     def __post_init__(self):
-        positive = ("rollout_workers", "trainer_hosts", "groups_per_step", "samples_per_prompt", "micro_batches",
-                    "num_slots", "num_pages", "page_size", "max_new_tokens", "prompt_tokens", "weight_bytes",
-                    "host_network_bytes_per_s")
+        positive = ("rollout_workers", "trainer_hosts", "groups_per_step", "samples_per_prompt",
+                    "update_iterations", "num_slots", "num_pages", "page_size", "max_new_tokens", "prompt_tokens",
+                    "weight_bytes", "host_network_bytes_per_s")
         bad = [name for name in positive if not getattr(self, name) > 0]
+        if not self.layer_loop_factor >= 1:
+            bad.append("layer_loop_factor (>= 1)")
         if self.max_staleness < 0:
             bad.append("max_staleness")
         if not 0 < self.completion_tokens <= self.max_new_tokens:
@@ -137,7 +144,8 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> Fl
         workers=shape.rollout_workers, max_staleness=shape.max_staleness, groups_per_step=shape.groups_per_step,
         seconds_per_token=costs.decode_step_s / concurrent,
         tokens_per_group=shape.samples_per_prompt * shape.completion_tokens,
-        trainer_step_s=shape.micro_batches * costs.update_micro_batch_s, weight_sync_s=sync_s,
+        trainer_step_s=shape.update_iterations * shape.layer_loop_factor * costs.update_micro_batch_s,
+        weight_sync_s=sync_s,
         groups_per_call=max(1, shape.num_slots // shape.samples_per_prompt),
         group_overhead_s=prefill_call_s / rows, steps=steps, warmup_steps=steps // 5)
 
@@ -160,7 +168,8 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> dict[st
             "update_micro_batch_s": {"value": costs.update_micro_batch_s,
                                      "from": f"compiled: update step on {costs.trainer_chip}, roofline"},
             "trainer_step_s": {"value": params.trainer_step_s,
-                               "from": f"compiled: the update's roofline x {shape.micro_batches} micro-batches"},
+                               "from": f"compiled: the update's roofline x {shape.update_iterations} micro-batches"
+                                       f" x {shape.layer_loop_factor:.2f} (layers)"},
             "weight_sync_s": {"value": params.weight_sync_s, "from": f"recipe: {shape.weight_bytes} bytes; assumed: "
                               f"{shape.host_network_bytes_per_s * 8 / 1e9:g} Gbps per host"},
             "prompt_tokens": {"value": shape.prompt_tokens, "from": "assumed"},

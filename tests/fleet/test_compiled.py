@@ -50,7 +50,16 @@ def test_the_costs_are_the_compiled_programs_rooflines(report):
 def test_the_recipes_numbers_and_the_assumed_lengths(shape):
     assert (shape.rollout_workers, shape.trainer_hosts, shape.groups_per_step, shape.samples_per_prompt) == (1, 1, 2, 8)
     assert (shape.prompt_tokens, shape.completion_tokens) == (64, 192)  # smallest bucket; half of 384 new tokens
-    assert shape.micro_batches == 2 and shape.max_staleness == 1
+    assert shape.update_iterations == 2 and shape.max_staleness == 1
+    # two scanned layers, XLA counting the block once: more than one layer's worth, less than two
+    # (the classifier, outside the scan, is counted once either way)
+    assert 1 < shape.layer_loop_factor < 2
+
+
+def test_unrolled_layers_are_all_in_xlas_count(monkeypatch):
+    monkeypatch.chdir(REPO)
+    config = load_run_config(json.loads(FIXTURE.read_text())["config"], ["trainer.scan_layers=false"])
+    assert fleet_shape(config).layer_loop_factor == 1.0
 
 
 def test_the_simulators_inputs_follow_from_the_compiled_costs(report, shape):
@@ -60,7 +69,7 @@ def test_the_simulators_inputs_follow_from_the_compiled_costs(report, shape):
     assert params.seconds_per_token == pytest.approx(costs.decode_step_s / 8)
     assert params.tokens_per_group == 8 * 192
     assert params.group_overhead_s == pytest.approx(costs.prefill_s[64][1] / 4)  # one prefill row per group
-    assert params.trainer_step_s == pytest.approx(2 * costs.update_micro_batch_s)
+    assert params.trainer_step_s == pytest.approx(2 * shape.layer_loop_factor * costs.update_micro_batch_s)
     network = shape.host_network_bytes_per_s
     assert params.weight_sync_s == pytest.approx(shape.weight_bytes / network * (1 + 1 / shape.trainer_hosts))
     assert params.groups_per_call == 1  # 8 slots / 8 samples
