@@ -9,7 +9,11 @@ the slice from the recipe's ``hardware:`` section, and each prints: compiled or 
 XLA's bytes per chip against the planner's figure and the chip's HBM, FLOPs, bytes accessed, XLA's
 optimal time and the roofline time, and the Pallas kernels lowered through Mosaic. ``--json`` writes
 the same as JSON. Engines of identical configuration compile once (filter and evaluate usually share
-the rollout engine's programs). Exit 1 when a program fails to compile or a role exceeds its chip's HBM.
+the rollout engine's programs; an engine that samples differently shares its prefills).
+``--roles`` and ``--programs`` (names or their beginnings: ``'prefill 4x512,decode,update step'``)
+compile a subset: a full-size program takes minutes to a quarter of an hour on a small host, and a
+role's XLA figure is then that of the programs compiled. Exit 1 when a program fails to compile or a
+role exceeds its chip's HBM.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--roles", default="rollout,trainer,filter,evaluate",
                         help="comma-separated roles to compile (default: all the recipe has)")
+    parser.add_argument("--programs", default="",
+                        help="comma-separated program names or their beginnings to compile, e.g. "
+                             "'prefill 4x512,decode,update step' (default: every program of the roles)")
     parser.add_argument("--json", dest="json_path", help="also write the reports to this JSON file")
 
 
@@ -81,8 +88,14 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
     return out
 
 
-def compile_roles(config, roles) -> tuple[list, dict, dict]:
-    """Compile each role's programs: (reports, HBM bytes per role, planned bytes per role)."""
+def selected(name: str, programs: tuple[str, ...]) -> bool:
+    """Whether ``--programs`` names the program ``name`` (by its whole name or a beginning of it)."""
+    return not programs or any(name.startswith(wanted) for wanted in programs)
+
+
+def compile_roles(config, roles, programs_wanted: tuple[str, ...] = ()) -> tuple[list, dict, dict]:
+    """Compile each role's programs (those ``programs_wanted`` names; all when empty): (reports, HBM
+    bytes per role, planned bytes per role)."""
     from rlax_core.compile.report import ProgramReport, compile_program
     from rlax_core.compile.topology import topology_name
     from rlax_core.planning.hardware import TPU_CHIPS
@@ -96,19 +109,19 @@ def compile_roles(config, roles) -> tuple[list, dict, dict]:
             continue
         chips = slice_.chips if role == "trainer" else slice_.chips_per_host
         topology = topology_name(slice_.chip, chips)
-        if engine_key is not None and engine_key in done:  # the same engine: the same programs
-            reports += [dataclasses.replace(r, role=role) for r in done[engine_key]]
-            log.info("%s: the same engine as %s; its programs are not compiled twice", role, done[engine_key][0].role)
-            continue
-        mine = []
-        for program in programs():
+        for program in (p for p in programs() if selected(p.name, programs_wanted)):
+            # An engine of the same model, configuration, dtype and slice runs the same prefill
+            # whatever it samples with, and the same decode when it samples alike: compiled once.
+            key = (role if engine_key is None else engine_key[:3] + engine_key[4:], program.name, program.sampling_mode)
+            if key in done:
+                reports.append(dataclasses.replace(done[key], role=role))
+                log.info("%s: %s is %s's program; not compiled twice", role, program.name, done[key].role)
+                continue
             log.info("compiling %s: %s for %s", role, program.name, topology)
             report = compile_program(program, slice_.chip, topology)
             log.info("%s: %s", program.name, f"{report.compile_s:.0f} s" if report.compiled else report.error)
-            mine.append(report)
-        reports += mine
-        if engine_key is not None:
-            done[engine_key] = mine
+            reports.append(report)
+            done[key] = report
     return reports, hbm, planned
 
 
@@ -135,7 +148,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         raise ConfigError("", "rlax compile needs --config RECIPE (a recipe with a hardware: section)")
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
     config = load_run_config(args.config, args.overrides)
-    reports, hbm, planned = compile_roles(config, roles)
+    wanted = tuple(name.strip() for name in args.programs.split(",") if name.strip())
+    reports, hbm, planned = compile_roles(config, roles, wanted)
+    if wanted and not reports:
+        raise ConfigError("programs", f"no program of the roles {', '.join(roles)} is named {args.programs!r}")
     incoming = {plan.role: plan.parts.get("incoming weights", 0) for plan in memory_plans(config, roles)}
     peaks = role_peaks(reports, incoming)
     print(format_table(reports, hbm, planned))
@@ -145,7 +161,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
               f"against the planner's {gib(planned[role])} ({peak / planned[role]:.2f}x) and {gib(hbm[role])} HBM")
     if args.json_path:
         with open(args.json_path, "w") as out:
-            json.dump({"config": args.config, "overrides": args.overrides, "programs": [r.to_json() for r in reports],
+            json.dump({"config": args.config, "overrides": args.overrides, "roles_asked": list(roles),
+                       "programs_asked": list(wanted), "programs": [r.to_json() for r in reports],
                        "roles": {role: {"xla_bytes_per_chip": peak, "planned_bytes_per_chip": planned[role],
                                         "hbm_bytes_per_chip": hbm[role]} for role, peak in peaks.items()}},
                       out, indent=1)

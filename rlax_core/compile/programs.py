@@ -40,6 +40,7 @@ class Program:
     role: str
     name: str
     lower: Callable[[], jax.stages.Lowered]
+    sampling_mode: SamplingMode | None = None  # None: the program is the same whatever the role samples with
 
 
 def _abstract(tree: Any, shardings: Any, dtype=None) -> Any:
@@ -93,5 +94,5 @@ def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, device
     decode = inference_programs.decode_on_cpu if platform == "cpu" else inference_programs.decode
     out.append(Program(role, f"decode {config.num_slots} slots x {config.decode_steps_per_call} steps ({attention})",
                        lambda: decode.lower(params, cache, state, model_config=model, chunk=config.decode_steps_per_call,
-                                            attention=attention, mode=mode, mesh=mesh, interpret=False)))
+                                            attention=attention, mode=mode, mesh=mesh, interpret=False), mode))
     return out

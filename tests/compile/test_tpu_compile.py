@@ -29,7 +29,7 @@ def _compile(tmp_path_factory, name: str, overrides: list[str]) -> dict:
     print(done.stdout)  # the table, in the lane's log
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    report["stdout"] = done.stdout
+    report["stdout"], report["stderr"] = done.stdout, done.stderr
     return report
 
 
@@ -98,3 +98,28 @@ def test_the_planner_is_within_15_percent_of_xla_for_every_role(tp_v5e_fsdp_v5p)
     for role, figures in roles.items():
         ratio = figures["planned_bytes_per_chip"] / figures["xla_bytes_per_chip"]
         assert 0.85 <= ratio <= 1.15, f"{role}: planner / XLA = {ratio:.2f} ({figures})"
+
+
+# The evaluate engine of the rollout engine's configuration, sampling with top-p (the rollout samples
+# with temperature alone): its prefills are the rollout's, its decode is its own.
+EVALUATE_TOP_P = ["evaluate.models=[tests/fixtures/compile/small_qwen2]", "evaluate.generation.temperature=0.6",
+                  "evaluate.generation.top_p=0.95", "evaluate.generation.max_new_tokens=384",
+                  "evaluate.generation.dtype=bfloat16",
+                  *[f"evaluate.generation.engine.{key}" for key in (
+                      "num_slots=8", "page_size=16", "num_pages=256", "max_prompt_len=128", "max_new_tokens=384",
+                      "prefill_buckets=[64,128]", "max_prefill_batch=4", "attention_impl=pallas",
+                      "cache_dtype=bfloat16", "tensor_parallel=4")]]
+
+
+def test_an_engine_that_samples_differently_shares_the_prefills_and_a_subset_compiles_alone(tmp_path_factory):
+    report = _compile(tmp_path_factory, "evaluate", ["--roles", "rollout,evaluate", "--programs",
+                                                     "prefill 4x64,decode", *EVALUATE_TOP_P])
+    programs = {(p["role"], p["program"]): p for p in report["programs"]}
+    assert sorted(programs) == [("evaluate", "decode 8 slots x 16 steps (tpu)"), ("evaluate", "prefill 4x64"),
+                                ("rollout", "decode 8 slots x 16 steps (tpu)"), ("rollout", "prefill 4x64")]
+    assert report["programs_asked"] == ["prefill 4x64", "decode"]
+    shared, own = programs["evaluate", "prefill 4x64"], programs["evaluate", "decode 8 slots x 16 steps (tpu)"]
+    assert shared == dict(programs["rollout", "prefill 4x64"], role="evaluate")  # the same report, not a compile
+    assert own["compiled"] and own["compile_s"] != programs["rollout", "decode 8 slots x 16 steps (tpu)"]["compile_s"]
+    assert "pipelines.compile: compiling evaluate: prefill" not in report["stderr"]
+    assert "pipelines.compile: compiling evaluate: decode" in report["stderr"]
