@@ -12,7 +12,8 @@ trainer slice run their programs in step, so a program's time per chip is the re
   when it admits it, so the sequences decoding at once are ``min(num_slots, num_pages // pages per
   budget)``; one step yields a token for each of them.
 * Prefill: the samples of one prompt share one prefill (the engine copies the first sample's pages),
-  so a group costs one row of the prefill program at the smallest compiled bucket holding its prompt.
+  so a group costs one row of the prefill program at the smallest compiled bucket holding its prompt
+  (left out, and said so, when the report holds no prefill).
 * Update: the trainer's step loops over PPO epochs, mini-batches and micro-batches, and its layers
   are one scanned block (``trainer.scan_layers``): XLA counts each loop body once, so its figure
   is one micro-batch through one layer plus what lies outside the layer scan (embedding, logits,
@@ -57,11 +58,20 @@ class CompiledCosts:
     prefill_s: dict[int, tuple[int, float]]  # prompt bucket -> (rows per call, seconds per call)
     update_micro_batch_s: float  # one micro-batch of the trainer's update step
 
-    def prefill_for(self, prompt_tokens: int) -> tuple[int, int, float]:
-        """(bucket, rows per call, seconds per call) of the smallest bucket that holds the prompt."""
+    def prefill_for(self, prompt_tokens: int) -> tuple[int, int, float] | None:
+        """(bucket, rows per call, seconds per call) of the smallest compiled bucket that holds the
+        prompt (the largest if none does); None when no prefill was compiled."""
         buckets = sorted(self.prefill_s)
+        if not buckets:
+            return None
         bucket = next((b for b in buckets if b >= prompt_tokens), buckets[-1])
         return (bucket, *self.prefill_s[bucket])
+
+    def prefill_per_group_s(self, prompt_tokens: int) -> float:
+        """One row of the prefill: the samples of a group share one prefill. 0 when none was compiled
+        (a prefill is a small part of a group next to its decode: ``predict`` says it was left out)."""
+        found = self.prefill_for(prompt_tokens)
+        return found[2] / found[1] if found else 0.0
 
 
 def read_compiled_costs(report: dict[str, Any], role: str = "rollout") -> CompiledCosts:
@@ -80,7 +90,6 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout") -> Compil
             prefill[int(match.group(2))] = (int(match.group(1)), float(p["roofline_s"]))
     update = [p for p in compiled if p["role"] == "trainer"]
     missing = [name for name, found in (("a compiled decode program of role " + role, decode),
-                                        ("a compiled prefill program of role " + role, prefill),
                                         ("the trainer's compiled update step", update)) if not found]
     if missing:
         raise ValueError(f"the compile report {report.get('config', '')!r} lacks {'; '.join(missing)} "
@@ -137,7 +146,6 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> Fl
     """The simulator's inputs: per-token and per-group seconds of one replica, the trainer's step and
     the weight sync, all from ``costs`` and ``shape`` (the module docstring says how)."""
     concurrent = min(shape.concurrent_sequences, costs.decode_slots)
-    _, rows, prefill_call_s = costs.prefill_for(shape.prompt_tokens)
     sync_s = (shape.weight_bytes / (shape.trainer_hosts * shape.host_network_bytes_per_s)
               + shape.weight_bytes / shape.host_network_bytes_per_s)
     return FleetParams(
@@ -147,7 +155,7 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> Fl
         trainer_step_s=shape.update_iterations * shape.layer_loop_factor * costs.update_micro_batch_s,
         weight_sync_s=sync_s,
         groups_per_call=max(1, shape.num_slots // shape.samples_per_prompt),
-        group_overhead_s=prefill_call_s / rows, steps=steps, warmup_steps=steps // 5)
+        group_overhead_s=costs.prefill_per_group_s(shape.prompt_tokens), steps=steps, warmup_steps=steps // 5)
 
 
 def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> dict[str, Any]:
@@ -155,7 +163,7 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> dict[st
     with every input and where it comes from (compiled, recipe or assumed)."""
     params = fleet_params(costs, shape, steps)
     result = simulate(params)
-    bucket, rows, prefill_call_s = costs.prefill_for(shape.prompt_tokens)
+    prefill = costs.prefill_for(shape.prompt_tokens)
     trained = sum(result.staleness.values())
     return {
         "inputs": {
@@ -163,8 +171,9 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> dict[st
                                                                        f"on {costs.rollout_chip}, roofline"},
             "concurrent_sequences": {"value": min(shape.concurrent_sequences, costs.decode_slots),
                                      "from": "recipe: slots, and pages reserved per prompt + max_new_tokens"},
-            "prefill_per_group_s": {"value": prefill_call_s / rows,
-                                    "from": f"compiled: prefill {rows}x{bucket} on {costs.rollout_chip}, one row"},
+            "prefill_per_group_s": {"value": params.group_overhead_s, "from": (
+                f"compiled: prefill {prefill[1]}x{prefill[0]} on {costs.rollout_chip}, one row" if prefill
+                else "assumed: 0, no prefill program was compiled")},
             "update_micro_batch_s": {"value": costs.update_micro_batch_s,
                                      "from": f"compiled: update step on {costs.trainer_chip}, roofline"},
             "trainer_step_s": {"value": params.trainer_step_s,

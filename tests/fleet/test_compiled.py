@@ -89,10 +89,13 @@ def test_bad_shapes_are_refused_with_the_field(shape):
         dataclasses.replace(shape, rollout_workers=0)
 
 
-def test_a_report_without_the_trainer_says_what_to_compile(report):
+def test_a_report_without_the_trainer_says_what_to_compile_one_without_prefill_leaves_it_out(report):
     rollout_only = dict(report, programs=[p for p in report["programs"] if p["role"] != "trainer"])
     with pytest.raises(ValueError, match="trainer's compiled update step.*--roles rollout,trainer"):
         read_compiled_costs(rollout_only)
+    no_prefill = read_compiled_costs(dict(report, programs=[p for p in report["programs"]
+                                                            if not p["program"].startswith("prefill")]))
+    assert no_prefill.prefill_for(64) is None and no_prefill.prefill_per_group_s(64) == 0.0
     with pytest.raises(ValueError, match="not an `rlax compile --json` report"):
         read_compiled_costs({"config": "x"})
 
