@@ -143,7 +143,7 @@ def main_compiled(args: argparse.Namespace) -> None:
 
     try:
         result = predict_from_reports(args.compiled, args.prompt_tokens, args.completion_fraction,
-                                      args.host_network_gbps * 1e9 / 8)
+                                      args.host_network_gbps * 1e9 / 8, args.trainer_step_s)
     except ValueError as error:
         raise SystemExit(f"fleet_sim: {error}")
     print(json.dumps({"benchmark": "fleet_sim_compiled", **result,
@@ -163,6 +163,9 @@ def main() -> None:
                         "default: the smallest prefill bucket)")
     parser.add_argument("--completion-fraction", type=float, default=0.5,
                         help="with --compiled: mean completion length as a fraction of max_new_tokens (assumed)")
+    parser.add_argument("--trainer-step-s", type=float,
+                        help="with --compiled: the trainer's seconds per step instead of the compiled "
+                             "update's (assumed)")
     parser.add_argument("--host-network-gbps", type=float, default=HOST_NETWORK_BYTES_PER_S * 8 / 1e9,
                         help="with --compiled: a TPU VM's network bandwidth (default: v5e's published 2 x 100 Gbps)")
     parser.add_argument("--scaling", help="benchmarks/rollout_scaling.py's JSON output (default: run it now)")

@@ -74,8 +74,10 @@ def fleet_shape(config, prompt_tokens: int | None = None, completion_fraction: f
 
 def predict_from_reports(paths: Sequence[str | Path], prompt_tokens: int | None = None,
                          completion_fraction: float = 0.5,
-                         host_network_bytes_per_s: float = HOST_NETWORK_BYTES_PER_S) -> dict[str, Any]:
-    """The prediction for the recipe the first report names, its k = 0 twin as the baseline beside it."""
+                         host_network_bytes_per_s: float = HOST_NETWORK_BYTES_PER_S,
+                         trainer_step_s: float | None = None) -> dict[str, Any]:
+    """The prediction for the recipe the first report names, its k = 0 twin as the baseline beside it;
+    a given ``trainer_step_s`` replaces the compiled update's."""
     from pipelines.config import load_run_config
     from rlax_core.fleet.compiled import predict
 
@@ -85,5 +87,5 @@ def predict_from_reports(paths: Sequence[str | Path], prompt_tokens: int | None 
     costs = read_compiled_costs(report)
     return {"config": report["config"], "overrides": report.get("overrides") or [],
             "reports": [str(p) for p in paths],
-            "prediction": predict(costs, shape),
-            "baseline_k0": predict(costs, dataclasses.replace(shape, max_staleness=0))}
+            "prediction": predict(costs, shape, trainer_step_s=trainer_step_s),
+            "baseline_k0": predict(costs, dataclasses.replace(shape, max_staleness=0), trainer_step_s=trainer_step_s)}

@@ -142,9 +142,11 @@ class FleetShape:
         return max(1, min(self.num_slots, self.num_pages // pages_per_sequence))
 
 
-def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> FleetParams:
+def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
+                 trainer_step_s: float | None = None) -> FleetParams:
     """The simulator's inputs: per-token and per-group seconds of one replica, the trainer's step and
-    the weight sync, all from ``costs`` and ``shape`` (the module docstring says how)."""
+    the weight sync, all from ``costs`` and ``shape`` (the module docstring says how); a given
+    ``trainer_step_s`` replaces the compiled one."""
     concurrent = min(shape.concurrent_sequences, costs.decode_slots)
     sync_s = (shape.weight_bytes / (shape.trainer_hosts * shape.host_network_bytes_per_s)
               + shape.weight_bytes / shape.host_network_bytes_per_s)
@@ -152,16 +154,18 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> Fl
         workers=shape.rollout_workers, max_staleness=shape.max_staleness, groups_per_step=shape.groups_per_step,
         seconds_per_token=costs.decode_step_s / concurrent,
         tokens_per_group=shape.samples_per_prompt * shape.completion_tokens,
-        trainer_step_s=shape.update_iterations * shape.layer_loop_factor * costs.update_micro_batch_s,
+        trainer_step_s=(shape.update_iterations * shape.layer_loop_factor * costs.update_micro_batch_s
+                        if trainer_step_s is None else trainer_step_s),
         weight_sync_s=sync_s,
         groups_per_call=max(1, shape.num_slots // shape.samples_per_prompt),
         group_overhead_s=costs.prefill_per_group_s(shape.prompt_tokens), steps=steps, warmup_steps=steps // 5)
 
 
-def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> dict[str, Any]:
+def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
+            trainer_step_s: float | None = None) -> dict[str, Any]:
     """Seconds per step, rollout tokens/s, trainer idle fraction and staleness of the simulated fleet,
-    with every input and where it comes from (compiled, recipe or assumed)."""
-    params = fleet_params(costs, shape, steps)
+    with every input and where it comes from (compiled, recipe or assumed: a given ``trainer_step_s``)."""
+    params = fleet_params(costs, shape, steps, trainer_step_s)
     result = simulate(params)
     prefill = costs.prefill_for(shape.prompt_tokens)
     trained = sum(result.staleness.values())
@@ -176,9 +180,9 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40) -> dict[st
                 else "assumed: 0, no prefill program was compiled")},
             "update_micro_batch_s": {"value": costs.update_micro_batch_s,
                                      "from": f"compiled: update step on {costs.trainer_chip}, roofline"},
-            "trainer_step_s": {"value": params.trainer_step_s,
-                               "from": f"compiled: the update's roofline x {shape.update_iterations} micro-batches"
-                                       f" x {shape.layer_loop_factor:.2f} (layers)"},
+            "trainer_step_s": {"value": params.trainer_step_s, "from": (
+                f"compiled: the update's roofline x {shape.update_iterations} micro-batches"
+                f" x {shape.layer_loop_factor:.2f} (layers)" if trainer_step_s is None else "assumed: given")},
             "weight_sync_s": {"value": params.weight_sync_s, "from": f"recipe: {shape.weight_bytes} bytes; assumed: "
                               f"{shape.host_network_bytes_per_s * 8 / 1e9:g} Gbps per host"},
             "prompt_tokens": {"value": shape.prompt_tokens, "from": "assumed"},

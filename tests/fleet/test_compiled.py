@@ -142,5 +142,9 @@ def test_the_benchmark_predicts_from_a_compile_report(monkeypatch, capsys):
     assert payload["benchmark"] == "fleet_sim_compiled"
     assert payload["prediction"]["inputs"]["completion_tokens"]["value"] == 96
     assert "| prediction | 1 |" in out and "| baseline_k0 | 0 |" in out
+    _benchmark(monkeypatch, "--compiled", str(FIXTURE), "--trainer-step-s", "7.5")
+    out = capsys.readouterr().out
+    given = json.loads(out)["prediction"]["inputs"]["trainer_step_s"]
+    assert given == {"value": 7.5, "from": "assumed: given"}
     with pytest.raises(SystemExit, match="cannot read the compile report no-such-report.json"):
         _benchmark(monkeypatch, "--compiled", "no-such-report.json")
