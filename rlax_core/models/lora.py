@@ -18,8 +18,13 @@ dict around. qwix adapts a Flax module by intercepting its calls and keeps the a
 variables of one layout; adopting it would tie the adapters to the call path of one layout and rewrite
 how the engine and the store hold weights. The arithmetic here is one contraction per target.
 
-``dropout`` is part of the config for PEFT parity, but only 0 is accepted: LoRA dropout masks the
-adapter's *input* per token, which a merged kernel cannot express (it would need the x @ A @ B path).
+On the fly. ``with_adapters(params, adapters)`` puts each adapter's ``lora_a``/``lora_b`` beside the
+kernel it adapts (``q_proj: {kernel, lora_a, lora_b}``); the transformer's forwards then compute
+``x @ W + (x @ A) @ B`` in that projection (``low_rank_term``) and never form ``W'``. Such a tree
+carries ``alpha / rank`` folded into B (``scaled``). The trainer takes this path when
+``dropout > 0``: LoRA dropout (as PEFT's) drops the adapter's *input*, element by element, which a
+merged kernel cannot express. The engine takes it when ``engine.lora_mode`` says so, in its decoding
+layout (``decoding_adapters``: unrolled layers, q/k/v and gate/up fused with block-diagonal B).
 """
 
 from __future__ import annotations
@@ -62,8 +67,7 @@ class LoraConfig:
     def __post_init__(self):
         require(self.rank >= 0, "rank", "must be >= 0 (0: full fine-tuning)")
         require(self.alpha > 0, "alpha", "must be > 0")
-        require(self.dropout == 0.0, "dropout",
-                "only 0 is supported: adapters are merged into the kernels, which cannot drop the adapter's input")
+        require(0.0 <= self.dropout < 1.0, "dropout", "must lie in [0, 1): the chance of dropping an adapter input")
         require(len(self.targets) > 0, "targets", f"name at least one of {', '.join(TARGETS)}")
         unknown = [t for t in self.targets if t not in TARGETS]
         require(not unknown, "targets", f"unknown {unknown}; choose from {', '.join(TARGETS)}")
@@ -137,7 +141,7 @@ def merge(base: Params, adapters: Params, lora: LoraConfig) -> Params:
     ``base`` and ``adapters`` must share the layer layout (both stacked, or both unstacked). Only
     the adapted kernels are new arrays; every other leaf is the base's own.
     """
-    return with_kernels(base, merged_kernels(adapted_kernels(base, adapters), adapters, lora))
+    return with_kernels(base, merged_kernels(adapted_kernels(base, adapters), adapters, lora.scale))
 
 
 def adapted_kernels(base: Params, adapters: Params) -> Params:
@@ -147,11 +151,17 @@ def adapted_kernels(base: Params, adapters: Params) -> Params:
             for layer, modules in adapters.items()}
 
 
-def merged_kernels(kernels: Params, adapters: Params, lora: LoraConfig) -> Params:
-    """``adapted_kernels``' W + scale * A @ B each, in W's dtype (jit this alone: nothing else is copied)."""
-    return jax.tree.map(lambda w, ab: (w.astype(jnp.float32) + delta(ab["lora_a"], ab["lora_b"], lora.scale, w.ndim)
+def merged_kernels(kernels: Params, adapters: Params, scale: float) -> Params:
+    """``adapted_kernels``' W + scale * A @ B each, in W's dtype (jit this alone: nothing else is copied).
+
+    ``scale``: ``LoraConfig.scale``, or 1.0 for adapters that carry it already (``scaled``)."""
+    return jax.tree.map(lambda w, ab: (w.astype(jnp.float32) + delta(ab["lora_a"], ab["lora_b"], scale, w.ndim)
                                        ).astype(w.dtype),
-                        kernels, adapters, is_leaf=lambda x: isinstance(x, Mapping) and "lora_a" in x)
+                        kernels, adapters, is_leaf=_is_adapter)
+
+
+def _is_adapter(node) -> bool:
+    return isinstance(node, Mapping) and "lora_a" in node
 
 
 def with_kernels(base: Params, kernels: Params) -> Params:
@@ -168,3 +178,74 @@ def with_kernels(base: Params, kernels: Params) -> Params:
 
 def count_adapter_parameters(model: ModelConfig, lora: LoraConfig) -> int:
     return sum(math.prod(a) + math.prod(b) for a, b in adapter_shapes(model, lora).values())
+
+
+# ----------------------------------------------------------------------------- on the fly
+
+
+def scaled(adapters: Params, lora: LoraConfig) -> Params:
+    """The adapters in float32 with ``alpha / rank`` folded into B: what ``with_adapters`` trees carry."""
+    return jax.tree.map(lambda ab: {"lora_a": ab["lora_a"].astype(jnp.float32),
+                                    "lora_b": lora.scale * ab["lora_b"].astype(jnp.float32)},
+                        adapters, is_leaf=_is_adapter)
+
+
+def with_adapters(params: Params, adapters: Params) -> Params:
+    """``params`` with each adapted projection holding its adapter's leaves beside its kernel.
+
+    Works on any tree shaped like the parameters: params (then the adapters should be ``scaled``),
+    their logical axes (with ``adapter_logical_axes``), shardings. Nothing is copied.
+    """
+    out = dict(params)
+    for layer, modules in adapters.items():
+        out[layer] = dict(params[layer])
+        for module, projections in modules.items():
+            out[layer][module] = dict(params[layer][module])
+            for proj, leaves in projections.items():
+                out[layer][module][proj] = {**params[layer][module][proj], **leaves}
+    return out
+
+
+def low_rank_term(x: jax.Array, lora_a: jax.Array, lora_b: jax.Array) -> jax.Array:
+    """(x @ A) @ B in float32: A ``[in..., rank]`` contracts x's trailing input axes, B ``[rank, out...]``."""
+    hidden = jnp.tensordot(x.astype(jnp.float32), lora_a.astype(jnp.float32), axes=lora_a.ndim - 1)
+    return jnp.tensordot(hidden, lora_b.astype(jnp.float32), axes=1)
+
+
+# The engine's fused projections (``transformer.fuse_projections``): the parts, in concatenation order,
+# their output axis in B (after the rank axis) and the config field giving each part's width there.
+_FUSED = {("attn", "qkv_proj"): ((("q_proj", "num_heads"), ("k_proj", "num_kv_heads"), ("v_proj", "num_kv_heads")), -2),
+          ("mlp", "gate_up_proj"): ((("gate_proj", "intermediate_size"), ("up_proj", "intermediate_size")), -1)}
+
+
+def decoding_adapters(adapters: Params, model: ModelConfig, lora: LoraConfig, *, fuse: bool) -> Params:
+    """Stacked adapters in the engine's decoding layout, ``scaled``: one ``layers_i`` per layer, and
+    with ``fuse`` the adapters of q/k/v (gate/up) joined like their kernels: A's ranks concatenated
+    and B block-diagonal, so that ``(x @ A) @ B`` is the fused kernel's delta (a part that is not
+    adapted has zero blocks). The rank grows to 3 r (2 r), a cost of the same order as r per part.
+    """
+    layer = scaled(adapters, lora)["layers"]
+    if fuse:
+        layer = {module: dict(projections) for module, projections in layer.items()}
+        for (module, fused_name), (parts, axis) in _FUSED.items():
+            present = [name for name, _ in parts if name in layer.get(module, {})]
+            if not present:
+                continue
+            pieces = {name: layer[module].pop(name) for name in present}
+            some_b = pieces[present[0]]["lora_b"]
+            width = lambda field: getattr(model, field)
+            blocks = []
+            for name in present:  # one row block of B per adapted part: its B in its columns, zeros elsewhere
+                columns = []
+                for part, field in parts:
+                    if part == name:
+                        columns.append(pieces[name]["lora_b"])
+                    else:
+                        shape = list(some_b.shape)
+                        shape[axis] = width(field)
+                        columns.append(jnp.zeros(shape, jnp.float32))
+                blocks.append(jnp.concatenate(columns, axis=axis))
+            layer[module][fused_name] = {"lora_a": jnp.concatenate([pieces[n]["lora_a"] for n in present], axis=-1),
+                                         "lora_b": jnp.concatenate(blocks, axis=1)}
+    count = jax.tree.leaves(layer)[0].shape[0]
+    return {f"layers_{i}": jax.tree.map(lambda leaf, i=i: leaf[i], layer) for i in range(count)}

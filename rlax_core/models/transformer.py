@@ -48,15 +48,30 @@ from jax.sharding import PartitionSpec
 
 from rlax_core.models.attention import AttentionImpl, causal_attention, masked_attention
 from rlax_core.models.config import ModelConfig, rope_inverse_frequencies
+from rlax_core.models.lora import low_rank_term
 
 Params = dict[str, Any]
 Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
 _INIT_STDDEV = 0.02  # Hugging Face's initializer_range for Llama and Qwen
+LORA_DROPOUT_RNG = "lora_dropout"  # the rng stream of LoRA dropout (``forward(..., lora_dropout_rng=)``)
 
 
 def _logical(init, *axes: str):
     return nn.with_logical_partitioning(init, axes)
+
+
+def _adapted(module: nn.Module, name: str, x: jax.Array, y: jax.Array, dropout: float) -> jax.Array:
+    """``y`` = the projection ``name``'s x @ W, plus (x @ A) @ B when its params hold an adapter
+    (``lora.with_adapters``); x dropped element-wise at rate ``dropout`` first when the apply has a
+    LoRA dropout rng (training), as PEFT drops the adapter's input."""
+    leaves = module.variables.get("params", {}).get(name, {})
+    if "lora_a" not in leaves:
+        return y
+    if dropout > 0 and module.has_rng(LORA_DROPOUT_RNG):
+        keep = jax.random.bernoulli(module.make_rng(LORA_DROPOUT_RNG), 1.0 - dropout, x.shape)
+        x = jnp.where(keep, x / (1.0 - dropout), jnp.zeros_like(x))
+    return (y.astype(jnp.float32) + low_rank_term(x, leaves["lora_a"], leaves["lora_b"])).astype(y.dtype)
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -102,16 +117,18 @@ class Attention(nn.Module):
     attend: Attend
     param_dtype: Any = jnp.float32
     fused_projections: bool = False  # one qkv_proj instead of q_proj, k_proj, v_proj (fuse_projections)
+    lora_dropout: float = 0.0
 
     @nn.compact
     def __call__(self, x, positions, layer, cache):
         c = self.config
 
         def project(name, num_heads, heads_axis):
-            return nn.DenseGeneral(
+            y = nn.DenseGeneral(
                 (num_heads, c.head_dim), use_bias=c.qkv_bias, param_dtype=self.param_dtype, name=name,
                 kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), "embed", heads_axis, "head_dim"),
                 bias_init=_logical(nn.initializers.zeros, heads_axis, "head_dim"))(x)
+            return _adapted(self, name, x, y, self.lora_dropout)
 
         if self.fused_projections:
             qkv = project("qkv_proj", c.num_heads + 2 * c.num_kv_heads, "heads")
@@ -126,10 +143,10 @@ class Attention(nn.Module):
             k = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="k_norm")(k)
         q, k = apply_rope(q, positions, c), apply_rope(k, positions, c)
         out, cache = self.attend(layer, q, k, v, cache)
-        out = nn.DenseGeneral(
+        projected = nn.DenseGeneral(
             c.hidden_size, axis=(-2, -1), use_bias=False, param_dtype=self.param_dtype, name="o_proj",
             kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), "heads", "head_dim", "embed"))(out)
-        return out, cache
+        return _adapted(self, "o_proj", out, projected, self.lora_dropout), cache
 
 
 class SwiGLU(nn.Module):
@@ -138,20 +155,22 @@ class SwiGLU(nn.Module):
     config: ModelConfig
     param_dtype: Any = jnp.float32
     fused_projections: bool = False  # one gate_up_proj instead of gate_proj and up_proj (fuse_projections)
+    lora_dropout: float = 0.0
 
     @nn.compact
     def __call__(self, x):
-        def dense(name, features, axes):
-            return nn.Dense(features, use_bias=False, param_dtype=self.param_dtype, name=name,
-                            kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), *axes))
+        def dense(name, features, axes, inputs):
+            y = nn.Dense(features, use_bias=False, param_dtype=self.param_dtype, name=name,
+                         kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), *axes))(inputs)
+            return _adapted(self, name, inputs, y, self.lora_dropout)
 
         hidden = self.config.intermediate_size
         if self.fused_projections:
-            gate, up = jnp.split(dense("gate_up_proj", 2 * hidden, ("embed", "mlp"))(x), 2, axis=-1)
+            gate, up = jnp.split(dense("gate_up_proj", 2 * hidden, ("embed", "mlp"), x), 2, axis=-1)
         else:
-            gate = dense("gate_proj", hidden, ("embed", "mlp"))(x)
-            up = dense("up_proj", hidden, ("embed", "mlp"))(x)
-        return dense("down_proj", self.config.hidden_size, ("mlp", "embed"))(nn.silu(gate) * up)
+            gate = dense("gate_proj", hidden, ("embed", "mlp"), x)
+            up = dense("up_proj", hidden, ("embed", "mlp"), x)
+        return dense("down_proj", self.config.hidden_size, ("mlp", "embed"), nn.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -161,17 +180,18 @@ class Block(nn.Module):
     attend: Attend
     param_dtype: Any = jnp.float32
     fused_projections: bool = False
+    lora_dropout: float = 0.0
 
     @nn.compact
     def __call__(self, carry, layer, positions):
         x, cache = carry
         c = self.config
         attention_in = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="input_norm")(x)
-        attention_out, cache = Attention(c, self.attend, self.param_dtype, self.fused_projections, name="attn")(
+        attention_out, cache = Attention(c, self.attend, self.param_dtype, self.fused_projections, self.lora_dropout, name="attn")(
             attention_in, positions, layer, cache)
         x = x + attention_out
         mlp_in = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="post_attention_norm")(x)
-        x = x + SwiGLU(c, self.param_dtype, self.fused_projections, name="mlp")(mlp_in)
+        x = x + SwiGLU(c, self.param_dtype, self.fused_projections, self.lora_dropout, name="mlp")(mlp_in)
         return (x, cache), None
 
 
@@ -182,6 +202,7 @@ class Transformer(nn.Module):
     remat: bool = False  # recompute each layer's activations in the backward pass (saves memory)
     scan_layers: bool = True  # False: layers_0 .. layers_{n-1} with their own weights (see unstack_layers)
     fused_projections: bool = False  # qkv_proj and gate_up_proj (see fuse_projections)
+    lora_dropout: float = 0.0  # LoRA dropout rate: applied when the apply has a LORA_DROPOUT_RNG rng
 
     @nn.compact
     def __call__(self, input_ids, positions, cache, last_token_only: bool = False, hidden_only: bool = False):
@@ -192,14 +213,16 @@ class Transformer(nn.Module):
 
         block = nn.remat(Block, prevent_cse=False) if self.remat else Block
         if self.scan_layers:
-            layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+            layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, LORA_DROPOUT_RNG: True},
                              in_axes=(0, nn.broadcast), length=c.num_layers,
                              metadata_params={nn.PARTITION_NAME: "layers"})
-            (x, cache), _ = layers(c, self.attend, self.param_dtype, self.fused_projections, name="layers")(
+            (x, cache), _ = layers(c, self.attend, self.param_dtype, self.fused_projections, self.lora_dropout,
+                                   name="layers")(
                 (x, cache), jnp.arange(c.num_layers, dtype=jnp.int32), positions)
         else:
             for layer in range(c.num_layers):  # a Python int: attends may index per-layer state statically
-                (x, cache), _ = block(c, self.attend, self.param_dtype, self.fused_projections, name=f"layers_{layer}")(
+                (x, cache), _ = block(c, self.attend, self.param_dtype, self.fused_projections, self.lora_dropout,
+                                      name=f"layers_{layer}")(
                     (x, cache), layer, positions)
 
         x = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="norm")(x)
@@ -262,7 +285,7 @@ def default_positions(attention_mask: jax.Array) -> jax.Array:
 
 def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, remat: bool = False, attention: AttentionImpl = "dense",
-            mesh=None) -> jax.Array:
+            mesh=None, lora_dropout: float = 0.0, lora_dropout_rng: jax.Array | None = None) -> jax.Array:
     """Full-sequence forward for training and scoring: float32 logits [B, S, V].
 
     Token i sees tokens j <= i whose ``attention_mask`` is 1. ``positions`` default to the count of
@@ -271,10 +294,12 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positi
     stacked activations; faster for shallow models on CPU, but the compile time grows with depth).
     ``attention``: the implementation (``models.attention``: dense XLA, or the TPU's splash kernel
     or cuDNN's, which leave a padding position's output unspecified); ``mesh``: the one the
-    operands are sharded over, for a kernel XLA cannot partition.
+    operands are sharded over, for a kernel XLA cannot partition. ``params`` holding adapters beside
+    their kernels (``lora.with_adapters``) run them on the fly; ``lora_dropout`` drops their inputs
+    at that rate, with masks drawn from ``lora_dropout_rng`` (none given: no dropout).
     """
     return _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
-                          hidden_only=False)
+                          hidden_only=False, lora_dropout=lora_dropout, lora_dropout_rng=lora_dropout_rng)
 
 
 def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
@@ -286,7 +311,8 @@ def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, 
                           hidden_only=True)
 
 
-def _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh, *, hidden_only):
+def _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh, *, hidden_only,
+                   lora_dropout=0.0, lora_dropout_rng=None):
     batch, steps = input_ids.shape
     if attention_mask is None:
         attention_mask = jnp.ones((batch, steps), jnp.int32)
@@ -298,8 +324,9 @@ def _full_sequence(params, config, input_ids, positions, attention_mask, remat, 
     else:  # real tokens form segment 1, padding segment 0
         attend = _kernel_attend(attention_mask.astype(jnp.int32), attention, mesh)
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, attend, dtype, remat=remat, **_layout(params))
-    out, _ = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only)
+    model = Transformer(config, attend, dtype, remat=remat, lora_dropout=lora_dropout, **_layout(params))
+    rngs = {} if lora_dropout_rng is None else {LORA_DROPOUT_RNG: lora_dropout_rng}
+    out, _ = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only, rngs=rngs)
     return out
 
 
@@ -342,6 +369,9 @@ def fuse_projections(params: Params) -> Params:
     def fuse(layer):
         attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
         parts = [attn.pop(name) for name in ("q_proj", "k_proj", "v_proj")]
+        if any("lora_a" in part for part in (*parts, mlp["gate_proj"], mlp["up_proj"])):
+            raise ValueError("fuse_projections: these params hold adapters; fuse the base, then add "
+                             "lora.decoding_adapters(..., fuse=True)")
         attn["qkv_proj"] = {leaf: jnp.concatenate([part[leaf] for part in parts], axis=-2) for leaf in parts[0]}
         gate, up = mlp.pop("gate_proj"), mlp.pop("up_proj")
         mlp["gate_up_proj"] = {"kernel": jnp.concatenate([gate["kernel"], up["kernel"]], axis=-1)}

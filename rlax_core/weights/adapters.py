@@ -93,7 +93,7 @@ def load_policy(store: WeightStore, version: int, *, held_base: HeldBase | None 
         log.info("loaded base version %d for adapter version %d", base_version, version)
     adapters = store.load(version, as_numpy=True)
     # Only the adapted kernels go through the jitted merge: the other leaves stay the base's own arrays.
-    kernels = _merged_kernels(adapted_kernels(held_base.params, adapters), adapters, lora)
+    kernels = _merged_kernels(adapted_kernels(held_base.params, adapters), adapters, lora.scale)
     merged = with_kernels(held_base.params, jax.device_get(kernels) if as_numpy else kernels)
     return merged, held_base
 

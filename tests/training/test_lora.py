@@ -56,7 +56,7 @@ def hand_merged(base, adapters):
 def test_config_is_validated_on_construction():
     assert not LoraConfig().enabled and LoraConfig(rank=8).scale == 16.0 / 8
     for bad in (dict(rank=-1), dict(rank=4, alpha=0), dict(rank=4, targets=("q", "qkv")), dict(rank=4, targets=()),
-                dict(rank=4, dropout=0.1), dict(rank=4, targets=("q", "q"))):
+                dict(rank=4, dropout=1.0), dict(rank=4, dropout=-0.1), dict(rank=4, targets=("q", "q"))):
         with pytest.raises(ConfigError):
             LoraConfig(**bad)
 
