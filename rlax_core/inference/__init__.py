@@ -10,7 +10,8 @@ See ``engine`` for scheduling and weight swaps, ``programs`` for the compiled pr
 ``sampling`` for keys and log-probs, ``kv_cache`` for the paged cache and the decode window,
 ``attention`` / ``pallas_attention`` for the decode attention (JAX's Pallas kernels on TPU and GPU),
 ``replicas`` for one engine per device or per group of devices (data-parallel generation within a
-host), ``sharding`` for one engine over a group (tensor parallel).
+host), ``sharding`` for one engine over a group (tensor parallel), ``adapters`` for LoRA adapter
+versions merged or run on the fly.
 """
 
 from rlax_core.inference.config import EngineConfig, SamplingParams

@@ -15,6 +15,7 @@ from typing import Literal
 from rlax_core.config import require
 
 AttentionImpl = Literal["auto", "pallas", "window", "reference"]
+LoraMode = Literal["auto", "merged", "on_the_fly"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,11 @@ class EngineConfig:
       logical-axis rules (attention by heads, MLP by columns) and its KV pool by KV head
       (``sharding``): each device holds 1/N of them where N divides the head counts. 1: one device.
       A host of 8 chips runs e.g. one replica at 8 or two at 4.
+    lora_mode: how ``Engine.update_adapters`` applies an adapter version to the held base. "merged":
+      W + alpha / rank * A @ B once per version (a decode step costs the base model's; the base's
+      adapted kernels are held twice). "on_the_fly": x @ W + (x @ A) @ B in every adapted projection
+      of every step (no merge at the swap, one copy of the weights). "auto": the faster one as
+      measured by ``benchmarks/adapter_serving.py`` (``Engine.resolve_lora_mode``).
     """
 
     num_slots: int = 16
@@ -59,8 +65,11 @@ class EngineConfig:
     replicas: int = 1
     tensor_parallel: int = 1
     max_prefill_batch: int = 0
+    lora_mode: LoraMode = "auto"
 
     def __post_init__(self):
+        require(self.lora_mode in ("auto", "merged", "on_the_fly"), "lora_mode",
+                "must be auto, merged or on_the_fly")
         require(self.replicas >= 0, "replicas", "must be >= 0 (0: as many as the local devices hold)")
         require(self.max_prefill_batch >= 0, "max_prefill_batch", "must be >= 0 (0: num_slots)")
         require(self.tensor_parallel >= 1, "tensor_parallel", "must be at least 1 (devices per replica)")

@@ -4,6 +4,7 @@
     sampling = SamplingParams(temperature=1.0, samples_per_prompt=4)
     completions = engine.generate([Request(prompt_ids, sampling, "gsm8k/17", seed=3)])
     engine.update_weights(new_params, version=1)     # the next generate() runs on version 1
+    engine.update_adapters(adapters, lora, version=2)  # LoRA adapters on the last full params given
 
 How it runs. A fixed number of slots decode together. Each sample of each request waits in a FIFO
 queue until a slot is free and the page allocator can reserve every page the sample may need
@@ -20,6 +21,9 @@ Weights are an argument of the compiled programs, not a constant in them, so ``u
 swaps them without recompiling. A swap requested while sequences are in flight waits: admission
 pauses, the in-flight sequences finish on the weights they started with, then the new weights take
 over. Every completion therefore comes from exactly one version, which it carries.
+
+Adapter versions (``update_adapters``) apply to the base the engine holds (the last full params
+given), merged into its kernels or run on the fly beside them (``EngineConfig.lora_mode``).
 
 Numerics: see ``sampling`` for the keys (per seed, prompt id, sample index, token index) and for
 the log-probs (float32 log_softmax of the raw logits, i.e. the untempered, unfiltered policy).
@@ -48,12 +52,16 @@ from rlax_core.inference.sharding import (decoding_param_shardings, engine_mesh,
 from rlax_core.inference.sampling import SamplingMode, prompt_key_id
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.config import ModelConfig
+from rlax_core.inference.adapters import apply_adapters
+from rlax_core.models.lora import LoraConfig
 from rlax_core.models.transformer import unstack_layers
 
 logger = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "abort"]
 MAX_STOP_TOKEN_IDS = 8  # stop ids per sequence checked on the device (EOS ids included)
+# engine.lora_mode "auto", per platform: the mode benchmarks/adapter_serving.py measured faster (docs/lora.md).
+MEASURED_FASTER_LORA_MODE = {"cpu": "merged"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +189,8 @@ class Engine:
         platform = self.devices[0].platform
         self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
         self._params, self._version = self._layout(params), int(version)
+        self._base = self._params  # what adapter versions apply to: the last full params given
+        self.lora_mode = self.resolve_lora_mode(config.lora_mode, platform)
         self._pending_weights: tuple[Any, int] | None = None
         self.attention = self.resolve_attention(config.attention_impl, platform)
         self._prefill_batches = _power_of_two_buckets(config.prefill_batch)
@@ -300,7 +310,21 @@ class Engine:
         if shapes != self._param_shapes:
             raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
                              "engine's; build a new Engine for a different model")
-        self._pending_weights = (self._layout(params), int(version))
+        self._base = self._layout(params)
+        self._pending_weights = (self._base, int(version))
+        self._maybe_swap_weights()
+
+    def update_adapters(self, adapters: Any, lora: LoraConfig, version: int) -> None:
+        """As ``update_weights``, for LoRA adapters (``models.lora``'s stacked tree, as an adapter
+        weight version holds them) on the engine's base: the last full params it was given.
+
+        ``lora_mode`` "merged" swaps in W + alpha / rank * A @ B; "on_the_fly" swaps in the base with
+        the adapters beside its kernels, and every projection adds (x @ A) @ B. The first adapters of
+        a rank compile the programs for that tree once; later versions swap without compiling.
+        """
+        params = apply_adapters(self._base, adapters, lora, self.lora_mode, model_config=self.model_config,
+                                mesh=self.mesh, device=self.device)
+        self._pending_weights = (params, int(version))
         self._maybe_swap_weights()
 
     # ------------------------------------------------------------------ scheduling (host)
@@ -546,6 +570,13 @@ class Engine:
                                               model.head_dim), self.mesh)
         pools = (pool,) * model.num_layers
         return jax.jit(allocate, out_shardings=KVCache(pools, pools))()
+
+    @staticmethod
+    def resolve_lora_mode(mode: str, platform: str) -> str:
+        """``lora_mode`` "auto": the mode measured faster (``benchmarks/adapter_serving.py``, docs/lora.md)."""
+        if mode == "auto":
+            return MEASURED_FASTER_LORA_MODE.get(platform, "merged")
+        return mode
 
     @staticmethod
     def resolve_attention(impl: str, platform: str) -> str:

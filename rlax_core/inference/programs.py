@@ -24,6 +24,7 @@ from rlax_core.inference.sharding import heads_spec, kv_heads_split, kv_pool_sha
 from rlax_core.inference.sampling import SamplingMode, sample_key, sample_tokens
 from rlax_core.models.attention import AttentionImpl, causal_attention, fits
 from rlax_core.models.config import ModelConfig
+from rlax_core.models.lora import LoraConfig, decoding_adapters, merged_kernels
 from rlax_core.models.transformer import forward_with_cache, fuse_projections, unstack_layers
 
 
@@ -35,6 +36,19 @@ def decoding_layout(params):
     for stories260K on 2 CPU devices.
     """
     return fuse_projections(unstack_layers(params))
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "lora", "fuse"))
+def adapter_layout(adapters, *, model_config: ModelConfig, lora: LoraConfig, fuse: bool):
+    """Stacked adapters in the decoding layout, scale folded in (``lora.decoding_adapters``)."""
+    return decoding_adapters(adapters, model_config, lora, fuse=fuse)
+
+
+@jax.jit
+def merge_adapters(kernels, adapters):
+    """The engine's merged kernels: each W + (A @ B) of decoding-layout adapters (scale folded in).
+    Only the adapted kernels pass through: a leaf returned unchanged by a jit would be copied."""
+    return merged_kernels(kernels, adapters, 1.0)
 
 
 def tensor_parallel_layout(shardings):

@@ -77,6 +77,10 @@ class ReplicatedEngine:
         for engine in self.engines:
             engine.update_weights(params, version)
 
+    def update_adapters(self, adapters: Any, lora: Any, version: int) -> None:
+        for engine in self.engines:
+            engine.update_adapters(adapters, lora, version)
+
     def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode)) -> None:
         self._on_every_replica(lambda engine, _: engine.warm_up(modes), [None] * len(self.engines))
 

@@ -28,6 +28,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.config import ModelConfig
+from rlax_core.models.lora import LoraConfig, adapter_logical_axes
 from rlax_core.models.transformer import param_logical_axes
 from rlax_core.parallel import MeshConfig, make_mesh, spec_for, tree_shardings
 
@@ -52,11 +53,21 @@ def stacked_param_shardings(model_config: ModelConfig, params: Any, mesh: Mesh) 
 def decoding_param_shardings(model_config: ModelConfig, params: Any, mesh: Mesh) -> Any:
     """Shardings of ``models.unstack_layers``' layout: each ``layers_i`` leaf as its stacked leaf
     without the leading ``layers`` axis."""
-    axes = param_logical_axes(model_config)
+    return tree_shardings(params, _unstacked_axes(param_logical_axes(model_config), params), mesh)
+
+
+def decoding_adapter_shardings(lora: LoraConfig, adapters: Any, mesh: Mesh) -> Any:
+    """Shardings of ``lora.decoding_adapters(..., fuse=False)``: A split like its kernel's input axes,
+    B like its output axes (so B's heads go where the kernel's do), the rank axis replicated."""
+    return tree_shardings(adapters, _unstacked_axes(adapter_logical_axes(lora), adapters), mesh)
+
+
+def _unstacked_axes(axes: dict, tree: Any) -> dict:
+    axes = dict(axes)
     layer_axes = jax.tree.map(lambda names: names[1:], axes.pop("layers"), is_leaf=_is_axes)
-    count = sum(name.startswith("layers_") for name in params)
+    count = sum(name.startswith("layers_") for name in tree)
     axes.update({f"layers_{i}": layer_axes for i in range(count)})
-    return tree_shardings(params, axes, mesh)
+    return axes
 
 
 def kv_pool_sharding(pool_shape: Sequence[int], mesh: Mesh) -> NamedSharding:

@@ -1,55 +1,128 @@
-"""The engine on an adapter-only weight version generates what the merged model generates."""
+"""The engine on an adapter version generates what the merged model generates: merged into the
+kernels or run on the fly (``engine.lora_mode``), on one device and tensor-parallel."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
+import pytest
 
-from rlax_core.inference.config import SamplingParams
+from rlax_core.config import ConfigError
+from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.inference.engine import Engine, Request
+from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import TARGETS, LoraConfig, init_adapters
+from rlax_core.models.transformer import init_params
 from rlax_core.weights import WeightFollower, WeightStore, WeightStoreConfig
 from rlax_core.weights.adapters import publish_adapters
 
 LORA = LoraConfig(rank=4, alpha=8.0)
+# q and v but not k, gate but not up: the fused adapters' zero blocks are exercised too.
+PARTIAL = LoraConfig(rank=4, alpha=8.0, targets=("q", "v", "o", "gate", "down"))
 
 
-def merged_by_hand(params, adapters):
+def random_adapters(model_config, lora, seed=3):
+    keys = iter(jax.random.split(jax.random.key(seed), 32))
+    return jax.tree.map(lambda x: np.asarray(0.05 * jax.random.normal(next(keys), x.shape)),
+                        init_adapters(model_config, lora, next(keys)))
+
+
+def merged_by_hand(params, adapters, lora):
     """W + alpha / rank * A @ B in float64 on the host, per layer: the merged model the engine must equal."""
     merged = jax.tree.map(np.array, params)
-    for target in LORA.targets:
+    for target in lora.targets:
         (module, proj), _, _ = TARGETS[target]
         ab = adapters["layers"][module][proj]
         kernel = merged["layers"][module][proj]["kernel"]
         for i in range(kernel.shape[0]):
-            a = np.asarray(ab["lora_a"][i], np.float64).reshape(-1, LORA.rank)
-            b = np.asarray(ab["lora_b"][i], np.float64).reshape(LORA.rank, -1)
-            kernel[i] = (kernel[i].astype(np.float64) + LORA.scale * (a @ b).reshape(kernel.shape[1:])).astype(kernel.dtype)
+            a = np.asarray(ab["lora_a"][i], np.float64).reshape(-1, lora.rank)
+            b = np.asarray(ab["lora_b"][i], np.float64).reshape(lora.rank, -1)
+            kernel[i] = (kernel[i].astype(np.float64) + lora.scale * (a @ b).reshape(kernel.shape[1:])).astype(kernel.dtype)
     return merged
 
 
-def test_engine_on_an_adapter_version_equals_the_merged_model(tmp_path, stories, small_engine_config):
-    model, tokenizer = stories
-    keys = iter(jax.random.split(jax.random.key(3), 32))
-    adapters = jax.tree.map(lambda x: np.asarray(0.05 * jax.random.normal(next(keys), x.shape)),
-                            init_adapters(model.config, LORA, next(keys)))
-    store = WeightStore(WeightStoreConfig(root=str(tmp_path / "weights"), run_id="lora"))
-    store.publish(0, model.params)
-    publish_adapters(store, 1, adapters, base_version=0, lora=LORA)
-    follower = WeightFollower(store)
-    assert follower.refresh() and follower.version == 1
+def assert_same_generations(got, want):
+    """The same tokens; log-probs within 1e-5 absolute plus 1e-5 relative. (Absolute alone is too tight
+    for float32: on the fly against merged, the worst seen was 1.24e-5 at a log-prob of -1.70, where
+    x @ W and (x @ A) @ B are rounded apart instead of one rounded W', over 24 decoded tokens.)"""
+    assert [c.completion_ids for c in got] == [c.completion_ids for c in want]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
 
+
+def test_engine_config_names_its_lora_modes():
+    assert Engine.resolve_lora_mode("on_the_fly", "cpu") == "on_the_fly"
+    assert Engine.resolve_lora_mode("auto", "cpu") in ("merged", "on_the_fly")
+    with pytest.raises(ConfigError, match="lora_mode"):
+        EngineConfig(lora_mode="fused")
+
+
+@pytest.mark.parametrize("lora", [LORA, PARTIAL], ids=["all-targets", "some-targets"])
+def test_engine_on_an_adapter_version_equals_the_merged_model(tmp_path, stories, small_engine_config, lora):
+    model, tokenizer = stories
+    adapters = random_adapters(model.config, lora)
     requests = [Request(tuple(tokenizer.encode(text)), sampling, f"p{i}", seed=7)
                 for i, text in enumerate(["Once upon a time", "The little dog"])
                 for sampling in (SamplingParams(temperature=0.0, max_new_tokens=24),
                                  SamplingParams(temperature=1.0, samples_per_prompt=2, max_new_tokens=24))]
-    engine = Engine(small_engine_config, model.config, model.params, version=0)
-    base_out = engine.generate(requests)
-    engine.update_weights(follower.take()[1], 1)
-    adapted = engine.generate(requests)
-    reference = Engine(small_engine_config, model.config, merged_by_hand(model.params, adapters), version=1).generate(requests)
-    assert [c.weight_version for c in adapted] == [1] * len(adapted)
-    assert [c.completion_ids for c in adapted] == [c.completion_ids for c in reference]
-    for got, want in zip(adapted, reference):
-        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
-    assert [c.completion_ids for c in adapted] != [c.completion_ids for c in base_out]  # the adapters matter
+    reference = Engine(small_engine_config, model.config, merged_by_hand(model.params, adapters, lora),
+                       version=1).generate(requests)
+
+    # The merged mode equals the merged model (float64 merge on the host); the on-the-fly mode equals the merged mode.
+    for mode in ("merged", "on_the_fly"):
+        engine = Engine(dataclasses.replace(small_engine_config, lora_mode=mode), model.config, model.params, version=0)
+        assert engine.lora_mode == mode
+        base_out = engine.generate(requests)
+        engine.update_adapters(adapters, lora, 1)
+        adapted = engine.generate(requests)
+        assert [c.weight_version for c in adapted] == [1] * len(adapted)
+        assert_same_generations(adapted, reference)
+        assert [c.completion_ids for c in adapted] != [c.completion_ids for c in base_out]  # the adapters matter
+        reference = adapted
+        if mode == "on_the_fly":  # the base's own arrays, the adapters beside them: nothing merged
+            layer = engine._params["layers_0"]
+            assert layer["attn"]["qkv_proj"]["kernel"] is engine._base["layers_0"]["attn"]["qkv_proj"]["kernel"]
+            assert "lora_a" in layer["attn"]["qkv_proj"] and "lora_a" in layer["mlp"]["down_proj"]
+
+    if lora is LORA:  # through the weight store: the follower hands the merged model to update_weights
+        store = WeightStore(WeightStoreConfig(root=str(tmp_path / "weights"), run_id="lora"))
+        store.publish(0, model.params)
+        publish_adapters(store, 1, adapters, base_version=0, lora=lora)
+        follower = WeightFollower(store)
+        assert follower.refresh() and follower.version == 1
+        engine = Engine(small_engine_config, model.config, model.params, version=0)
+        engine.update_weights(follower.take()[1], 1)
+        assert_same_generations(engine.generate(requests), reference)
+
+
+# Head counts and widths divisible by 8 (as tests/inference/test_tensor_parallel.py), 8 simulated devices.
+TP_MODEL = ModelConfig(architecture="qwen2", qkv_bias=True, vocab_size=256, hidden_size=64, intermediate_size=128,
+                       num_layers=2, num_heads=16, num_kv_heads=8, head_dim=8, max_position_embeddings=128,
+                       eos_token_ids=(2,))
+TP_CONFIG = EngineConfig(num_slots=4, page_size=8, num_pages=20, max_prompt_len=16, max_new_tokens=12,
+                         prefill_buckets=(16,), decode_steps_per_call=6, attention_impl="window")
+TP_REQUESTS = [Request([5, 9, 33, 7], SamplingParams(temperature=1.0, max_new_tokens=12, samples_per_prompt=2,
+                                                     ignore_eos=True), "a", 3),
+               Request(list(range(20, 33)), SamplingParams(temperature=0.0, max_new_tokens=9, ignore_eos=True), "b")]
+
+
+@pytest.mark.skipif(jax.local_device_count() < 8, reason="needs 8 devices (tests/conftest.py)")
+@pytest.mark.parametrize("mode", ["on_the_fly", pytest.param("merged", marks=pytest.mark.slow)])
+def test_a_tensor_parallel_engine_on_adapters_equals_one_device(mode):
+    params = jax.tree.map(lambda x: x * 4 if x.ndim > 1 else x, init_params(TP_MODEL, jax.random.key(1)))
+    adapters = jax.tree.map(lambda x: 4 * x, random_adapters(TP_MODEL, LORA))  # large enough to move the tokens
+    reference = Engine(dataclasses.replace(TP_CONFIG, lora_mode=mode), TP_MODEL, params)
+    reference.update_adapters(adapters, LORA, 1)
+    reference = reference.generate(TP_REQUESTS)
+    merged_reference = Engine(TP_CONFIG, TP_MODEL, merged_by_hand(params, adapters, LORA)).generate(TP_REQUESTS)
+    assert [c.completion_ids for c in reference] == [c.completion_ids for c in merged_reference]
+    engine = Engine(dataclasses.replace(TP_CONFIG, tensor_parallel=8, lora_mode=mode), TP_MODEL, params)
+    engine.update_adapters(adapters, LORA, 1)
+    assert_same_generations(engine.generate(TP_REQUESTS), reference)
+    # Tensor parallelism is unchanged: each device holds 1/8 of the kernels, and of B's heads on the fly.
+    q_proj = engine._params["layers_0"]["attn"]["q_proj"]
+    leaves = [q_proj["kernel"], q_proj["lora_b"]] if mode == "on_the_fly" else [q_proj["kernel"]]
+    for leaf in leaves:
+        assert all(shard.data.size * 8 == leaf.size for shard in leaf.addressable_shards)
