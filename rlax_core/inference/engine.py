@@ -224,6 +224,11 @@ class Engine:
         """The weight version new sequences start on."""
         return self._version
 
+    @property
+    def params(self) -> Any:
+        """The weights new sequences start on, in the decoding layout (a pending swap not yet taken)."""
+        return self._params
+
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Complete every request ``samples_per_prompt`` times; results in request order, then sample index."""
         if self.has_unfinished():

@@ -36,8 +36,10 @@ Usage::
 LoRA (``trainer.lora.rank > 0``): ``init_state(params)`` keeps ``params`` as the frozen base (the
 trainer's ``base``, an input of every update that is never donated or written) and the state's
 ``params`` are the adapters alone, so the optimizer state, the gradients, the checkpoints and the
-published versions are the adapters'. The policy's forward takes ``lora.merge(base, adapters)``; the
-reference policy of a KL term is the base itself, so it needs no ``ref_params``.
+published versions are the adapters'. The policy's forward takes ``lora.merge(base, adapters)``, or
+with ``trainer.lora.dropout > 0`` the adapters beside the kernels (``lora.with_adapters``: x @ W +
+(x @ A) @ B, the adapter's input dropped per element with masks drawn from the step's key, one per
+update and micro-batch); the reference policy of a KL term is the base itself, so it needs no ``ref_params``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.attention import AttentionImpl, attention_for_platform
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import adapter_logical_axes, init_adapters, merge
+from rlax_core.models.lora import adapter_logical_axes, init_adapters, merge, scaled, with_adapters
 from rlax_core.models.transformer import forward, param_logical_axes, stack_layers, unstack_layers
 from rlax_core.parallel.mesh import BATCH_AXES, batch_sharding, replicated, tree_shardings
 from rlax_core.rl.advantages import compute_advantages, trained_mask, value_targets
@@ -83,9 +85,12 @@ class TrainState:
 
 
 def token_logprobs(params, config: ModelConfig, tokens, attention_mask, *, remat: bool = False,
-                   attention: AttentionImpl = "dense", mesh: Mesh | None = None):
-    """log pi(token t+1 | tokens <= t) and the entropy of that distribution, both [B, T-1] float32."""
-    logits = forward(params, config, tokens, attention_mask=attention_mask, remat=remat, attention=attention, mesh=mesh)
+                   attention: AttentionImpl = "dense", mesh: Mesh | None = None, lora_dropout: float = 0.0,
+                   lora_dropout_rng: jax.Array | None = None):
+    """log pi(token t+1 | tokens <= t) and the entropy of that distribution, both [B, T-1] float32.
+    ``lora_dropout``/``lora_dropout_rng``: see ``models.transformer.forward``."""
+    logits = forward(params, config, tokens, attention_mask=attention_mask, remat=remat, attention=attention, mesh=mesh,
+                     lora_dropout=lora_dropout, lora_dropout_rng=lora_dropout_rng)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     # Every position gets a target (the last one a placeholder) and only the [B, T] results drop the
     # last column: slicing the [B, T, V] log-probs instead costs a padding copy of them in the backward pass.
@@ -219,7 +224,11 @@ class Trainer:
         return self._policy(params, self.base)
 
     def _policy(self, params, base):
-        return merge(base, params, self.lora) if self.lora.enabled else params
+        if not self.lora.enabled:
+            return params
+        if self.lora.dropout > 0:  # on the fly: dropout masks the adapters' inputs, which W' cannot
+            return with_adapters(base, scaled(params, self.lora))
+        return merge(base, params, self.lora)
 
     def _build_state(self, params, rng, base=None) -> TrainState:
         params = self._cast_trainable(params)
@@ -353,9 +362,11 @@ class Trainer:
             return {**tree, "backbone": convert(tree["backbone"])}
         return convert(tree)
 
-    def _logprobs(self, params, micro, remat=False):
+    def _logprobs(self, params, micro, remat=False, dropout_key=None):
+        """``dropout_key``: the training forward's LoRA dropout masks (scoring passes give none: no dropout)."""
         return token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat,
-                              attention=self.attention, mesh=self.mesh)
+                              attention=self.attention, mesh=self.mesh, lora_dropout=self.lora.dropout,
+                              lora_dropout_rng=dropout_key)
 
     def _values(self, value_params, micro, remat=False):
         return token_values(value_params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat,
@@ -407,9 +418,10 @@ class Trainer:
             prepared["returns"] = value_targets(algorithm, batch["rewards"], mask, values, kl=kl)
         return prepared
 
-    def _policy_loss(self, params, micro, base=None):
+    def _policy_loss(self, params, micro, base=None, dropout_key=None):
         algorithm, config = self.algorithm, self.config
-        logprobs, entropy = self._logprobs(self._policy(params, base), micro, remat=config.remat)
+        logprobs, entropy = self._logprobs(self._policy(params, base), micro, remat=config.remat,
+                                           dropout_key=dropout_key)
         old_logprobs = micro["old_logprobs"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(logprobs)
         if algorithm.entropy_coef == 0:
             entropy = jax.lax.stop_gradient(entropy)
@@ -428,19 +440,21 @@ class Trainer:
     def _update(self, carry, slice_, base=None):
         """One optimizer update (policy, and critic) on one slice of the batch, over its micro-batches."""
         algorithm, config = self.algorithm, self.config
-        params, opt_state, value_params, value_opt_state = carry
+        params, opt_state, value_params, value_opt_state, dropout_key = carry
+        dropout_key, update_key = jax.random.split(dropout_key)
         forward_params, forward_value_params = self._unrolled(params), self._unrolled(value_params)
         forward_base = self._unrolled(base)
         slice_["slice_weights"] = token_weights(slice_["loss_mask"], algorithm.loss_aggregation,
                                                 algorithm.loss_max_length)
 
-        def accumulate(grad_sums, micro):
+        def accumulate(grad_sums, micro_and_key):
+            micro, micro_key = micro_and_key
             micro = self._constrain(micro)
             # This micro-batch's part of the slice's loss (see the module docstring).
             own = jnp.sum(token_weights(micro["loss_mask"], algorithm.loss_aggregation, algorithm.loss_max_length))
             micro["share"] = jnp.sum(micro["slice_weights"]) / jnp.maximum(own, 1e-30)
             (loss, metrics), grads = jax.value_and_grad(self._policy_loss, has_aux=True)(forward_params, micro,
-                                                                                         forward_base)
+                                                                                         forward_base, micro_key)
             policy_sum, value_sum = grad_sums
             policy_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), policy_sum, grads)
             metrics = {**metrics, "loss": loss}
@@ -454,7 +468,7 @@ class Trainer:
         zeros = lambda tree: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), tree)
         (grads, value_grads), metrics = jax.lax.scan(
             accumulate, (zeros(forward_params), zeros(forward_value_params)),
-            split_micro_batches(slice_, config.micro_batches))
+            (split_micro_batches(slice_, config.micro_batches), jax.random.split(update_key, config.micro_batches)))
         grads, value_grads = self._stacked(grads), self._stacked(value_grads)
         # Micro-batch losses are already weighted by their shares: their sum is the slice's loss.
         losses = {name: jnp.sum(metrics.pop(name)) for name in ("loss", "value_loss") if name in metrics}
@@ -468,7 +482,7 @@ class Trainer:
             value_updates, value_opt_state = self.value_optimizer.update(value_grads, value_opt_state, value_params)
             value_params = optax.apply_updates(value_params, value_updates)
             metrics["value_grad_norm"] = optax.global_norm(value_grads)
-        return (params, opt_state, value_params, value_opt_state), metrics
+        return (params, opt_state, value_params, value_opt_state, dropout_key), metrics
 
     def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any, base: Any):
         config = self.config
@@ -483,11 +497,13 @@ class Trainer:
         def epoch(carry, _):
             return jax.lax.scan(functools.partial(self._update, base=base), carry, slices)
 
-        carry = (state.params, state.opt_state, state.value_params, state.value_opt_state)
-        (params, opt_state, value_params, value_opt_state), per_update = jax.lax.scan(
+        # One draw per step keeps the RNG stream reproducible across restarts; the step's other key
+        # draws the LoRA dropout masks (one per update and micro-batch).
+        next_rng, dropout_key = jax.random.split(jax.random.wrap_key_data(state.rng))
+        carry = (state.params, state.opt_state, state.value_params, state.value_opt_state, dropout_key)
+        (params, opt_state, value_params, value_opt_state, _), per_update = jax.lax.scan(
             epoch, carry, None, length=config.ppo_epochs)
-        # One draw per step keeps the RNG stream reproducible across restarts (nothing samples yet).
-        rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0])
+        rng = jax.random.key_data(next_rng)
 
         metrics = _combine_metrics(per_update)
         mask, sample_mask = batch["loss_mask"], batch["sample_mask"]

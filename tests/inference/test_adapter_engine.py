@@ -74,7 +74,7 @@ def test_engine_on_an_adapter_version_equals_the_merged_model(tmp_path, stories,
     for mode in ("merged", "on_the_fly"):
         engine = Engine(dataclasses.replace(small_engine_config, lora_mode=mode), model.config, model.params, version=0)
         assert engine.lora_mode == mode
-        base_out = engine.generate(requests)
+        base_out, base_params = engine.generate(requests), engine.params
         engine.update_adapters(adapters, lora, 1)
         adapted = engine.generate(requests)
         assert [c.weight_version for c in adapted] == [1] * len(adapted)
@@ -82,8 +82,8 @@ def test_engine_on_an_adapter_version_equals_the_merged_model(tmp_path, stories,
         assert [c.completion_ids for c in adapted] != [c.completion_ids for c in base_out]  # the adapters matter
         reference = adapted
         if mode == "on_the_fly":  # the base's own arrays, the adapters beside them: nothing merged
-            layer = engine._params["layers_0"]
-            assert layer["attn"]["qkv_proj"]["kernel"] is engine._base["layers_0"]["attn"]["qkv_proj"]["kernel"]
+            layer, base_layer = engine.params["layers_0"], base_params["layers_0"]
+            assert layer["attn"]["qkv_proj"]["kernel"] is base_layer["attn"]["qkv_proj"]["kernel"]
             assert "lora_a" in layer["attn"]["qkv_proj"] and "lora_a" in layer["mlp"]["down_proj"]
 
     if lora is LORA:  # through the weight store: the follower hands the merged model to update_weights
@@ -122,7 +122,7 @@ def test_a_tensor_parallel_engine_on_adapters_equals_one_device(mode):
     engine.update_adapters(adapters, LORA, 1)
     assert_same_generations(engine.generate(TP_REQUESTS), reference)
     # Tensor parallelism is unchanged: each device holds 1/8 of the kernels, and of B's heads on the fly.
-    q_proj = engine._params["layers_0"]["attn"]["q_proj"]
+    q_proj = engine.params["layers_0"]["attn"]["q_proj"]
     leaves = [q_proj["kernel"], q_proj["lora_b"]] if mode == "on_the_fly" else [q_proj["kernel"]]
     for leaf in leaves:
         assert all(shard.data.size * 8 == leaf.size for shard in leaf.addressable_shards)

@@ -141,3 +141,39 @@ def test_sharded_lora_step_equals_unsharded(tmp_path):
                  jax.device_get(state_8.params))
     b_spec = sharded.param_shardings["layers"]["attn"]["q_proj"]["lora_b"].spec
     assert "tensor" in tuple(b_spec)  # B's heads axis shards like q_proj's kernel
+
+
+def test_on_the_fly_adapters_equal_the_merged_kernels_and_dropout_zero_drops_nothing():
+    from rlax_core.models.lora import scaled, with_adapters
+
+    base = init_params(MODEL, jax.random.key(0))
+    ids = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % MODEL.vocab_size
+    adapters = random_adapters()
+    merged = forward(merge(base, adapters, LORA), MODEL, ids)
+    on_the_fly = with_adapters(base, scaled(adapters, LORA))
+    # Not bit-identical: x @ W + (x @ A) @ B rounds twice where x @ W' rounds once.
+    np.testing.assert_allclose(forward(on_the_fly, MODEL, ids), merged, atol=2e-6)
+    np.testing.assert_array_equal(forward(on_the_fly, MODEL, ids, lora_dropout=0.0, lora_dropout_rng=jax.random.key(1)),
+                                  forward(on_the_fly, MODEL, ids))
+    dropped = forward(on_the_fly, MODEL, ids, lora_dropout=0.5, lora_dropout_rng=jax.random.key(1))
+    assert float(jnp.max(jnp.abs(dropped - merged))) > 1e-3
+
+
+def test_lora_dropout_changes_the_gradients_reproducibly(tmp_path):
+    batch = batch_from_store(tmp_path, groups=2, samples=4)
+    base = init_params(MODEL, jax.random.key(0))
+
+    def one_step(dropout, seed=0):
+        trainer = lora_trainer(lora=LoraConfig(rank=4, alpha=8.0, dropout=dropout), seed=seed)
+        state, metrics = trainer.step(trainer.init_state(base).replace(params=random_adapters()), batch)
+        return jax.device_get(state.params), float(metrics["loss"])
+
+    plain, _ = one_step(0.0)
+    dropped, dropped_loss = one_step(0.3)
+    again, again_loss = one_step(0.3)
+    other_seed, _ = one_step(0.3, seed=1)
+    # The same step seed draws the same masks: bit for bit the same update.
+    jax.tree.map(np.testing.assert_array_equal, dropped, again)
+    assert dropped_loss == again_loss
+    differs = lambda x, y: max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y)))
+    assert differs(dropped, plain) > 1e-3 and differs(dropped, other_seed) > 1e-3
