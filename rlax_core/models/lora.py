@@ -63,6 +63,9 @@ class LoraConfig:
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+    # "param": the frozen base in the trainer's param_dtype; "int8": QLoRA, every projection kernel held
+    # as int8 with a float32 scale per output channel (``quantize_kernels``), dequantized in the forward.
+    base_dtype: str = "param"
 
     def __post_init__(self):
         require(self.rank >= 0, "rank", "must be >= 0 (0: full fine-tuning)")
@@ -72,6 +75,7 @@ class LoraConfig:
         unknown = [t for t in self.targets if t not in TARGETS]
         require(not unknown, "targets", f"unknown {unknown}; choose from {', '.join(TARGETS)}")
         require(len(set(self.targets)) == len(self.targets), "targets", "lists a target twice")
+        require(self.base_dtype in ("param", "int8"), "base_dtype", "must be param (the trainer's param_dtype) or int8")
 
     @property
     def enabled(self) -> bool:
@@ -80,6 +84,12 @@ class LoraConfig:
     @property
     def scale(self) -> float:
         return self.alpha / self.rank
+
+    @property
+    def on_the_fly(self) -> bool:
+        """Whether the trainer's forward runs the adapters beside the kernels instead of merging them:
+        dropout needs it, and an int8 base must not be materialised merged."""
+        return self.enabled and (self.dropout > 0 or self.base_dtype == "int8")
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets)}
@@ -249,3 +259,53 @@ def decoding_adapters(adapters: Params, model: ModelConfig, lora: LoraConfig, *,
                                          "lora_b": jnp.concatenate(blocks, axis=1)}
     count = jax.tree.leaves(layer)[0].shape[0]
     return {f"layers_{i}": jax.tree.map(lambda leaf, i=i: leaf[i], layer) for i in range(count)}
+
+
+# ----------------------------------------------------------------------------- QLoRA: an int8 base
+
+
+def quantize_kernels(params: Params) -> Params:
+    """Every projection kernel of ``params`` (stacked or unstacked layers; all seven, adapted or not)
+    as int8 ``kernel`` with a float32 ``kernel_scale`` per output channel: absmax over the kernel's
+    input axes / 127, so W ~= kernel * kernel_scale to half a step per channel. The forwards of
+    ``transformer.py`` take such params (x @ kernel, then times the scale); other leaves are unchanged."""
+    def quantize(leaves, lead, n_in):
+        kernel = leaves["kernel"].astype(jnp.float32)
+        axes = tuple(range(lead, lead + n_in))
+        scale = jnp.maximum(jnp.max(jnp.abs(kernel), axis=axes), 1e-30) / 127.0
+        quantized = jnp.clip(jnp.round(kernel / jnp.expand_dims(scale, axes)), -127, 127).astype(jnp.int8)
+        return {**leaves, "kernel": quantized, "kernel_scale": scale}
+    return _map_projections(params, quantize)
+
+
+def dequantize_kernels(params: Params, dtype=jnp.float32) -> Params:
+    """The float params a :func:`quantize_kernels` tree stands for (kernel * scale, in ``dtype``)."""
+    def dequantize(leaves, lead, n_in):
+        if "kernel_scale" not in leaves:
+            return leaves
+        scale = jnp.expand_dims(leaves["kernel_scale"], tuple(range(lead, lead + n_in)))
+        rest = {name: leaf for name, leaf in leaves.items() if name != "kernel_scale"}
+        return {**rest, "kernel": (leaves["kernel"].astype(jnp.float32) * scale).astype(dtype)}
+    return _map_projections(params, dequantize)
+
+
+def quantized_logical_axes(axes: Params) -> Params:
+    """``param_logical_axes`` for a :func:`quantize_kernels` tree: a scale has its kernel's output
+    axes (after the ``layers`` axis where stacked)."""
+    def add_scale(leaves, lead, n_in):
+        names = leaves["kernel"]
+        return {**leaves, "kernel_scale": (*names[:lead], *names[lead + n_in:])}
+    return _map_projections(axes, add_scale, lead_of=lambda leaves: int(leaves["kernel"][0] == "layers"))
+
+
+def _map_projections(tree: Params, fn, lead_of=None) -> Params:
+    """``tree`` with each projection's dict replaced by ``fn(leaves, lead, n_in)``: ``lead`` leading
+    layer axes (1 stacked, 0 unstacked), ``n_in`` input axes of its kernel."""
+    out = dict(tree)
+    for layer in [name for name in tree if name == "layers" or name.startswith("layers_")]:
+        out[layer] = {module: dict(projections) for module, projections in tree[layer].items()}
+        for (module, proj), inputs, outputs in TARGETS.values():
+            leaves = out[layer][module][proj]
+            lead = lead_of(leaves) if lead_of else leaves["kernel"].ndim - len(inputs) - len(outputs)
+            out[layer][module][proj] = fn(leaves, lead, len(inputs))
+    return out

@@ -62,10 +62,14 @@ def _logical(init, *axes: str):
 
 
 def _adapted(module: nn.Module, name: str, x: jax.Array, y: jax.Array, dropout: float) -> jax.Array:
-    """``y`` = the projection ``name``'s x @ W, plus (x @ A) @ B when its params hold an adapter
-    (``lora.with_adapters``); x dropped element-wise at rate ``dropout`` first when the apply has a
-    LoRA dropout rng (training), as PEFT drops the adapter's input."""
+    """``y`` = the projection ``name``'s x @ W (+ bias), scaled per output channel when W is int8
+    (``lora.quantize_kernels``), plus (x @ A) @ B when its params hold an adapter (``lora.with_adapters``);
+    x dropped element-wise at rate ``dropout`` first when the apply has a LoRA dropout rng
+    (training), as PEFT drops the adapter's input."""
     leaves = module.variables.get("params", {}).get(name, {})
+    if "kernel_scale" in leaves:  # x @ (q * s) = (x @ q) * s, for a scale per output channel
+        bias = leaves.get("bias", jnp.zeros((), y.dtype)).astype(jnp.float32)
+        y = ((y.astype(jnp.float32) - bias) * leaves["kernel_scale"] + bias).astype(y.dtype)
     if "lora_a" not in leaves:
         return y
     if dropout > 0 and module.has_rng(LORA_DROPOUT_RNG):

@@ -18,6 +18,7 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
@@ -26,7 +27,7 @@ from rlax_core.inference.config import EngineConfig
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.attention import fits as attention_fits
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import TARGETS, adapter_logical_axes, init_adapters
+from rlax_core.models.lora import TARGETS, adapter_logical_axes, init_adapters, quantize_kernels, quantized_logical_axes
 from rlax_core.models.transformer import init_params, param_logical_axes
 from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
 from rlax_core.planning.hardware import CPU, GIB, SliceSpec, platform_of
@@ -39,6 +40,7 @@ USABLE_FRACTION = 0.9
 ENGINE_CODE_BYTES = 2 * 2**20
 TRAINER_CODE_BYTES = 24 * 2**20
 _BYTES = {"float32": 4, "bfloat16": 2}
+_JNP = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _F32 = 4
 
 
@@ -102,14 +104,15 @@ def _targeted_kernels(model: ModelConfig, lora) -> tuple[dict, dict]:
     return ({p: shapes[m][p]["kernel"] for m, p in picked}, {p: axes[m][p]["kernel"] for m, p in picked})
 
 
-def _tree_bytes(shapes, axes, dtype: str, mesh_sizes: tuple[int, int, int]) -> int:
-    """Bytes per chip of a tree of ``shapes`` in ``dtype``, each leaf placed by its logical ``axes``."""
+def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, int, int]) -> int:
+    """Bytes per chip of a tree of ``shapes`` in ``dtype`` (None: each leaf's own), each leaf placed by
+    its logical ``axes``."""
     mesh = AbstractMesh(mesh_sizes, MESH_AXES)
     total = 0
     for names, leaf in zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)), jax.tree.leaves(shapes)):
         spec = spec_for(names, leaf.shape, mesh)
         split = math.prod(mesh.shape[a] for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry))
-        total += int(np.prod(leaf.shape)) * _BYTES[dtype] // split
+        total += int(np.prod(leaf.shape)) * (_BYTES[dtype] if dtype else leaf.dtype.itemsize) // split
     return total
 
 
@@ -222,14 +225,20 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
 
 
 def _lora_parts(model: ModelConfig, trainer: TrainerConfig, dtype: str, sizes, base: int) -> dict[str, int]:
-    """A LoRA trainer's parts: the frozen base, float32 adapters with their gradients and AdamW moments,
-    and the adapted kernels the forward merges (``W + s A B``, in the base's dtype) with their gradient,
-    which the backward forms before contracting it to the adapters'."""
+    """A LoRA trainer's parts: the frozen base (QLoRA: int8 kernels with float32 scales), float32
+    adapters with their gradients and AdamW moments, and, when the forward merges (no dropout, a float
+    base), the adapted kernels ``W + s A B`` in the base's dtype with their gradient, which the
+    backward forms before contracting it to the adapters'. On the fly neither exists."""
     adapters = _tree_bytes(jax.eval_shape(lambda: init_adapters(model, trainer.lora, jax.random.key(0))),
                            adapter_logical_axes(trainer.lora), "float32", sizes)
-    merged = _tree_bytes(*_targeted_kernels(model, trainer.lora), dtype, sizes)
-    return {"parameters": base, "adapters": adapters, "gradients": 2 * adapters, "optimizer state": 2 * adapters,
-            "merged kernels": merged, "merged kernel gradients": merged}
+    if trainer.lora.base_dtype == "int8":
+        shapes = jax.eval_shape(lambda: quantize_kernels(init_params(model, jax.random.key(0), _JNP[dtype])))
+        base = _tree_bytes(shapes, quantized_logical_axes(param_logical_axes(model)), None, sizes)
+    parts = {"parameters": base, "adapters": adapters, "gradients": 2 * adapters, "optimizer state": 2 * adapters}
+    if not trainer.lora.on_the_fly:
+        merged = _tree_bytes(*_targeted_kernels(model, trainer.lora), dtype, sizes)
+        parts.update({"merged kernels": merged, "merged kernel gradients": merged})
+    return parts
 
 
 def refuse_unless_fits(plans: list[MemoryPlan]) -> None:

@@ -57,7 +57,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.attention import AttentionImpl, attention_for_platform
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import adapter_logical_axes, init_adapters, merge, scaled, with_adapters
+from rlax_core.models.lora import (adapter_logical_axes, dequantize_kernels, init_adapters, merge, quantize_kernels,
+                                   quantized_logical_axes, scaled, with_adapters)
 from rlax_core.models.transformer import forward, param_logical_axes, stack_layers, unstack_layers
 from rlax_core.parallel.mesh import BATCH_AXES, batch_sharding, replicated, tree_shardings
 from rlax_core.rl.advantages import compute_advantages, trained_mask, value_targets
@@ -163,9 +164,15 @@ class Trainer:
         platform = mesh.devices.flat[0].platform
         self.attention = attention_for_platform(platform) if config.attention == "auto" else config.attention
 
-        abstract_base = jax.eval_shape(
-            lambda: jax.tree.map(lambda x: x.astype(self.param_dtype), self._init_base(jax.random.key(0))))
-        self.base_shardings = tree_shardings(abstract_base, param_logical_axes(model_config), mesh)
+        if self.lora.base_dtype == "int8" and self.uses_value_model:
+            raise ValueError("trainer.lora.base_dtype=int8 with a value model: the critic would start from an "
+                             "int8 backbone; use base_dtype=param")
+        abstract_base = jax.eval_shape(lambda: self._frozen(self._init_base(jax.random.key(0))))
+        base_axes = param_logical_axes(model_config)
+        self._given_base_axes = base_axes
+        if self.lora.base_dtype == "int8":
+            base_axes = quantized_logical_axes(base_axes)
+        self.base_shardings = tree_shardings(abstract_base, base_axes, mesh)
         abstract_params = jax.eval_shape(
             lambda: self._cast_trainable(self._init_params(jax.random.key(0))))
         self.param_shardings = (tree_shardings(abstract_params, adapter_logical_axes(self.lora), mesh)
@@ -215,18 +222,29 @@ class Trainer:
         model's rules in the trainer's parameter dtype."""
         if not self.lora.enabled:
             raise ValueError("load_base: trainer.lora.rank is 0 (full fine-tuning has no frozen base)")
-        params = jax.device_put(params, self.base_shardings)
-        self.base = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(self.param_dtype), p),
-                            out_shardings=self.base_shardings)(params)
+        params = jax.device_put(params, tree_shardings(params, self._given_base_axes, self.mesh))
+        self.base = jax.jit(self._frozen, out_shardings=self.base_shardings)(params)
+
+    def _frozen(self, params):
+        """The base as the trainer holds it: in ``param_dtype``, its kernels int8 for QLoRA."""
+        params = jax.tree.map(lambda x: x.astype(self.param_dtype), params)
+        return quantize_kernels(params) if self.lora.base_dtype == "int8" else params
 
     def policy_params(self, params: Any) -> Any:
-        """The complete policy for the state's ``params``: the merged base and adapters with LoRA."""
-        return self._policy(params, self.base)
-
-    def _policy(self, params, base):
+        """The complete policy for the state's ``params``: with LoRA the base (dequantized when int8)
+        with the adapters merged, in ``param_dtype``: what exports and full weight versions hold."""
         if not self.lora.enabled:
             return params
-        if self.lora.dropout > 0:  # on the fly: dropout masks the adapters' inputs, which W' cannot
+        base = self.base
+        if self.lora.base_dtype == "int8":
+            base = dequantize_kernels(base, self.param_dtype)
+        return merge(base, params, self.lora)
+
+    def _policy(self, params, base):
+        """The policy as the training forward takes it."""
+        if not self.lora.enabled:
+            return params
+        if self.lora.on_the_fly:  # dropout masks the adapters' inputs, which W' cannot; an int8 base stays int8
             return with_adapters(base, scaled(params, self.lora))
         return merge(base, params, self.lora)
 

@@ -7,7 +7,7 @@ import pytest
 
 from rlax_core.config import ConfigError
 from rlax_core.models.config import toy_config
-from rlax_core.models.lora import LoraConfig, adapter_shapes, init_adapters, merge
+from rlax_core.models.lora import TARGETS, LoraConfig, adapter_shapes, init_adapters, merge
 from rlax_core.models.transformer import forward, init_params
 from rlax_core.parallel import MeshConfig, make_mesh
 from rlax_core.rl.config import AlgorithmConfig
@@ -177,3 +177,38 @@ def test_lora_dropout_changes_the_gradients_reproducibly(tmp_path):
     assert dropped_loss == again_loss
     differs = lambda x, y: max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y)))
     assert differs(dropped, plain) > 1e-3 and differs(dropped, other_seed) > 1e-3
+
+
+def test_an_int8_base_stays_close_to_the_float_base_and_training_moves_only_the_adapters(tmp_path):
+    from rlax_core.models.lora import dequantize_kernels, quantize_kernels
+
+    base = init_params(MODEL, jax.random.key(0))
+    quantized = quantize_kernels(base)
+    kernel = quantized["layers"]["mlp"]["down_proj"]
+    assert kernel["kernel"].dtype == jnp.int8 and kernel["kernel_scale"].shape == (MODEL.num_layers, MODEL.hidden_size)
+    # Per output channel, half a quantization step at most: |W - q s| <= s / 2.
+    for (module, proj), _, _ in TARGETS.values():
+        error = jnp.abs(dequantize_kernels(quantized)["layers"][module][proj]["kernel"] - base["layers"][module][proj]["kernel"])
+        assert float(jnp.max(error)) <= float(jnp.max(quantized["layers"][module][proj]["kernel_scale"])) / 2 + 1e-7
+    ids = jnp.arange(24, dtype=jnp.int32).reshape(2, 12) % MODEL.vocab_size
+    logprobs = lambda params: jax.nn.log_softmax(forward(params, MODEL, ids))
+    # The stated tolerance: log-probs within 1e-2 of the float base's (0.005 of 127 steps per channel).
+    np.testing.assert_allclose(logprobs(quantized), logprobs(base), atol=1e-2)
+    np.testing.assert_allclose(logprobs(quantized), logprobs(dequantize_kernels(quantized)), atol=1e-5)
+
+    batch = batch_from_store(tmp_path, groups=2, samples=4)
+    trainer = lora_trainer(lora=LoraConfig(rank=4, alpha=8.0, base_dtype="int8"),
+                           optimizer=OptimizerConfig(learning_rate=1e-2))
+    state = trainer.init_state(base).replace(params=random_adapters())
+    held = jax.tree.map(np.array, jax.device_get(trainer.base))
+    assert held["layers"]["attn"]["q_proj"]["kernel"].dtype == np.int8
+    adapters_before = jax.tree.map(np.array, state.params)
+    state, metrics = trainer.step(state, batch)
+    assert np.isfinite(float(metrics["loss"]))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(trainer.base), held)  # the int8 base is untouched
+    moved = [float(np.max(np.abs(a - np.asarray(b)))) for a, b in zip(jax.tree.leaves(adapters_before),
+                                                                      jax.tree.leaves(state.params))]
+    assert min(moved) > 0  # every adapter tensor learned
+    # Exports and full versions take the dequantized base with the adapters merged, in float.
+    policy = trainer.policy_params(state.params)
+    assert policy["layers"]["attn"]["q_proj"]["kernel"].dtype == jnp.float32 and "kernel_scale" not in policy["layers"]["attn"]["q_proj"]
