@@ -67,7 +67,7 @@ setup-tpu-compile: $(TPU_VENV)/.installed
 
 # The TPU lane without a TPU: libtpu compiles a small recipe's programs for v5e and v5p slices here.
 test-tpu-compile: setup-tpu-compile
-	$(TPU_VENV)/bin/python -m pytest -m tpu tests/compile -n 0 --timeout 900 -p no:cacheprovider $(PYTEST_ARGS)
+	$(TPU_VENV)/bin/python -m pytest -m tpu tests/compile --timeout 900 -p no:cacheprovider $(PYTEST_ARGS)
 
 # Side-by-side benchmarks against torch/transformers/TRL (installed only here).
 bench: setup
