@@ -41,8 +41,9 @@ class WandbLogger:
     def __init__(self, config: WandbConfig, *, metrics_dir: str, run_config: Mapping[str, Any] | None = None):
         try:
             import wandb
-        except ImportError:
-            raise ImportError("trainer.wandb.enabled needs the wandb package: pip install 'rlax-beam[wandb]'") from None
+        except ImportError as error:  # its own message too: an installed wandb can fail to import
+            raise ImportError(f"trainer.wandb.enabled needs the wandb package: pip install 'rlax-beam[wandb]' "
+                              f"(import wandb: {error})") from error
         directory = config.dir or (f"{metrics_dir.removeprefix('file://')}/wandb" if not is_remote(metrics_dir) else "wandb")
         os.makedirs(directory, exist_ok=True)
         self.run = wandb.init(project=config.project, entity=config.entity, name=config.name, group=config.group,
