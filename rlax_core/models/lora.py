@@ -176,14 +176,20 @@ def _is_adapter(node) -> bool:
 
 def with_kernels(base: Params, kernels: Params) -> Params:
     """``base`` with the kernels of ``kernels`` (``adapted_kernels``' tree) in place of its own."""
-    merged = dict(base)
-    for layer, modules in kernels.items():
-        merged[layer] = dict(base[layer])
+    return _update_projections(base, kernels, lambda kernel: {"kernel": kernel})
+
+
+def _update_projections(params: Params, updates: Params, leaves_of) -> Params:
+    """``params`` with ``leaves_of(update)`` added to each projection ``updates`` names (layer ->
+    module -> projection); only the dicts on the way are new, no array is copied."""
+    out = dict(params)
+    for layer, modules in updates.items():
+        out[layer] = dict(params[layer])
         for module, projections in modules.items():
-            merged[layer][module] = dict(base[layer][module])
-            for proj, kernel in projections.items():
-                merged[layer][module][proj] = {**base[layer][module][proj], "kernel": kernel}
-    return merged
+            out[layer][module] = dict(params[layer][module])
+            for proj, update in projections.items():
+                out[layer][module][proj] = {**params[layer][module][proj], **leaves_of(update)}
+    return out
 
 
 def count_adapter_parameters(model: ModelConfig, lora: LoraConfig) -> int:
@@ -206,14 +212,7 @@ def with_adapters(params: Params, adapters: Params) -> Params:
     Works on any tree shaped like the parameters: params (then the adapters should be ``scaled``),
     their logical axes (with ``adapter_logical_axes``), shardings. Nothing is copied.
     """
-    out = dict(params)
-    for layer, modules in adapters.items():
-        out[layer] = dict(params[layer])
-        for module, projections in modules.items():
-            out[layer][module] = dict(params[layer][module])
-            for proj, leaves in projections.items():
-                out[layer][module][proj] = {**params[layer][module][proj], **leaves}
-    return out
+    return _update_projections(params, adapters, dict)
 
 
 def low_rank_term(x: jax.Array, lora_a: jax.Array, lora_b: jax.Array) -> jax.Array:
