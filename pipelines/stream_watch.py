@@ -199,6 +199,7 @@ def drive(result, watch: StreamWatch, *, deadline_s: float) -> int:
     deadline = time.monotonic() + deadline_s
     try:
         while True:
+            _exit_if_signalled()
             progress = watch.poll()
             if watch.finished:
                 log.info("rollout stream: all %d steps generated (%d groups); stopping the pipeline",
@@ -243,9 +244,23 @@ def _quiet_harness_shutdown() -> None:
     threading.excepthook = lambda _args: None
 
 
+_received_signal: int | None = None
+
+
 def _exit_on_signal(signum, _frame):
+    # The raise unwinds whatever the main thread is in. Python swallows an exception raised while a
+    # gc callback or a __del__ runs (JAX registers one), so the signal is also remembered and ``drive``
+    # exits on it at its next poll: a stop request is never lost.
+    global _received_signal
+    _received_signal = signum
     log.warning("rollout stream: received %s; stopping", signal.Signals(signum).name)
     sys.exit(128 + signum)
+
+
+def _exit_if_signalled() -> None:
+    if _received_signal is not None:
+        log.warning("rollout stream: stopping on %s", signal.Signals(_received_signal).name)
+        sys.exit(128 + _received_signal)
 
 
 def run_stream(runner_args: Sequence[str], spec, loop, build: Callable[[Any, Any, Any], Any], *,

@@ -238,3 +238,33 @@ def test_the_watch_and_refresh_intervals_are_checked_on_construction(field):
 
     with pytest.raises(ConfigError, match=field):
         LoopConfig(**{field: 0})
+
+
+def test_a_sigterm_swallowed_where_it_landed_still_stops_the_stream(tmp_path, monkeypatch):
+    # Python ignores an exception raised while a gc callback runs (JAX registers one): a SIGTERM whose
+    # SystemExit lands there must still stop the driver, which cancels the job on its way out.
+    import gc
+    import signal
+
+    from pipelines import stream_watch
+
+    monkeypatch.setattr(stream_watch, "_received_signal", None)
+    previous = signal.signal(signal.SIGTERM, stream_watch._exit_on_signal)
+
+    def signal_inside_gc(phase, _info):
+        if phase == "start":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # the handler runs (and its SystemExit is swallowed) here
+
+    gc.callbacks.append(signal_inside_gc)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(signal_inside_gc)
+        signal.signal(signal.SIGTERM, previous)
+    assert stream_watch._received_signal == signal.SIGTERM  # the unwinding was lost; the request is not
+    _spec, watch = _watch(tmp_path)
+    job = _RunningJob()
+    with pytest.raises(SystemExit) as stopped:
+        drive(job, watch, deadline_s=60)
+    assert stopped.value.code == 128 + signal.SIGTERM and job.cancelled == 1
