@@ -311,26 +311,32 @@ class Engine:
     def update_weights(self, params: Any, version: int) -> None:
         """Use ``params`` (same structure, shapes and dtypes: no recompilation) for sequences started from
         now; sequences in flight finish on their own version first."""
-        shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-        if shapes != self._param_shapes:
-            raise ValueError("update_weights: the new parameters differ in structure, shape or dtype from the "
-                             "engine's; build a new Engine for a different model")
-        self._base = self._layout(params)
+        self._base = self._laid_out_base(params, "update_weights")
         self._pending_weights = (self._base, int(version))
         self._maybe_swap_weights()
 
-    def update_adapters(self, adapters: Any, lora: LoraConfig, version: int) -> None:
+    def update_adapters(self, adapters: Any, lora: LoraConfig, version: int, base: Any = None) -> None:
         """As ``update_weights``, for LoRA adapters (``models.lora``'s stacked tree, as an adapter
-        weight version holds them) on the engine's base: the last full params it was given.
+        weight version holds them) on the engine's base: ``base`` when given (full params, which the
+        engine holds from now on), else the last full params it was given.
 
         ``lora_mode`` "merged" swaps in W + alpha / rank * A @ B; "on_the_fly" swaps in the base with
         the adapters beside its kernels, and every projection adds (x @ A) @ B. The first adapters of
         a rank compile the programs for that tree once; later versions swap without compiling.
         """
+        if base is not None:
+            self._base = self._laid_out_base(base, "update_adapters")
         params = apply_adapters(self._base, adapters, lora, self.lora_mode, model_config=self.model_config,
                                 mesh=self.mesh, device=self.device)
         self._pending_weights = (params, int(version))
         self._maybe_swap_weights()
+
+    def _laid_out_base(self, params: Any, caller: str) -> Any:
+        shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
+        if shapes != self._param_shapes:
+            raise ValueError(f"{caller}: the new parameters differ in structure, shape or dtype from the "
+                             "engine's; build a new Engine for a different model")
+        return self._layout(params)
 
     # ------------------------------------------------------------------ scheduling (host)
 

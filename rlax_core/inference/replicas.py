@@ -33,7 +33,7 @@ from rlax_core.models.config import ModelConfig
 
 
 class ReplicatedEngine:
-    """``Engine``'s ``generate`` / ``update_weights`` / ``warm_up`` over one engine per device.
+    """``Engine``'s ``generate`` / ``update_weights`` / ``update_adapters`` / ``warm_up`` over one engine per device.
 
     ``devices`` default to the first ``config.replicas * config.tensor_parallel`` local devices
     (all of them for 0); consecutive groups of ``tensor_parallel`` form one replica.
@@ -77,9 +77,9 @@ class ReplicatedEngine:
         for engine in self.engines:
             engine.update_weights(params, version)
 
-    def update_adapters(self, adapters: Any, lora: Any, version: int) -> None:
+    def update_adapters(self, adapters: Any, lora: Any, version: int, base: Any = None) -> None:
         for engine in self.engines:
-            engine.update_adapters(adapters, lora, version)
+            engine.update_adapters(adapters, lora, version, base)
 
     def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode)) -> None:
         self._on_every_replica(lambda engine, _: engine.warm_up(modes), [None] * len(self.engines))

@@ -48,7 +48,9 @@ class RolloutWorker:
                                compile_modes=(sampling_mode(spec.sampling()),))
         startup.mark("engine_compiled")
         self.store = WeightStore(spec.weights)
-        self.follower = WeightFollower(self.store, dtype=spec.model_dtype)  # the engine's dtype, not the publisher's
+        # The engine's dtype, not the publisher's. The engine holds the base of a LoRA run's adapter
+        # versions and applies each one itself (engine.lora_mode): the follower reads only the adapters.
+        self.follower = WeightFollower(self.store, dtype=spec.model_dtype, merge_adapters=False)
         self.spec = spec
         startup.write_stamps(spec.rollout_root, spec.run, "worker")
         self._waiting: list[_Batch] = []
@@ -91,8 +93,7 @@ class RolloutWorker:
         refused_before = set(self.follower.refused)
         started = time.monotonic()
         if self.follower.refresh(up_to=version):
-            loaded, params = self.follower.take()
-            self.host.engine.update_weights(params, loaded)
+            loaded = self.follower.hand_to(self.host.engine)
             logger.info("rollout worker: loaded weights version %d in %.2f s", loaded, time.monotonic() - started)
         # Versions newly refused; one forgotten in the refresh (repaired) is no refusal.
         return self.follower.version, len(set(self.follower.refused) - refused_before)

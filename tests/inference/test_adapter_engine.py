@@ -12,6 +12,7 @@ import pytest
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.inference.engine import Engine, Request
+from rlax_core.inference.replicas import ReplicatedEngine
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import TARGETS, LoraConfig, init_adapters
 from rlax_core.models.transformer import init_params
@@ -95,6 +96,60 @@ def test_engine_on_an_adapter_version_equals_the_merged_model(tmp_path, stories,
         engine = Engine(small_engine_config, model.config, model.params, version=0)
         engine.update_weights(follower.take()[1], 1)
         assert_same_generations(engine.generate(requests), reference)
+
+
+@pytest.mark.parametrize("mode", ["merged", "on_the_fly"])
+def test_a_follower_hands_the_engine_the_adapters_alone_and_it_generates_the_merged_models_tokens(
+        tmp_path, stories, small_engine_config, mode):
+    """A rollout worker's path (``WeightFollower(merge_adapters=False).hand_to``): a full version, then
+    two adapter versions on it. Each adapter version reads its adapters and nothing else; the replicated
+    engine, holding the base, generates what an engine given the merged params generates."""
+    model, tokenizer = stories
+    config = WeightStoreConfig(root=str(tmp_path / "weights"), run_id="lora")
+    writer, reader = WeightStore(config), WeightStore(config)
+    writer.publish(0, model.params)
+    adapters = {v: random_adapters(model.config, LORA, seed=v) for v in (1, 2)}
+    adapter_bytes = {v: publish_adapters(writer, v, adapters[v], base_version=0, lora=LORA).nbytes for v in (1, 2)}
+    requests = [Request(tuple(tokenizer.encode(text)), SamplingParams(temperature=0.0, max_new_tokens=16), f"p{i}")
+                for i, text in enumerate(["Once upon a time", "The little dog"])]
+
+    def merged_model_generates(params):
+        return Engine(small_engine_config, model.config, params).generate(requests)
+
+    # The engine starts on other weights (a worker's start on its model folder): version 0 replaces them.
+    engine = ReplicatedEngine(dataclasses.replace(small_engine_config, lora_mode=mode), model.config,
+                              jax.tree.map(lambda x: 0.5 * x, model.params), version=-1)
+    follower = WeightFollower(reader, merge_adapters=False)
+    assert follower.refresh(up_to=0) and follower.hand_to(engine) == 0 and follower.hand_to(engine) is None
+    assert reader.counters["read_bytes"] == writer.manifest(0).nbytes
+    assert_same_generations(engine.generate(requests), merged_model_generates(model.params))
+    for version in (1, 2):
+        read, loads = reader.counters["read_bytes"], reader.counters["loaded"]
+        assert follower.refresh(up_to=version) and follower.hand_to(engine) == version
+        assert reader.counters["loaded"] - loads == 1  # the adapter version alone, not its base again
+        assert reader.counters["read_bytes"] - read == adapter_bytes[version] < writer.manifest(0).nbytes / 10
+        generated = engine.generate(requests)
+        assert {c.weight_version for c in generated} == {version}
+        assert_same_generations(generated, merged_model_generates(merged_by_hand(model.params, adapters[version], LORA)))
+    engine.close()
+
+
+def test_a_follower_that_does_not_merge_hands_over_a_base_it_loaded_for_a_version_never_handed_over(tmp_path, stories):
+    """Two adapter versions on a base the engine does not hold, loaded before the engine takes either:
+    the second load reads only its adapters, and the hand-over still carries the base."""
+    model, _ = stories
+    config = WeightStoreConfig(root=str(tmp_path / "weights"), run_id="lora")
+    writer, reader = WeightStore(config), WeightStore(config)
+    writer.publish(0, model.params)
+    publish_adapters(writer, 1, random_adapters(model.config, LORA, seed=1), base_version=0, lora=LORA)
+    follower = WeightFollower(reader, merge_adapters=False, as_numpy=True)
+    assert follower.refresh(up_to=1) and follower.parts.params is not None  # the base, read with the adapters
+    publish_adapters(writer, 2, random_adapters(model.config, LORA, seed=2), base_version=0, lora=LORA)
+    assert follower.refresh() and reader.counters["loaded"] == 3  # base, adapters 1, adapters 2
+    parts = follower.parts
+    assert parts.version == 2 and parts.base.version == 0 and parts.params is not None
+    with pytest.raises(RuntimeError, match="hand_to"):
+        follower.take()
 
 
 # Head counts and widths divisible by 8 (as tests/inference/test_tensor_parallel.py), 8 simulated devices.
