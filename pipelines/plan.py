@@ -42,7 +42,9 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     if hardware.rollout is not None or hardware.trainer is not None:
         model = read_model_config(template_of(config.model.resolved_path()))
     if "rollout" in roles and hardware.rollout is not None:
-        plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name))
+        # A LoRA run's versions after the base are adapters, which the rollout engine applies itself.
+        plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name,
+                                  lora=config.trainer.lora))
     # Difficulty filtering and evaluation run an engine on their workers (by default the rollouts' kind).
     generations = [("filter", config.filter.generation, config.filter.generation.model)]
     generations += [("evaluate", config.evaluate.generation, path) for path in config.evaluate.models]

@@ -24,10 +24,12 @@ from jax.sharding import AbstractMesh
 
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig
+from rlax_core.inference.engine import Engine
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.attention import fits as attention_fits
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import TARGETS, adapter_logical_axes, init_adapters, quantize_kernels, quantized_logical_axes
+from rlax_core.models.lora import (TARGETS, LoraConfig, adapter_logical_axes, decoding_adapters, init_adapters,
+                                   quantize_kernels, quantized_logical_axes)
 from rlax_core.models.transformer import init_params, param_logical_axes
 from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
 from rlax_core.planning.hardware import CPU, GIB, SliceSpec, platform_of
@@ -117,8 +119,12 @@ def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, int, int
 
 
 def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
-                 name: str = "model") -> MemoryPlan:
-    """One engine replica's bytes per chip: it spans ``engine.tensor_parallel`` chips of a host."""
+                 name: str = "model", lora: LoraConfig | None = None) -> MemoryPlan:
+    """One engine replica's bytes per chip: it spans ``engine.tensor_parallel`` chips of a host.
+
+    ``lora``: the adapters of a LoRA run's versions, which the engine applies as ``engine.lora_mode``
+    resolves on this chip (``_engine_lora_parts``).
+    """
     tp = engine.tensor_parallel
     if hardware.chips_per_host % tp:
         raise ConfigError("engine.tensor_parallel", f"{tp} does not divide hardware.rollout.chips_per_host="
@@ -147,18 +153,52 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     if hardware.chip == CPU:  # the dense decode window: every layer's K and V of every slot, whole length
         decode += kv_per_token * engine.num_slots * engine.pages_per_sequence * engine.page_size
     replicas = hardware.chips // tp
+    lora_parts = {} if lora is None or not lora.enabled else _engine_lora_parts(model, engine, hardware, dtype, lora)
     return MemoryPlan(
         role="rollout", model=name, chip=hardware.chip, chips=hardware.chips,
         layout=f"{replicas} replica(s) x tensor_parallel {tp}", bytes_per_chip=hardware.bytes_per_chip,
         parts={"weights": weights, "incoming weights": weights, "KV pool": kv_pool,
-               "activations": max(prefill, decode),
+               "activations": max(prefill, decode), **lora_parts,
                **({"compiled code": ENGINE_CODE_BYTES} if hardware.chip != CPU else {})},
         knobs={"weights": "raise engine.tensor_parallel (chips per replica)",
                "incoming weights": "raise engine.tensor_parallel (a swap holds the next version beside the current)",
                "KV pool": "lower engine.num_pages (or page_size), or raise engine.tensor_parallel",
                "activations": "lower engine.max_prefill_batch or the largest prefill bucket (prefill), "
                               "or engine.num_slots (decode)",
+               "merged kernels": "engine.lora_mode: on_the_fly, or adapt fewer trainer.lora.targets",
+               "adapters": "lower trainer.lora.rank, or raise engine.tensor_parallel",
+               "adapter activations": "lower engine.max_prefill_batch or the largest prefill bucket, or "
+                                      "trainer.lora.rank",
                "compiled code": "nothing: XLA's generated code"})
+
+
+def _engine_lora_parts(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
+                       lora: LoraConfig) -> dict[str, int]:
+    """What an engine applying adapter versions holds beyond the base (``inference/adapters.py``).
+
+    Merged: the merged copies of the adapted kernels beside the base's own. On the fly: the scaled
+    float32 adapters, the current version's and the incoming one's (on one device fused like the
+    kernels, zero blocks included; under tensor parallelism split by their kernels' rules), and the
+    prefill's x @ A, float32 [batch, bucket, rank] per adapted projection of one layer (decode's
+    [num_slots, rank] is smaller).
+    """
+    tp = engine.tensor_parallel
+    if Engine.resolve_lora_mode(engine.lora_mode, platform_of(hardware.chip)) == "merged":
+        targets = set(lora.targets)
+        if tp == 1:  # one device fuses q/k/v and gate/up: adapting one part merges the whole fused kernel
+            for fused in ({"q", "k", "v"}, {"gate", "up"}):
+                targets |= fused if targets & fused else set()
+        kernels = _targeted_kernels(model, dataclasses.replace(lora, targets=tuple(sorted(targets))))
+        return {"merged kernels": _tree_bytes(*kernels, dtype, (1, 1, tp))}
+    stacked = jax.eval_shape(lambda: init_adapters(model, lora, jax.random.key(0)))
+    if tp == 1:
+        fused = jax.eval_shape(lambda: decoding_adapters(init_adapters(model, lora, jax.random.key(0)), model, lora,
+                                                         fuse=True))
+        adapters = sum(leaf.size * _F32 for leaf in jax.tree.leaves(fused))
+    else:
+        adapters = _tree_bytes(stacked, adapter_logical_axes(lora), "float32", (1, 1, tp))
+    low_rank = engine.prefill_batch * engine.prefill_buckets[-1] * lora.rank * len(lora.targets) * _F32
+    return {"adapters": 2 * adapters, "adapter activations": low_rank}
 
 
 def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec, rows_per_step: int,
@@ -205,6 +245,12 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
     vocab = model.vocab_size // tensor if model.vocab_size % tensor == 0 else model.vocab_size
     logits = 3 * rows * length * vocab * _F32
     parts["activations"] = model.num_layers * per_layer + attention + logits
+    if trainer.lora.on_the_fly:
+        # Each adapted projection's x @ A, float32 [rows, T, rank] whole on every chip (the rank axis is
+        # replicated, so the contraction's partial sums are reduced, not split): the backward of B needs
+        # it. Saved for every layer without remat; with remat, for the one layer being recomputed.
+        low_rank = rows * length * trainer.lora.rank * len(trainer.lora.targets) * _F32
+        parts["adapter activations"] = (1 if trainer.remat else model.num_layers) * low_rank
     if hardware.chip != CPU:  # XLA:CPU's code lives in host memory beside the program
         parts["compiled code"] = TRAINER_CODE_BYTES
     return MemoryPlan(
@@ -221,6 +267,7 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
                "value model": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
                "activations": "raise trainer.micro_batches (rows per chip) or trainer.mesh.tensor, set "
                               "trainer.remat, or lower trainer.max_seq_len",
+               "adapter activations": "raise trainer.micro_batches, set trainer.remat, or lower trainer.lora.rank",
                "compiled code": "nothing: XLA's generated code"})
 
 

@@ -1,5 +1,7 @@
 """The planner's LoRA trainer: its adapter and optimizer bytes are what the trainer places per device."""
 
+import dataclasses
+
 import jax
 import pytest
 
@@ -73,3 +75,60 @@ def test_an_int8_lora_trainer_fits_qwq32b_on_4_v5p_chips_where_full_fine_tuning_
     assert trainer_plan(4, 8).fits and not trainer_plan(2, 8).fits and not trainer_plan(1, 4).fits
     assert trainer_plan(1, 4, *qlora).fits
     assert "merged kernels" not in trainer_plan(1, 4, *qlora).parts
+
+
+@pytest.mark.parametrize("remat", [True, False])
+def test_on_the_fly_adapters_activations_are_x_times_a_per_adapted_projection_and_token(remat):
+    model = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=8,
+                        num_kv_heads=4, head_dim=8)
+    hardware = SliceSpec(chip="cpu", chips_per_host=4, memory_gib=1)
+    lora = LoraConfig(rank=4, targets=("q", "o", "down"), base_dtype="int8")
+    config = TrainerConfig(max_seq_len=16, remat=remat, micro_batches=2, mesh=MeshConfig(fsdp=2, tensor=2), lora=lora)
+    plan = plan_trainer(model, config, hardware, rows_per_step=16)
+    # 16 rows / (2 micro-batches x fsdp 2) = 4 rows per chip; x @ A is float32 [4, 16, rank 4] for each of
+    # the 3 projections, whole on each chip: 4 * 16 * 4 * 3 * 4 B = 3072 B per layer; 3 layers without
+    # remat, the one recomputed layer with it.
+    assert plan.parts["adapter activations"] == (3072 if remat else 3 * 3072)
+    for merged in (LoraConfig(rank=4, targets=lora.targets), None):  # merged kernels, full fine-tuning: none
+        other = dataclasses.replace(config, lora=merged or LoraConfig())
+        assert "adapter activations" not in plan_trainer(model, other, hardware, rows_per_step=16).parts
+    dropout = dataclasses.replace(config, lora=LoraConfig(rank=8, targets=lora.targets, dropout=0.1))
+    assert plan_trainer(model, dropout, hardware, rows_per_step=16).parts["adapter activations"] == 2 * (
+        3072 if remat else 3 * 3072)  # rank 8: twice
+
+
+@pytest.mark.skipif(jax.local_device_count() < 4, reason="needs 4 devices (tests/conftest.py)")
+@pytest.mark.parametrize("tensor_parallel", [1, 4])
+def test_an_engine_on_the_fly_holds_the_planned_adapters_and_its_prefill_the_planned_x_times_a(tensor_parallel):
+    from rlax_core.inference.config import EngineConfig
+    from rlax_core.inference.engine import Engine
+    from rlax_core.models.lora import init_adapters
+    from rlax_core.models.transformer import init_params
+    from rlax_core.planning.memory import plan_rollout
+
+    model = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=8,
+                        num_kv_heads=4, head_dim=8)
+    lora = LoraConfig(rank=4, targets=("q", "v", "o", "gate", "down"))  # q and v but not k: fused zero blocks
+    config = EngineConfig(num_slots=2, page_size=4, num_pages=12, max_prompt_len=8, max_new_tokens=8,
+                          prefill_buckets=(8,), max_prefill_batch=2, attention_impl="window",
+                          tensor_parallel=tensor_parallel, lora_mode="on_the_fly")
+    hardware = SliceSpec(chip="cpu", chips_per_host=4, memory_gib=1)
+    devices = jax.local_devices()[:tensor_parallel]
+    engine = Engine(config, model, init_params(model, jax.random.key(0)),
+                    **({"devices": devices} if tensor_parallel > 1 else {"device": devices[0]}))
+    engine.update_adapters(init_adapters(model, lora, jax.random.key(1)), lora, 1)
+    held = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(engine.params)
+            if "lora_" in jax.tree_util.keystr(path)]
+    plan = plan_rollout(model, config, hardware, "float32", lora=lora)
+    assert plan.parts["adapters"] == 2 * _bytes_on(devices[0], held)  # the version's and the next one's
+    # The prefill's x @ A: 2 prompts x bucket 8 x rank 4 x 5 projections x 4 B (float32), one layer at a time.
+    assert plan.parts["adapter activations"] == 2 * 8 * 4 * 5 * 4
+    merged_config = dataclasses.replace(config, lora_mode="merged")
+    merged = plan_rollout(model, merged_config, hardware, "float32", lora=lora)
+    engine = Engine(merged_config, model, init_params(model, jax.random.key(0)),
+                    **({"devices": devices} if tensor_parallel > 1 else {"device": devices[0]}))
+    base = {id(leaf) for leaf in jax.tree.leaves(engine.params)}
+    engine.update_adapters(init_adapters(model, lora, jax.random.key(1)), lora, 1)
+    new = [leaf for leaf in jax.tree.leaves(engine.params) if id(leaf) not in base]  # beside the base's own
+    assert "adapters" not in merged.parts and merged.parts["merged kernels"] == _bytes_on(devices[0], new)
+    assert "adapters" not in plan_rollout(model, config, hardware, "float32").parts  # not a LoRA run
