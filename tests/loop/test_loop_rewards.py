@@ -8,7 +8,7 @@ import yaml
 from pipelines.cli import main
 from pipelines.config import load_run_config
 from pipelines.quickstart import rl_settings
-from rlax_core.config import ConfigError
+from rlax_core.config import ConfigError, read_yaml
 from rlax_core.tasks.story import story_examples, write_jsonl
 from tests.support.rollout_spec import rollout_spec
 
@@ -47,8 +47,8 @@ def test_a_rollout_spec_refuses_a_loop_without_a_reward():
 
 def test_the_recipes_of_the_loop_name_their_reward():
     for name in ("quickstart.yaml", "qwen25_1p5b_math_dataflow_gpu.yaml", "qwen25_7b_math_dataflow_tpu.yaml",
-                 "qwq32b_code_tpu_1024.yaml"):
-        assert "rewards" in yaml.safe_load((REPO / "configs" / name).read_text())["loop"], name
+                 "qwq32b_code_tpu_1024.yaml", "qwq32b_code_lora_tpu.yaml"):
+        assert "rewards" in read_yaml(REPO / "configs" / name)["loop"], name  # (base: followed)
     assert load_run_config(REPO / "configs" / "quickstart.yaml").loop.named_rewards().terms == {"story_word": 1.0}
     assert load_run_config(MATH_RECIPE).loop.named_rewards().terms == {"task": 1.0}
 

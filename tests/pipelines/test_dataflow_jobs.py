@@ -26,6 +26,7 @@ MODEL = REPO / "pipelines" / "assets" / "stories260K"
 RECIPES = {  # recipe -> (accelerator service option, accelerator machine type, worker image)
     "qwen25_7b_math_dataflow_tpu.yaml": ("type:tpu-v5-lite-podslice;topology:2x2", "ct5lp-hightpu-4t", "rlax-worker-tpu"),
     "qwq32b_code_tpu_1024.yaml": ("type:tpu-v6e-slice;topology:2x4", "ct6e-standard-8t", "rlax-worker-tpu"),
+    "qwq32b_code_lora_tpu.yaml": ("type:tpu-v6e-slice;topology:2x4", "ct6e-standard-8t", "rlax-worker-tpu"),
     "qwen25_1p5b_math_dataflow_gpu.yaml": ("type:nvidia-l4;count:1;install-nvidia-driver", "g2-standard-8",
                                            "rlax-worker-gpu"),
     "qwen25_1p5b_math_tool_dataflow_gpu.yaml": ("type:nvidia-l4;count:1;install-nvidia-driver", "g2-standard-8",

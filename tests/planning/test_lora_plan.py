@@ -97,6 +97,22 @@ def test_on_the_fly_adapters_activations_are_x_times_a_per_adapted_projection_an
         3072 if remat else 3 * 3072)  # rank 8: twice
 
 
+def test_the_lora_recipe_trains_qwq32b_on_one_v5p_host_where_its_full_fine_tuning_does_not_fit():
+    from pipelines.config import load_run_config
+    from pipelines.plan import memory_plans
+
+    def trainer_plan(*overrides):
+        config = load_run_config("configs/qwq32b_code_lora_tpu.yaml", overrides)
+        return next(plan for plan in memory_plans(config) if plan.role == "trainer")
+
+    recipe = load_run_config("configs/qwq32b_code_lora_tpu.yaml")
+    assert (recipe.trainer.lora.rank, recipe.trainer.lora.base_dtype, recipe.hardware.trainer.chips) == (32, "int8", 4)
+    assert recipe.trainer.groups_per_step * recipe.loop.samples_per_prompt == recipe.trainer.micro_batches  # 1 row each
+    lora = trainer_plan()
+    assert lora.fits and lora.parts["adapter activations"] > 0
+    assert not trainer_plan("trainer.lora.rank=0").fits  # full fine-tuning of the same model on the same chips
+
+
 @pytest.mark.skipif(jax.local_device_count() < 4, reason="needs 4 devices (tests/conftest.py)")
 @pytest.mark.parametrize("tensor_parallel", [1, 4])
 def test_an_engine_on_the_fly_holds_the_planned_adapters_and_its_prefill_the_planned_x_times_a(tensor_parallel):
