@@ -23,7 +23,8 @@ pauses, the in-flight sequences finish on the weights they started with, then th
 over. Every completion therefore comes from exactly one version, which it carries.
 
 Adapter versions (``update_adapters``) apply to the base the engine holds (the last full params
-given), merged into its kernels or run on the fly beside them (``EngineConfig.lora_mode``).
+given, or the base handed over with them), merged into its kernels or run on the fly beside them
+(``EngineConfig.lora_mode``). A rollout worker's follower hands them over so (``WeightFollower.hand_to``).
 
 Numerics: see ``sampling`` for the keys (per seed, prompt id, sample index, token index) and for
 the log-probs (float32 log_softmax of the raw logits, i.e. the untempered, unfiltered policy).

@@ -3,8 +3,10 @@
     store = WeightStore(WeightStoreConfig(root="gs://bucket/run1/weights", run_id="run1"))
     publisher = AsyncPublisher(store)            # trainer
     publisher.submit(step, params)               #   returns after dispatching a copy
-    follower = WeightFollower(store, dtype="bfloat16", sharding=engine_sharding)   # rollout worker
+    follower = WeightFollower(store, dtype="bfloat16", sharding=engine_sharding)   # evaluation, exports
     follower.refresh(); follower.params, follower.version
+    follower = WeightFollower(store, dtype="bfloat16", merge_adapters=False)      # rollout worker
+    if follower.refresh(): follower.hand_to(engine)    # a LoRA version's adapters alone on the engine's base
 """
 
 from rlax_core.weights.config import WeightStoreConfig

@@ -100,6 +100,8 @@ class WeightFollower:
             engine.update_weights(parts.params, parts.version)
         else:
             engine.update_adapters(parts.adapters, parts.lora, parts.version, base=parts.params)
+            log.info("engine took adapter version %d on base version %d (%s)", parts.version, parts.base.version,
+                     "the base read with it" if parts.params is not None else "the base it holds")
         return parts.version
 
     def _not_yet_handed(self, parts: VersionParts) -> VersionParts:
