@@ -1,9 +1,14 @@
-"""benchmarks/adapter_serving.py runs end to end at a tiny size and reports both modes against the base."""
+"""benchmarks/adapter_serving.py runs end to end at a tiny size and reports both modes against the base:
+the command docs/lora.md writes, as written."""
 
 import importlib.util
+import shlex
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "adapter_serving.py"
+from tests.support.doc_commands import markdown_commands
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "adapter_serving.py"
 
 
 def _script():
@@ -14,7 +19,9 @@ def _script():
 
 
 def test_the_benchmark_measures_both_modes_and_picks_the_faster_per_version(capsys):
-    report = _script().main(["--models", "tiny", "--repeats", "1", "--new-tokens", "8", "--rank", "4"])
+    (command,) = [c for c in markdown_commands(REPO / "docs" / "lora.md") if "benchmarks/adapter_serving.py" in c]
+    assert shlex.split(command)[:2] == ["python", "benchmarks/adapter_serving.py"]
+    report = _script().main(shlex.split(command)[2:])
     [result] = report["results"]
     for mode in ("merged", "on_the_fly"):
         assert result[mode]["swap_s"] > 0 and result[mode]["tokens_per_s"] > 0
