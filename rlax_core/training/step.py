@@ -24,8 +24,11 @@ Slices and micro-batches take strided rows, so each spans every device. Per micr
 
 Micro-batch gradients are summed, each micro-batch loss weighted by its share of its slice's token
 weights, so that the accumulated gradient equals the gradient of the slice's loss under every
-``loss_aggregation``. Then global-norm clipping and AdamW (``optimizer.py``), for the policy and, with
-its own optimizer state, for the critic.
+``loss_aggregation``. Under pure data parallelism (the weights replicated, every other mesh axis 1)
+each device sums its own rows' gradients over the micro-batches and the devices reduce them once per
+update, as DDP's ``no_sync`` does, instead of once per micro-batch (``Trainer._micro_grads``). Then
+global-norm clipping and AdamW (``optimizer.py``), for the policy and, with its own optimizer state,
+for the critic.
 
 Usage::
 
@@ -159,6 +162,11 @@ class Trainer:
         # weights have moved by then) or when the rewards need it before any update (the KL penalty).
         self.needs_old_logprobs = self.updates_per_batch > 1 or self.kl_in_reward
         self.lora = config.lora
+        # Pure data parallelism (weights replicated, the batch split over devices): each device sums its
+        # micro-batches' gradients and the devices reduce once per update (``_micro_grads``). LoRA
+        # dropout keeps XLA's partitioning: its masks are drawn over the whole micro-batch.
+        self.accumulate_on_device = (self.batch_shards > 1 and all(
+            size == 1 for axis, size in mesh.shape.items() if axis != "data") and not config.lora.dropout)
         self.base = None  # the frozen base of a LoRA policy (load_base / init_state)
         # Whole-row attention: the chips' flash kernel (TPU splash, GPU cuDNN), dense XLA on CPU.
         platform = mesh.devices.flat[0].platform
@@ -380,15 +388,16 @@ class Trainer:
             return {**tree, "backbone": convert(tree["backbone"])}
         return convert(tree)
 
-    def _logprobs(self, params, micro, remat=False, dropout_key=None):
-        """``dropout_key``: the training forward's LoRA dropout masks (scoring passes give none: no dropout)."""
+    def _logprobs(self, params, micro, remat=False, dropout_key=None, on_device=False):
+        """``dropout_key``: the training forward's LoRA dropout masks (scoring passes give none: no dropout).
+        ``on_device``: traced per device (``_micro_grads``), where the attention kernels need no mesh."""
         return token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat,
-                              attention=self.attention, mesh=self.mesh, lora_dropout=self.lora.dropout,
-                              lora_dropout_rng=dropout_key)
+                              attention=self.attention, mesh=None if on_device else self.mesh,
+                              lora_dropout=self.lora.dropout, lora_dropout_rng=dropout_key)
 
-    def _values(self, value_params, micro, remat=False):
+    def _values(self, value_params, micro, remat=False, on_device=False):
         return token_values(value_params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat,
-                            attention=self.attention, mesh=self.mesh)
+                            attention=self.attention, mesh=None if on_device else self.mesh)
 
     def _forward_rows(self, fn, arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """``fn(micro) -> dict of [rows, ...]`` over the batch in update-sized micro-batches (bounded memory)."""
@@ -436,10 +445,10 @@ class Trainer:
             prepared["returns"] = value_targets(algorithm, batch["rewards"], mask, values, kl=kl)
         return prepared
 
-    def _policy_loss(self, params, micro, base=None, dropout_key=None):
+    def _policy_loss(self, params, micro, base=None, dropout_key=None, on_device=False):
         algorithm, config = self.algorithm, self.config
         logprobs, entropy = self._logprobs(self._policy(params, base), micro, remat=config.remat,
-                                           dropout_key=dropout_key)
+                                           dropout_key=dropout_key, on_device=on_device)
         old_logprobs = micro["old_logprobs"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(logprobs)
         if algorithm.entropy_coef == 0:
             entropy = jax.lax.stop_gradient(entropy)
@@ -448,8 +457,40 @@ class Trainer:
                                     behavior_logprobs=micro["behavior_logprobs"], entropy=entropy)
         return loss * micro["share"], metrics
 
-    def _value_loss(self, value_params, micro):
-        values = self._values(value_params, micro, remat=self.config.remat)
+    def _micro_grads(self, loss_fn, params, micro, *args):
+        """``((loss, metrics), grads)`` of ``loss_fn(params, micro, *args)`` on one micro-batch, its loss
+        weighted by the micro-batch's share of its slice's token weights (see the module docstring).
+
+        With ``accumulate_on_device`` each device takes the gradient of its own rows' part of the loss
+        and keeps it, with a leading [devices] axis, so that the micro-batches' gradients are summed on
+        the device and reduced across devices once per update: the shares make the parts add up to the
+        micro-batch's loss under every ``loss_aggregation``. The loss and metrics come per device too
+        ([devices]), combined with the micro-batches' after the loop (the loss summed, the metrics as
+        ``_combine_metrics`` does), so that nothing waits on another device within it. Otherwise XLA
+        reduces each micro-batch's gradient as it partitions the batch: one all-reduce per micro-batch.
+        """
+        algorithm = self.algorithm
+
+        def weighted(micro):
+            own = jnp.sum(token_weights(micro["loss_mask"], algorithm.loss_aggregation, algorithm.loss_max_length))
+            return {**micro, "share": jnp.sum(micro["slice_weights"]) / jnp.maximum(own, 1e-30)}
+
+        if not self.accumulate_on_device:
+            return jax.value_and_grad(loss_fn, has_aux=True)(params, weighted(micro), *args)
+
+        def on_device(params, micro, *args):
+            (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, weighted(micro), *args,
+                                                                                on_device=True)
+            return jax.tree.map(lambda x: x[None], ((loss, metrics), grads))
+
+        rows, everywhere = PartitionSpec(BATCH_AXES), PartitionSpec()
+        (losses, metrics), grads = jax.shard_map(
+            on_device, mesh=self.mesh, in_specs=(everywhere, rows, *[everywhere] * len(args)), out_specs=rows,
+            check_vma=False)(params, micro, *args)
+        return (losses, metrics), grads
+
+    def _value_loss(self, value_params, micro, on_device=False):
+        values = self._values(value_params, micro, remat=self.config.remat, on_device=on_device)
         # One update per batch: the old critic is the critic, exactly (as for the policy's ratio).
         old_values = micro["old_values"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(values)
         loss, metrics = value_loss(self.algorithm, values, old_values, micro["returns"], micro["loss_mask"])
@@ -468,25 +509,24 @@ class Trainer:
         def accumulate(grad_sums, micro_and_key):
             micro, micro_key = micro_and_key
             micro = self._constrain(micro)
-            # This micro-batch's part of the slice's loss (see the module docstring).
-            own = jnp.sum(token_weights(micro["loss_mask"], algorithm.loss_aggregation, algorithm.loss_max_length))
-            micro["share"] = jnp.sum(micro["slice_weights"]) / jnp.maximum(own, 1e-30)
-            (loss, metrics), grads = jax.value_and_grad(self._policy_loss, has_aux=True)(forward_params, micro,
-                                                                                         forward_base, micro_key)
+            (loss, metrics), grads = self._micro_grads(self._policy_loss, forward_params, micro, forward_base,
+                                                       micro_key)
             policy_sum, value_sum = grad_sums
             policy_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), policy_sum, grads)
             metrics = {**metrics, "loss": loss}
             if self.uses_value_model:
-                (loss, value_metrics), value_grads = jax.value_and_grad(self._value_loss, has_aux=True)(
-                    forward_value_params, micro)
+                (loss, value_metrics), value_grads = self._micro_grads(self._value_loss, forward_value_params, micro)
                 value_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), value_sum, value_grads)
                 metrics.update(value_metrics, value_loss=loss)
             return (policy_sum, value_sum), metrics
 
-        zeros = lambda tree: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), tree)
+        per_device = (self.batch_shards,) if self.accumulate_on_device else ()
+        zeros = lambda tree: jax.tree.map(lambda p: jnp.zeros(per_device + p.shape, jnp.float32), tree)
         (grads, value_grads), metrics = jax.lax.scan(
             accumulate, (zeros(forward_params), zeros(forward_value_params)),
             (split_micro_batches(slice_, config.micro_batches), jax.random.split(update_key, config.micro_batches)))
+        if self.accumulate_on_device:  # the update's one reduction across devices
+            grads, value_grads = jax.tree.map(lambda g: jnp.sum(g, axis=0), (grads, value_grads))
         grads, value_grads = self._stacked(grads), self._stacked(value_grads)
         # Micro-batch losses are already weighted by their shares: their sum is the slice's loss.
         losses = {name: jnp.sum(metrics.pop(name)) for name in ("loss", "value_loss") if name in metrics}

@@ -166,3 +166,40 @@ def test_a_step_compiled_ahead_leaves_the_state_and_the_update_as_they_were(tmp_
     jax.tree.map(np.testing.assert_array_equal, state_a.params, state_b.params)
     with pytest.raises(ValueError, match="ref_params"):
         trainer(algorithm=get_preset("grpo")).compile_step(state_b, rollouts=6)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_gradients_summed_on_each_device_take_the_partitioned_step(tmp_path, aggregation):
+    # Pure data parallelism accumulates each device's gradients and reduces them once per update; the
+    # loss, the gradient and the new weights are those of XLA's partitioning, which reduces per micro-batch.
+    batch = batch_from_store(tmp_path, groups=4, samples=4)
+    algorithm = dataclasses.replace(get_preset("grpo"), loss_aggregation=aggregation, kl_coef=0.0)
+    on_device, partitioned = (trainer(MeshConfig(data=2, fsdp=1), algorithm, micro_batches=2) for _ in range(2))
+    partitioned.accumulate_on_device = False  # read when the step is first traced
+    assert on_device.accumulate_on_device
+    assert not trainer(MeshConfig(data=2, fsdp=2), algorithm).accumulate_on_device  # FSDP's gradients stay sharded
+    params = on_device.init_state().params
+    state_a, metrics_a = on_device.step(on_device.init_state(params), batch)
+    state_b, metrics_b = partitioned.step(partitioned.init_state(params), batch)
+    np.testing.assert_allclose(float(metrics_a["loss"]), float(metrics_b["loss"]), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(float(metrics_a["grad_norm"]), float(metrics_b["grad_norm"]), rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7),
+                 state_a.params, state_b.params)
+
+
+@pytest.mark.slow
+def test_ppo_with_gradients_summed_on_each_device_equals_unsharded(tmp_path):
+    # The critic's gradients too, over 2 epochs x 2 mini-batches x 2 micro-batches on 4 devices.
+    batch = batch_from_store(tmp_path, groups=4, samples=4)
+    algorithm, updates = get_preset("ppo"), dict(ppo_epochs=2, mini_batches=2)
+    single = trainer(MeshConfig(fsdp=1), algorithm, **updates)
+    data_parallel = trainer(MeshConfig(data=4, fsdp=1), algorithm, micro_batches=2, **updates)
+    assert data_parallel.accumulate_on_device
+    params = single.init_state().params
+    reference = jax.tree.map(np.asarray, params)
+    state_1, metrics_1 = single.step(single.init_state(params), batch, reference)
+    state_4, metrics_4 = data_parallel.step(data_parallel.init_state(params), batch, reference)
+    for name in ("loss", "value_loss"):
+        np.testing.assert_allclose(float(metrics_1[name]), float(metrics_4[name]), rtol=1e-5, atol=1e-7)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6),
+                 (state_1.params, state_1.value_params), (state_4.params, state_4.value_params))
