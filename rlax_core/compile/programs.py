@@ -52,8 +52,10 @@ def trainer_programs(model: ModelConfig, algorithm: AlgorithmConfig, config: Tra
     """The update step of ``rlax train`` for a batch of ``rows_per_step`` rollouts, on ``devices``."""
     trainer = Trainer(model, algorithm, config, make_mesh(config.mesh, devices))
     state = trainer.abstract_state()
-    reference = state.params if algorithm.uses_reference else None
-    return [Program("trainer", "update step", lambda: trainer.lower_step(state, rows_per_step, reference))]
+    # A LoRA policy's frozen base is an input of the update (and its reference policy: lower_step's default).
+    base = trainer.abstract_base() if config.lora.enabled else None
+    reference = state.params if algorithm.uses_reference and base is None else None
+    return [Program("trainer", "update step", lambda: trainer.lower_step(state, rows_per_step, reference, base))]
 
 
 def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, devices: Sequence[jax.Device],

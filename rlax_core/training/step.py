@@ -181,6 +181,7 @@ class Trainer:
         if self.lora.base_dtype == "int8":
             base_axes = quantized_logical_axes(base_axes)
         self.base_shardings = tree_shardings(abstract_base, base_axes, mesh)
+        self._abstract_base = abstract_base
         abstract_params = jax.eval_shape(
             lambda: self._cast_trainable(self._init_params(jax.random.key(0))))
         self.param_shardings = (tree_shardings(abstract_params, adapter_logical_axes(self.lora), mesh)
@@ -292,6 +293,14 @@ class Trainer:
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             abstract, self.state_shardings)
 
+    def abstract_base(self) -> Any:
+        """Shapes, dtypes and shardings of a LoRA policy's frozen base as the trainer holds it (int8
+        kernels for QLoRA), without materialising it: ``lower_step(base=...)`` for ``rlax compile``."""
+        if not self.lora.enabled:
+            raise ValueError("abstract_base: trainer.lora.rank is 0 (full fine-tuning has no frozen base)")
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            self._abstract_base, self.base_shardings)
+
     # ------------------------------------------------------------------ the update
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -346,7 +355,7 @@ class Trainer:
         if base is None:
             self._require_base()
             base = self.base
-        ref_params = self._reference(ref_params)
+        ref_params = self._reference(base if ref_params is None and self.lora.enabled else ref_params)
         shapes = batch_shapes(rollouts, max_seq_len=self.config.max_seq_len, row_multiple=self.row_multiple)
         batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                  for name, (shape, dtype) in shapes.items()}
