@@ -59,25 +59,28 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
         raise ConfigError("hardware", "the recipe declares no hardware: section; there is no slice to compile for")
     plans = {plan.role: plan for plan in memory_plans(config, roles)}
     out = []
+    # A LoRA run's rollout engine serves the policy's adapter versions on its base (``engine.lora_mode``).
+    lora = config.trainer.lora if config.trainer.lora.enabled else None
     engines = [("rollout", config.model.path, config.engine, config.model.dtype,
-                _sampling_mode(config.loop.temperature, config.loop.top_p))]
+                _sampling_mode(config.loop.temperature, config.loop.top_p), lora)]
     engines.append(("filter", config.filter.generation.model, config.filter.generation.engine,
                     config.filter.generation.dtype, _sampling_mode(config.filter.generation.temperature,
                                                                    config.filter.generation.top_p,
-                                                                   config.filter.generation.top_k)))
+                                                                   config.filter.generation.top_k), None))
     evaluate = config.evaluate.generation
     engines += [("evaluate", path, evaluate.engine, evaluate.dtype,
-                 _sampling_mode(evaluate.temperature, evaluate.top_p, evaluate.top_k)) for path in config.evaluate.models]
-    for role, path, engine, dtype, mode in engines:
+                 _sampling_mode(evaluate.temperature, evaluate.top_p, evaluate.top_k), None)
+                for path in config.evaluate.models]
+    for role, path, engine, dtype, mode, lora in engines:
         slice_ = config.hardware.workers_of(role)
         if role not in plans or not path or slice_ is None:
             continue
         model = read_model_config(template_of(resolve_asset(path) if role != "rollout" else
                                                config.model.resolved_path()))
-        out.append((role, slice_, plans[role], (model, engine, dtype, mode, slice_),
-                    lambda model=model, engine=engine, dtype=dtype, mode=mode, role=role, slice_=slice_:
+        out.append((role, slice_, plans[role], (model, engine, dtype, mode, slice_, lora),
+                    lambda model=model, engine=engine, dtype=dtype, mode=mode, role=role, slice_=slice_, lora=lora:
                     engine_programs(model, engine, dtype, slice_devices(slice_.chip, slice_.chips_per_host,
-                                                                        slice_.chips_per_host), mode, role)))
+                                                                        slice_.chips_per_host), mode, role, lora)))
     if "trainer" in plans and config.hardware.trainer is not None:
         slice_ = config.hardware.trainer
         model = read_model_config(template_of(config.model.resolved_path()))

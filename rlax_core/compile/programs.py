@@ -3,8 +3,9 @@
 Each builder reuses the role's own code: the trainer's update is ``Trainer.lower_step`` of the
 ``Trainer`` that ``rlax train`` builds (its mesh, remat, micro-batches and dtypes), and the engine's
 programs are ``inference.programs``' prefill (one per prompt bucket, at the largest prefill batch)
-and decode, with the weights, KV pool and slot state laid out as ``Engine`` lays them out. Nothing
-is materialised: a 32B model's programs lower on a laptop.
+and decode, with the weights, KV pool and slot state laid out as ``Engine`` lays them out (a LoRA
+run's engine: the base with an adapter version applied as ``engine.lora_mode`` resolves, as
+``Engine.update_adapters`` applies it). Nothing is materialised: a 32B model's programs lower on a laptop.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from rlax_core.inference import programs as inference_programs
+from rlax_core.inference.adapters import abstract_adapted_params
 from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.engine import Engine, SlotState
 from rlax_core.inference.kv_cache import KVCache, kv_pool_shape
@@ -26,6 +28,7 @@ from rlax_core.inference.sampling import SamplingMode
 from rlax_core.inference.sharding import decoding_param_shardings, engine_mesh, kv_pool_sharding
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.config import ModelConfig
+from rlax_core.models.lora import LoraConfig, init_adapters
 from rlax_core.models.transformer import init_params, unstack_layers
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.config import TrainerConfig
@@ -58,24 +61,40 @@ def trainer_programs(model: ModelConfig, algorithm: AlgorithmConfig, config: Tra
     return [Program("trainer", "update step", lambda: trainer.lower_step(state, rows_per_step, reference, base))]
 
 
-def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, devices: Sequence[jax.Device],
-                    mode: SamplingMode = SamplingMode.FILTERED, role: str = "rollout") -> list[Program]:
-    """An engine replica's prefill (each prompt bucket) and decode programs on its first
-    ``tensor_parallel`` devices; decode in the most general sampling ``mode`` the role uses."""
+def engine_params(model: ModelConfig, config: EngineConfig, dtype: str, devices: Sequence[jax.Device],
+                  lora: LoraConfig | None = None) -> Any:
+    """The weights an engine replica on ``devices`` (its first ``tensor_parallel``) holds, abstract
+    with their shardings: the decoding layout of ``dtype`` params, and for a LoRA run (``lora``
+    enabled) with an adapter version applied as the engine applies it (``Engine.update_adapters``)."""
     tp = config.tensor_parallel
     if len(devices) < tp:
         raise ValueError(f"engine.tensor_parallel={tp} needs {tp} devices of one host; the slice has {len(devices)}")
-    platform = devices[0].platform
     mesh = engine_mesh(devices[:tp]) if tp > 1 else None
     stacked = jax.eval_shape(lambda: init_params(model, jax.random.key(0), DTYPES[dtype]))
     if mesh is None:
-        place = SingleDeviceSharding(devices[0])
         params = jax.eval_shape(inference_programs.decoding_layout, stacked)
-        params = _abstract(params, jax.tree.map(lambda _: place, params))
+        params = _abstract(params, jax.tree.map(lambda _: SingleDeviceSharding(devices[0]), params))
     else:
-        place = NamedSharding(mesh, PartitionSpec())
         params = jax.eval_shape(unstack_layers, stacked)
         params = _abstract(params, decoding_param_shardings(model, params, mesh))
+    if lora is None or not lora.enabled:
+        return params
+    adapters = jax.eval_shape(lambda: init_adapters(model, lora, jax.random.key(0)))  # an adapter version's tree
+    return abstract_adapted_params(params, adapters, lora, Engine.resolve_lora_mode(config.lora_mode, devices[0].platform),
+                                   model_config=model, mesh=mesh, device=devices[0])
+
+
+def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, devices: Sequence[jax.Device],
+                    mode: SamplingMode = SamplingMode.FILTERED, role: str = "rollout",
+                    lora: LoraConfig | None = None) -> list[Program]:
+    """An engine replica's prefill (each prompt bucket) and decode programs on its first
+    ``tensor_parallel`` devices; decode in the most general sampling ``mode`` the role uses. ``lora``:
+    a LoRA run's adapters, which the rollout engine applies to its base (``engine_params``)."""
+    params = engine_params(model, config, dtype, devices, lora)
+    tp = config.tensor_parallel
+    platform = devices[0].platform
+    mesh = engine_mesh(devices[:tp]) if tp > 1 else None
+    place = SingleDeviceSharding(devices[0]) if mesh is None else NamedSharding(mesh, PartitionSpec())
     pool = kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads, model.head_dim)
     pool = jax.ShapeDtypeStruct(pool, DTYPES[config.cache_dtype], sharding=place if mesh is None
                                 else kv_pool_sharding(pool, mesh))

@@ -21,9 +21,11 @@ split by the same logical-axis rules (A by its kernel's input axes, B by its out
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import jax
+from jax.sharding import SingleDeviceSharding
 
 from rlax_core.inference import programs
 from rlax_core.inference.sharding import decoding_adapter_shardings
@@ -50,6 +52,25 @@ def decoding_layout(adapters: Any, lora: LoraConfig, *, model_config: ModelConfi
     if mesh is None:
         if device is not None:
             adapters = jax.device_put(adapters, device)
-        return programs.adapter_layout(adapters, model_config=model_config, lora=lora, fuse=True)
-    laid_out = programs.adapter_layout(adapters, model_config=model_config, lora=lora, fuse=False)
+        return _laid_out(adapters, lora, model_config, mesh)
+    laid_out = _laid_out(adapters, lora, model_config, mesh)
     return jax.device_put(laid_out, decoding_adapter_shardings(lora, laid_out, mesh))
+
+
+def abstract_adapted_params(base: Any, adapters: Any, lora: LoraConfig, mode: Literal["merged", "on_the_fly"], *,
+                            model_config: ModelConfig, mesh=None, device: jax.Device | None = None) -> Any:
+    """``apply_adapters``' result as shapes, dtypes and shardings (``jax.ShapeDtypeStruct``), from
+    abstract ``base`` (with shardings) and ``adapters``: what the engine's programs are compiled for
+    (``compile.programs``). Merged kernels are laid out as the base's own: merged, that is the base."""
+    if mode == "merged":
+        return base
+    laid_out = jax.eval_shape(functools.partial(_laid_out, lora=lora, model_config=model_config, mesh=mesh), adapters)
+    shardings = (jax.tree.map(lambda _: SingleDeviceSharding(device or jax.devices()[0]), laid_out) if mesh is None
+                 else decoding_adapter_shardings(lora, laid_out, mesh))
+    return with_adapters(base, jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                            laid_out, shardings))
+
+
+def _laid_out(adapters: Any, lora: LoraConfig, model_config: ModelConfig, mesh) -> Any:
+    # One device fuses the adapters like the base's projections; a mesh keeps them apart like its kernels.
+    return programs.adapter_layout(adapters, model_config=model_config, lora=lora, fuse=mesh is None)

@@ -76,3 +76,39 @@ def test_the_qwq_trainer_holds_32k_rows_with_splash_attention_and_not_with_dense
     splash = capsys.readouterr().out
     assert "trainer: QwQ-32B on 256 x v5p" in dense and "total 89.37 GiB" in dense and "activations 86.96 GiB" in dense
     assert "total 29.45 GiB" in splash and "activations 27.04 GiB" in splash
+
+
+@pytest.mark.parametrize("tensor_parallel", [1, 2])
+@pytest.mark.parametrize("lora_mode", ["on_the_fly", "merged"])
+def test_the_compiled_engine_params_are_what_an_engine_holds_after_update_adapters(tensor_parallel, lora_mode):
+    """``rlax compile`` lowers a LoRA run's rollout programs for the weights a real engine holds once
+    an adapter version is applied: the same tree, shapes, dtypes and shardings."""
+    import jax
+    import numpy as np
+
+    from rlax_core.compile.programs import engine_params
+    from rlax_core.inference.config import EngineConfig
+    from rlax_core.inference.engine import Engine
+    from rlax_core.models.config import ModelConfig
+    from rlax_core.models.lora import LoraConfig, init_adapters
+    from rlax_core.models.transformer import init_params
+
+    model = ModelConfig(architecture="qwen2", qkv_bias=True, vocab_size=256, hidden_size=64, intermediate_size=128,
+                        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128,
+                        eos_token_ids=(2,))
+    # q and v but not k, gate but not up: on one device the fused adapters carry zero blocks.
+    lora = LoraConfig(rank=4, alpha=8.0, targets=("q", "v", "o", "gate", "down"))
+    config = EngineConfig(num_slots=2, page_size=8, num_pages=8, max_prompt_len=16, max_new_tokens=8,
+                          prefill_buckets=(16,), tensor_parallel=tensor_parallel, lora_mode=lora_mode)
+    devices = jax.devices()[1:2] if tensor_parallel == 1 else jax.devices()[:tensor_parallel]
+    place = dict(device=devices[0]) if tensor_parallel == 1 else dict(devices=devices)
+    engine = Engine(config, model, init_params(model, jax.random.key(0), np.float32), **place)
+    engine.update_adapters(init_adapters(model, lora, jax.random.key(1)), lora, version=1)
+
+    held = jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), engine.params)
+    compiled = jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), engine_params(model, config, "float32", devices, lora))
+    assert jax.tree.structure(compiled) == jax.tree.structure(held)
+    assert jax.tree.leaves(compiled, is_leaf=lambda x: isinstance(x, tuple)) == \
+        jax.tree.leaves(held, is_leaf=lambda x: isinstance(x, tuple))
+    if lora_mode == "on_the_fly":
+        assert any("lora_a" in str(path) for path, _ in jax.tree_util.tree_leaves_with_path(engine.params))
