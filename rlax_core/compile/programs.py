@@ -61,15 +61,20 @@ def trainer_programs(model: ModelConfig, algorithm: AlgorithmConfig, config: Tra
     return [Program("trainer", "update step", lambda: trainer.lower_step(state, rows_per_step, reference, base))]
 
 
+def _replica_mesh(config: EngineConfig, devices: Sequence[jax.Device]):
+    """The mesh of a replica on the first ``engine.tensor_parallel`` of ``devices`` (None: one device)."""
+    tp = config.tensor_parallel
+    if len(devices) < tp:
+        raise ValueError(f"engine.tensor_parallel={tp} needs {tp} devices of one host; the slice has {len(devices)}")
+    return engine_mesh(devices[:tp]) if tp > 1 else None
+
+
 def engine_params(model: ModelConfig, config: EngineConfig, dtype: str, devices: Sequence[jax.Device],
                   lora: LoraConfig | None = None) -> Any:
     """The weights an engine replica on ``devices`` (its first ``tensor_parallel``) holds, abstract
     with their shardings: the decoding layout of ``dtype`` params, and for a LoRA run (``lora``
     enabled) with an adapter version applied as the engine applies it (``Engine.update_adapters``)."""
-    tp = config.tensor_parallel
-    if len(devices) < tp:
-        raise ValueError(f"engine.tensor_parallel={tp} needs {tp} devices of one host; the slice has {len(devices)}")
-    mesh = engine_mesh(devices[:tp]) if tp > 1 else None
+    mesh = _replica_mesh(config, devices)
     stacked = jax.eval_shape(lambda: init_params(model, jax.random.key(0), DTYPES[dtype]))
     if mesh is None:
         params = jax.eval_shape(inference_programs.decoding_layout, stacked)
@@ -91,9 +96,8 @@ def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, device
     ``tensor_parallel`` devices; decode in the most general sampling ``mode`` the role uses. ``lora``:
     a LoRA run's adapters, which the rollout engine applies to its base (``engine_params``)."""
     params = engine_params(model, config, dtype, devices, lora)
-    tp = config.tensor_parallel
     platform = devices[0].platform
-    mesh = engine_mesh(devices[:tp]) if tp > 1 else None
+    mesh = _replica_mesh(config, devices)
     place = SingleDeviceSharding(devices[0]) if mesh is None else NamedSharding(mesh, PartitionSpec())
     pool = kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads, model.head_dim)
     pool = jax.ShapeDtypeStruct(pool, DTYPES[config.cache_dtype], sharding=place if mesh is None

@@ -190,13 +190,12 @@ def _engine_lora_parts(model: ModelConfig, engine: EngineConfig, hardware: Slice
                 targets |= fused if targets & fused else set()
         kernels = _targeted_kernels(model, dataclasses.replace(lora, targets=tuple(sorted(targets))))
         return {"merged kernels": _tree_bytes(*kernels, dtype, (1, 1, tp))}
-    stacked = jax.eval_shape(lambda: init_adapters(model, lora, jax.random.key(0)))
+    stacked = lambda: init_adapters(model, lora, jax.random.key(0))
     if tp == 1:
-        fused = jax.eval_shape(lambda: decoding_adapters(init_adapters(model, lora, jax.random.key(0)), model, lora,
-                                                         fuse=True))
+        fused = jax.eval_shape(lambda: decoding_adapters(stacked(), model, lora, fuse=True))
         adapters = sum(leaf.size * _F32 for leaf in jax.tree.leaves(fused))
     else:
-        adapters = _tree_bytes(stacked, adapter_logical_axes(lora), "float32", (1, 1, tp))
+        adapters = _tree_bytes(jax.eval_shape(stacked), adapter_logical_axes(lora), "float32", (1, 1, tp))
     low_rank = engine.prefill_batch * engine.prefill_buckets[-1] * lora.rank * len(lora.targets) * _F32
     return {"adapters": 2 * adapters, "adapter activations": low_rank}
 

@@ -493,10 +493,8 @@ class Trainer:
             return jax.tree.map(lambda x: x[None], ((loss, metrics), grads))
 
         rows, everywhere = PartitionSpec(BATCH_AXES), PartitionSpec()
-        (losses, metrics), grads = jax.shard_map(
-            on_device, mesh=self.mesh, in_specs=(everywhere, rows, *[everywhere] * len(args)), out_specs=rows,
-            check_vma=False)(params, micro, *args)
-        return (losses, metrics), grads
+        return jax.shard_map(on_device, mesh=self.mesh, in_specs=(everywhere, rows, *[everywhere] * len(args)),
+                             out_specs=rows, check_vma=False)(params, micro, *args)
 
     def _value_loss(self, value_params, micro, on_device=False):
         values = self._values(value_params, micro, remat=self.config.remat, on_device=on_device)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ import pytest
 
 from pipelines.config import BEAM_COMMANDS
 from rlax_core.config import read_yaml
+from tests.support.doc_commands import fenced_blocks, joined_lines
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = ["README.md", "docs/dataflow.md", *sorted(f"configs/{p.name}" for p in (REPO / "configs").glob("*.yaml"))]
@@ -39,8 +39,7 @@ ELSEWHERE = {  # a tool whose commands need what this machine has not: why they 
 
 
 def _joined(lines: list[str]) -> list[str]:
-    text = re.sub(r"\s*\\\n\s*", " ", "\n".join(lines))
-    return [line.strip() for line in text.splitlines() if line.strip().startswith(TOOLS)]
+    return [line for line in joined_lines("\n".join(lines)) if line.startswith(TOOLS)]
 
 
 def recipe_header_commands(path: Path) -> list[str]:
@@ -56,8 +55,7 @@ def recipe_header_commands(path: Path) -> list[str]:
 
 def markdown_commands(path: Path) -> list[str]:
     """Commands in the fenced blocks of a Markdown file (comment lines dropped, continuations joined)."""
-    blocks = re.findall(r"^\s*```\w*\n(.*?)^\s*```", path.read_text(), flags=re.S | re.M)
-    return [command for body in blocks for command in _joined(body.splitlines())]
+    return [command for body in fenced_blocks(path.read_text()) for command in _joined(body.splitlines())]
 
 
 def documented_commands() -> list[tuple[str, str]]:
