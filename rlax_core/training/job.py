@@ -196,7 +196,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             dropped_before = len(ledger.dropped)
             # A version readers refused (damaged after its commit) is repaired from the params in hand:
             # with k = 0 no rollout of this step can be made before it loads.
-            groups = reader.next_groups(ledger, step, stop, while_waiting=lambda: publisher.heal(step, state.params))
+            groups = reader.next_groups(ledger, step, stop,
+                                        while_waiting=lambda: publisher.while_waiting(step, state.params))
             if groups is None:
                 break
             started, read_t = time.monotonic(), time.time()
@@ -362,8 +363,12 @@ class _Publisher:
                 return None
         return self.adapter
 
-    def heal(self, version: int, params: Any) -> None:
-        """Repair ``version`` if readers reported it refused (single host: the whole params are in hand)."""
+    def while_waiting(self, version: int, params: Any) -> None:
+        """Between polls for rollouts: raise a failed background publication (its version never
+        commits, so the rollouts waited for never come), and repair ``version`` if readers reported it
+        refused (single host: the whole params are in hand)."""
+        if self.async_publisher is not None:
+            self.async_publisher.raise_if_failed()
         if self.store is not None and not self.multi_host:
             heal_if_refused(self.store, version, params)
 

@@ -81,7 +81,7 @@ class AsyncPublisher:
     def submit(self, version: int, params: Mapping[str, Any], *, adapter: Mapping[str, Any] | None = None) -> None:
         """Stage ``params`` as ``version`` and return; raises the error of a failed earlier publication.
         ``adapter``: as for ``WeightStore.publish`` (an adapter-only version)."""
-        self._raise_background_error()
+        self.raise_if_failed()
         staged = stage_params(params, self.store.config.publish_dtype)  # (params, pins) travel together
         with self._cond:
             if self._closed:
@@ -104,7 +104,7 @@ class AsyncPublisher:
                     busy = self._in_flight if self._in_flight is not None else self._pending[0]
                     raise TimeoutError(f"weight publication of version {busy} did not finish within {timeout_s:.0f}s")
                 self._cond.wait(left)
-        self._raise_background_error()
+        self.raise_if_failed()
         return self.last_committed
 
     def close(self, timeout_s: float | None = None) -> None:
@@ -125,7 +125,9 @@ class AsyncPublisher:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _raise_background_error(self) -> None:
+    def raise_if_failed(self) -> None:
+        """Raise the error of a failed earlier publication (once). A trainer waiting for rollouts calls
+        it while it waits: a version that never commits means no rollouts will come to wait for."""
         with self._cond:
             error, self._error = self._error, None
         if error is not None:

@@ -199,3 +199,41 @@ def test_a_batch_padded_to_over_twice_its_rows_is_warned_about_once(caplog):
         assert caplog.records == []
         assert _warn_if_mostly_padding(padded, trainer)
     assert "4 rows are padded to 32" in caplog.text and "trainer.micro_batches" in caplog.text
+
+
+def test_a_failed_first_publication_stops_a_trainer_waiting_for_rollouts(tmp_path, monkeypatch):
+    # Version 0 is written in the background while the trainer goes on to wait for rollouts made with
+    # it. If that write fails (a full disk), no rollout will ever come: the wait must end with the
+    # write's error, not run out its timeout.
+    import errno
+
+    import jax
+
+    from rlax_core.config import from_dict
+    from rlax_core.rl.presets import get_preset
+    from rlax_core.training.config import TrainerConfig
+    from rlax_core.training.job import run_training
+    from rlax_core.utils.resources import resource_failure
+    from rlax_core.weights.store import WeightStore, WeightStoreConfig
+
+    weights = WeightStore(WeightStoreConfig(root=str(tmp_path / "weights"), run_id="full"))
+
+    def disk_full(version, params, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "weights" / f"v{version}"))
+
+    monkeypatch.setattr(weights, "publish", disk_full)
+    model_config = toy_config()
+    config = from_dict(TrainerConfig, {"groups_per_step": 1, "max_seq_len": 16, "total_steps": 2, "poll_s": 0.05,
+                                       "wait_timeout_s": 30, "startup_wait_s": 0, "mesh": {"fsdp": -1}})
+    with pytest.raises(RuntimeError, match="an earlier weight publication failed") as raised:
+        run_training(model_config=model_config, initial_params=init_params(model_config, jax.random.key(0)),
+                     algorithm=get_preset("grpo"), config=config, store=RolloutStore(tmp_path / "rollouts", "job"),
+                     weights=weights, checkpoint_dir=str(tmp_path / "checkpoints"),
+                     metrics_dir=str(tmp_path / "metrics"))
+    assert "no space left on device (ENOSPC)" in resource_failure(raised.value, "rlax train")
+    chain, todo = [], [raised.value]  # causes and contexts both: close() raising in a `finally` hides a timeout
+    while todo:
+        error = todo.pop()
+        chain.append(type(error).__name__)
+        todo.extend(e for e in (error.__cause__, error.__context__) if e is not None)
+    assert "TimeoutError" not in chain, f"the wait ran out before the failed write was told: {chain}"
