@@ -367,8 +367,8 @@ def fuse_projections(params: Params) -> Params:
 
     Both forwards accept it. It computes the same numbers with three fewer matrix products per
     layer, which matters when a decode step multiplies one token per sequence: there a product's
-    fixed cost outweighs its arithmetic. The trainer keeps the separate weights, because q and
-    k/v heads may shard differently.
+    fixed cost outweighs its arithmetic. The trainer fuses them inside its step only where every
+    device holds whole weights (``trainer.fuse_projections``): q and k/v heads may shard differently.
     """
     def fuse(layer):
         attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
@@ -382,6 +382,25 @@ def fuse_projections(params: Params) -> Params:
         return {**layer, "attn": attn, "mlp": mlp}
 
     return {name: fuse(value) if name == "layers" or name.startswith("layers_") else value
+            for name, value in params.items()}
+
+
+def unfuse_projections(params: Params, config: ModelConfig) -> Params:
+    """The inverse of :func:`fuse_projections`: ``qkv_proj`` split into q/k/v along the heads axis and
+    ``gate_up_proj`` into gate and up (for example gradients taken in the fused layout)."""
+    heads, kv_heads = config.num_heads, config.num_kv_heads
+    bounds = {"q_proj": (0, heads), "k_proj": (heads, heads + kv_heads), "v_proj": (heads + kv_heads, heads + 2 * kv_heads)}
+
+    def split(layer):
+        attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
+        qkv = attn.pop("qkv_proj")
+        for name, (start, stop) in bounds.items():
+            attn[name] = {leaf: value[..., start:stop, :] for leaf, value in qkv.items()}
+        gate_up = mlp.pop("gate_up_proj")["kernel"]
+        mlp["gate_proj"], mlp["up_proj"] = ({"kernel": part} for part in jnp.split(gate_up, 2, axis=-1))
+        return {**layer, "attn": attn, "mlp": mlp}
+
+    return {name: split(value) if name == "layers" or name.startswith("layers_") else value
             for name, value in params.items()}
 
 

@@ -62,7 +62,8 @@ from rlax_core.models.attention import AttentionImpl, attention_for_platform
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import (adapter_logical_axes, dequantize_kernels, init_adapters, merge, quantize_kernels,
                                    quantized_logical_axes, scaled, with_adapters)
-from rlax_core.models.transformer import forward, param_logical_axes, stack_layers, unstack_layers
+from rlax_core.models.transformer import (forward, fuse_projections, param_logical_axes, stack_layers, unfuse_projections,
+                                          unstack_layers)
 from rlax_core.parallel.mesh import BATCH_AXES, batch_sharding, replicated, tree_shardings
 from rlax_core.rl.advantages import compute_advantages, trained_mask, value_targets
 from rlax_core.rl.aggregation import masked_mean, token_weights
@@ -165,11 +166,18 @@ class Trainer:
         # Pure data parallelism (weights replicated, the batch split over devices): each device sums its
         # micro-batches' gradients and the devices reduce once per update (``_micro_grads``). LoRA
         # dropout keeps XLA's partitioning: its masks are drawn over the whole micro-batch.
-        self.accumulate_on_device = (self.batch_shards > 1 and all(
-            size == 1 for axis, size in mesh.shape.items() if axis != "data") and not config.lora.dropout)
+        whole_weights = all(size == 1 for axis, size in mesh.shape.items() if axis != "data")
+        self.accumulate_on_device = self.batch_shards > 1 and whole_weights and not config.lora.dropout
+        platform = mesh.devices.flat[0].platform
+        # Fused q/k/v and gate/up products (see _unrolled); LoRA's adapters are per projection.
+        fusable = whole_weights and not config.lora.enabled
+        if config.projections == "fused" and not fusable:
+            raise ValueError("trainer.projections=fused needs whole weights on every device (mesh axes other than "
+                             f"data of size 1, here {dict(mesh.shape)}) and no LoRA; use auto or separate")
+        self.fuse_projections = fusable and (config.projections == "fused" or
+                                             (config.projections == "auto" and platform == "cpu"))
         self.base = None  # the frozen base of a LoRA policy (load_base / init_state)
         # Whole-row attention: the chips' flash kernel (TPU splash, GPU cuDNN), dense XLA on CPU.
-        platform = mesh.devices.flat[0].platform
         self.attention = attention_for_platform(platform) if config.attention == "auto" else config.attention
 
         if self.lora.base_dtype == "int8" and self.uses_value_model:
@@ -382,16 +390,25 @@ class Trainer:
 
     def _unrolled(self, params):
         """Weights (policy or critic) in the layout the forward pass runs: unrolled layers when
-        ``scan_layers`` is off. Done once per update, outside the micro-batch loop, so that the
-        gradients are accumulated in that layout and stacked back once (:meth:`_stacked`)."""
-        return self._relayout(params, unstack_layers)
+        ``scan_layers`` is off, fused projections when ``fuse_projections``. Done once per update,
+        outside the micro-batch loop, so that the gradients are accumulated in that layout and taken
+        back to the state's once (:meth:`_stacked`)."""
+        return self._relayout(params, self._to_forward_layout)
 
     def _stacked(self, tree):
-        return self._relayout(tree, stack_layers)
+        return self._relayout(tree, self._to_state_layout)
+
+    def _to_forward_layout(self, params):
+        params = params if self.config.scan_layers else unstack_layers(params)
+        return fuse_projections(params) if self.fuse_projections else params
+
+    def _to_state_layout(self, tree):
+        tree = unfuse_projections(tree, self.model_config) if self.fuse_projections else tree
+        return tree if self.config.scan_layers else stack_layers(tree)
 
     def _relayout(self, tree, convert):
         """``convert`` the layer layout of a policy tree, or of a critic's ``backbone``."""
-        if self.config.scan_layers or tree is None:
+        if tree is None or (self.config.scan_layers and not self.fuse_projections):
             return tree
         if "backbone" in tree:
             return {**tree, "backbone": convert(tree["backbone"])}

@@ -203,3 +203,26 @@ def test_ppo_with_gradients_summed_on_each_device_equals_unsharded(tmp_path):
         np.testing.assert_allclose(float(metrics_1[name]), float(metrics_4[name]), rtol=1e-5, atol=1e-7)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6),
                  (state_1.params, state_1.value_params), (state_4.params, state_4.value_params))
+
+
+@pytest.mark.parametrize("scan_layers", [pytest.param(True, marks=pytest.mark.slow), False])
+def test_fused_projections_take_the_same_step_as_separate_ones(tmp_path, scan_layers):
+    # Whole weights on each device: q/k/v (with their biases) and gate/up run as one product each in
+    # the policy, the reference and the critic's backbone; the gradients go back to separate weights.
+    batch = batch_from_store(tmp_path, groups=4, samples=4)
+    algorithm = get_preset("ppo")  # a critic, and the KL to the reference in the reward
+    fused, separate = (trainer(MeshConfig(data=2, fsdp=1), algorithm, micro_batches=2, scan_layers=scan_layers,
+                               projections=layout) for layout in ("auto", "separate"))
+    assert fused.fuse_projections and not separate.fuse_projections  # auto: fused on CPU
+    assert not trainer(MeshConfig(data=1, fsdp=2), algorithm).fuse_projections  # FSDP shards the weights
+    with pytest.raises(ValueError, match="trainer.projections=fused needs whole weights"):
+        trainer(MeshConfig(data=1, fsdp=2), algorithm, projections="fused")
+    params = fused.init_state().params
+    reference = jax.tree.map(np.asarray, params)
+    state_a, metrics_a = fused.step(fused.init_state(params), batch, reference)
+    state_b, metrics_b = separate.step(separate.init_state(params), batch, reference)
+    for name in ("loss", "value_loss", "reward_kl"):
+        np.testing.assert_allclose(float(metrics_a[name]), float(metrics_b[name]), rtol=0, atol=1e-6)
+    assert jax.tree.structure(state_a.params) == jax.tree.structure(state_b.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7),
+                 (state_a.params, state_a.value_params), (state_b.params, state_b.value_params))
