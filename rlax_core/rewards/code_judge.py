@@ -286,7 +286,16 @@ def _as_exception(error) -> BaseException:
     return ProgramError(f"{name}: {message}")
 
 
+# Set by ``main`` while a test runs: ends the judge with that test's timeout verdict. A test that caught
+# its timeout and is still running when the alarm fires again gets no third exception to catch:
+# raising into a test that loops over ``except BaseException`` can land where CPython cannot take it
+# ("SystemError: error return without exception set"), and the judge would end with no verdict.
+_end_stuck_test = None
+
+
 def _on_alarm(signum, frame):
+    if _end_stuck_test is not None and any(isinstance(error, TestTimeout) for error in _judge_raised):
+        _end_stuck_test()  # does not return
     raise _judge(TestTimeout())
 
 
@@ -417,9 +426,20 @@ def main() -> None:
     note = "".join(f"; note: the program defines {name}, but {name} here is the builtin"
                    for name in shadowing if name in found)
     judge_pid = os.getpid()
+
+    def end_stuck_test(index: int) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if os.getpid() == judge_pid:  # a child that a test forked has no say
+            report(index, "timeout", "test exceeded its time limit, caught the timeout and kept running")
+            report_all("error", f"not run: test {index} caught the judge's timeout and kept running", index + 1)
+            verdicts.flush()
+        os._exit(0)
+
+    global _end_stuck_test
     for index, test in enumerate(tests):
         program.settle(seconds)
         _judge_raised.clear()
+        _end_stuck_test = lambda index=index: end_stuck_test(index)
         ended_by = None
         try:
             _timed(seconds, lambda: exec(compile(test, f"test_{index}.py", "exec"), namespace))
@@ -430,6 +450,7 @@ def main() -> None:
         if _judge_raised and ended_by is not _judge_raised[0]:
             first = _judge_raised[0]  # the test caught what the judge raised: the judge's verdict stands
             reason, detail = _reason(first), _detail(first) + " (caught by the test; the judge's verdict stands)"
+        _end_stuck_test = None
         if os.getpid() != judge_pid:  # a child that a test forked has no say
             os._exit(0)
         report(index, reason, detail)

@@ -69,14 +69,15 @@ LOOPS = "def f(x):\n    while True:\n        pass\n"
     (LOOPS, "while True:\n    try:\n        f(1)\n    except BaseException:\n        pass"),
 ])
 def test_a_caught_timeout_is_still_a_timeout(program, test):
-    reason, detail = _verdicts(program, [test, "assert True"], per_test_seconds=1.0)[0]
+    (reason, detail), after = _verdicts(program, [test, "assert True"], per_test_seconds=1.0)
+    assert reason == "timeout", detail
     if "while True" in test:
-        # A test that keeps calling the stuck program after each caught alarm can run into the judge's
-        # own memory limit first (seen once in ten runs on a loaded machine): a resource verdict of the
-        # judge's, never a pass.
-        assert reason in ("timeout", "memory"), detail
+        # Still running when the alarm fires again: the judge ends there, with the verdict of that test
+        # and the rest not run (it raised into such a loop before, and CPython once ended with
+        # "SystemError: error return without exception set", a crash instead of a verdict).
+        assert after[0] == "error" and after[1].startswith("not run: test 0 caught the judge's timeout"), after
     else:
-        assert reason == "timeout", detail
+        assert after[0] == "passed", after
 
 
 def test_a_caught_channel_limit_does_not_pass():
