@@ -249,13 +249,15 @@ class Engine:
             self._queue.append(_Sequence(self._next_order, request, sample_index))
             self._next_order += 1
 
-    def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode)) -> None:
+    def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode), *, episodes: bool = False) -> None:
         """Compile every program ``generate`` may call for these sampling modes, now.
 
         That is one prefill per (batch bucket, prompt-length bucket), one page copy per prompt-length
-        bucket, and one decode per window width and mode. Call it when a worker starts so that no
-        request pays for a compilation: afterwards nothing compiles, whatever lengths, fills and
-        sampling settings arrive. It runs each program on an idle batch, which writes only the sink page.
+        bucket, and one decode per window width and mode; with ``episodes``, also the continuation
+        that feeds a multi-turn episode's new tokens into its pages (``continue_episode``), per
+        (batch bucket, length bucket). Call it when a worker starts so that no request pays for a
+        compilation: afterwards nothing compiles, whatever lengths, fills, turns and sampling settings
+        arrive. It runs each program on an idle batch, which writes only the sink page.
         """
         if self.has_unfinished():
             raise RuntimeError("warm_up() needs an idle engine")
@@ -268,6 +270,8 @@ class Engine:
         for pages in sorted({pages_needed(length, config.page_size) for length in config.prefill_buckets}):
             sink = np.zeros((config.num_slots, pages), np.int32)
             self._cache = self._copy_pages(self._cache, sink, sink)
+        if episodes:
+            self._episodes.warm_up()
         for mode in modes:
             for width in self._window_widths:  # no slot is active: each decode loop exits at once
                 *_, self._cache = self._decode(self._params, self._cache, self._decode_state(width), mode=mode)

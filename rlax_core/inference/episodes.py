@@ -130,6 +130,20 @@ class EpisodeTurns:
             engine._slots.generated[slot] = seq.key_offset
             engine._slots.max_new[slot] = seq.key_offset + seq.request.sampling.max_new_tokens
 
+    def warm_up(self) -> None:
+        """Compile the continuation for every (batch bucket, length bucket), on rows of padding only
+        (written to the sink page)."""
+        engine = self._engine
+        for batch in engine._prefill_batches:
+            for length in engine.config.prefill_buckets:
+                self._extend(np.zeros((batch, length), np.int32), np.full((batch, length), -1, np.int32),
+                             np.zeros((batch, engine.config.pages_per_sequence), np.int32))
+
+    def _extend(self, tokens: np.ndarray, positions: np.ndarray, page_table: np.ndarray) -> None:
+        engine = self._engine
+        engine._cache = extend(engine._params, engine._cache, tokens, positions, page_table,
+                               model_config=engine.model_config, mesh=engine.mesh)
+
     def _extend_all(self, turns: list[Any]) -> None:
         """Feed each turn's tokens [cached, last) into its pages, in calls of at most one prefill
         batch and the largest prefill bucket (a long history, after a weight swap, takes several)."""
@@ -155,7 +169,6 @@ class EpisodeTurns:
                     positions[row, :end - begin] = np.arange(begin, end)
                     page_table[row, :len(seq.pages)] = seq.pages
                     pending[id(seq)] = end
-                engine._cache = extend(engine._params, engine._cache, tokens, positions, page_table,
-                                       model_config=engine.model_config, mesh=engine.mesh)
+                self._extend(tokens, positions, page_table)
                 engine.stats["extend_calls"] = engine.stats.get("extend_calls", 0) + 1
                 engine.stats["extended_tokens"] = engine.stats.get("extended_tokens", 0) + sum(e - b for b, e in spans)

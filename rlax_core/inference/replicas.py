@@ -81,8 +81,8 @@ class ReplicatedEngine:
         for engine in self.engines:
             engine.update_adapters(adapters, lora, version, base)
 
-    def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode)) -> None:
-        self._on_every_replica(lambda engine, _: engine.warm_up(modes), [None] * len(self.engines))
+    def warm_up(self, modes: Sequence[SamplingMode] = tuple(SamplingMode), *, episodes: bool = False) -> None:
+        self._on_every_replica(lambda engine, _: engine.warm_up(modes, episodes=episodes), [None] * len(self.engines))
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)

@@ -29,11 +29,12 @@ class EngineHost:
     ``model``: anything ``rlax_core.training.policy_source.load_policy`` reads (a model folder, a
     weight-store version, a checkpoint); ``tokenizer``: its folder when not the model's;
     ``compile_modes``: sampling modes compiled now, while the worker starts, rather than in the
-    first call; ``version``: the weight version the loaded parameters count as.
+    first call, with ``compile_episodes`` the multi-turn continuation too; ``version``: the weight
+    version the loaded parameters count as.
     """
 
     def __init__(self, engine: EngineConfig, model: str, *, dtype: str = "float32", tokenizer: str | None = None,
-                 version: int = 0, compile_modes: Sequence[Any] = ()):
+                 version: int = 0, compile_modes: Sequence[Any] = (), compile_episodes: bool = False):
         if not model:
             raise ValueError("EngineHost: the model is empty; name the checkpoint to sample")
         if engine.replicas != 1:
@@ -51,7 +52,7 @@ class EngineHost:
         self.engine = ReplicatedEngine(engine, loaded.config, loaded.params, version=version,
                                        detokenize=self.tokenizer.decode)
         if compile_modes:
-            self.engine.warm_up(modes=tuple(compile_modes))
+            self.engine.warm_up(modes=tuple(compile_modes), episodes=compile_episodes)
         self.lock = threading.Lock()  # one generate at a time per process: the engine is not re-entrant
         self._prompt_ids: dict[str, tuple[int, ...]] = {}  # by example id, tokenized on first use
         self.name = f"{socket.gethostname()}:{os.getpid()}"

@@ -45,7 +45,8 @@ class RolloutWorker:
         from rlax_core.weights.store import WeightStore
 
         self.host = EngineHost(spec.engine, spec.model_path, dtype=spec.model_dtype, version=-1,
-                               compile_modes=(sampling_mode(spec.sampling()),))
+                               compile_modes=(sampling_mode(spec.sampling()),),
+                               compile_episodes=spec.loop.env is not None)
         startup.mark("engine_compiled")
         self.store = WeightStore(spec.weights)
         # The engine's dtype, not the publisher's. The engine holds the base of a LoRA run's adapter

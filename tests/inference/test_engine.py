@@ -10,6 +10,7 @@ import pytest
 from rlax_core.inference.config import SamplingParams
 from rlax_core.inference.engine import Engine, Request
 from rlax_core.inference.sampling import SamplingMode
+from tests.support.compiles import COMPILES
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
 
@@ -169,21 +170,6 @@ def test_abort_returns_what_was_generated(engine, stories):
 def test_bad_requests_fail_with_the_reason(engine, bad, match):
     with pytest.raises(ValueError, match=match):
         engine.add_request(bad)
-
-
-class _CompileCounter:
-    """Counts XLA backend compilations (every jit cache miss, eager ops included) via jax.monitoring."""
-
-    def __init__(self):
-        self.count = 0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-    def _on_event(self, name, duration, **kwargs):
-        if name == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
-
-
-COMPILES = _CompileCounter()
 
 
 @pytest.mark.slow

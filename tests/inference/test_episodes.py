@@ -139,3 +139,18 @@ def test_a_continuation_that_overruns_the_episode_budget_fails_with_the_reason(s
     with pytest.raises(ValueError, match="must hold the prompt and its first turn"):
         engine.add_request(Request([1, 5, 6], TURN, episode_tokens=8))
     engine.end_episode(first.episode)
+
+
+@pytest.mark.slow
+def test_an_engine_warmed_up_for_episodes_compiles_nothing_for_a_second_turn(stories, small_engine_config):
+    from rlax_core.inference.sampling import SamplingMode
+    from tests.support.compiles import COMPILES
+
+    model, tokenizer = stories
+    engine = Engine(small_engine_config, model.config, model.params, device=jax.devices()[0])
+    engine.warm_up(modes=(SamplingMode.TEMPERATURE,), episodes=True)
+    before = COMPILES.count
+    prompts = [tokenizer.encode(text, add_bos=True) for text in ("Once upon a time", "The dog ran")]
+    transcripts = _run_episodes(engine, prompts, [tokenizer.encode(" The end.")] * 2)
+    assert all(len(record["versions"]) == 3 for record in transcripts.values())  # three turns each
+    assert COMPILES.count == before, f"{COMPILES.count - before} compilations after warm-up"
