@@ -130,12 +130,12 @@ class _WorkerParent:
     def spawn(self) -> "_Worker":
         with self._lock:
             self._control.sendall(SPAWN)
-            pid, fds, _, _ = socket.recv_fds(self._control, 32, 1)
+            pid, fds, _, _ = socket.recv_fds(self._control, 32, 2)
         if not pid and not fds:
             raise ConnectionResetError("the math worker parent closed its socket")
         if not fds:
             raise RuntimeError(f"the math worker parent sent no worker ({pid!r})")
-        return _Worker(int(pid), socket.socket(fileno=fds[0]))
+        return _Worker(int(pid), socket.socket(fileno=fds[0]), fds[1] if len(fds) > 1 else None)
 
     def exit_status(self) -> int | None:
         return self._process.poll()
@@ -153,13 +153,21 @@ class _WorkerParent:
 class _Worker:
     pid: int
     conn: socket.socket
+    pidfd: int | None = None  # the process itself: a pid may name another process once this one ended
 
     def kill(self) -> None:
         try:
-            os.kill(self.pid, signal.SIGKILL)
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:  # a kernel without pidfds (before Linux 5.3)
+                os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:  # it had died already
             pass
-        self.conn.close()
+        finally:
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
+            self.conn.close()
 
 
 # ----------------------------------------------------------------------------- the caller's side

@@ -4,7 +4,8 @@
 starts as a plain subprocess (fork and exec: nothing of the caller's
 threads, locks or ``__main__`` comes along). It loads math-verify, warms sympy with one comparison,
 and then waits on its control socket. For each byte the caller sends there it makes a socket pair,
-forks a worker holding one end, and passes the other end back with the worker's pid (SCM_RIGHTS).
+forks a worker holding one end, and passes the other end back with the worker's pid and a pidfd
+of it (SCM_RIGHTS).
 The caller kills a worker that overruns its hard limit and asks for another: a fork of this warm,
 single-threaded process, ready in milliseconds where a fresh interpreter would import sympy for seconds.
 
@@ -94,8 +95,16 @@ def _fork_worker(control: socket.socket, memory_bytes: int) -> None:
         finally:
             os._exit(status)  # never the parent's loop, atexit handlers or buffers
     ours.close()
-    socket.send_fds(control, [str(pid).encode()], [theirs.fileno()])
+    # A handle on this very process, taken while it cannot have been reaped and its pid reused: the
+    # caller kills through it, so a kill sent after the worker ended cannot reach another process.
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # it ended already (and was reaped), or the kernel has no pidfds: the pid alone
+        pidfd = None
+    socket.send_fds(control, [str(pid).encode()], [theirs.fileno()] + ([pidfd] if pidfd is not None else []))
     theirs.close()
+    if pidfd is not None:
+        os.close(pidfd)
 
 
 def main(argv: list[str]) -> None:

@@ -225,3 +225,23 @@ def test_a_worker_parent_killed_between_calls_is_replaced():
         verifier.compare("\\sqrt{4}", "2")
         assert verifier.compare("\\frac{1}{3}", "\\frac{2}{6}").equal
         assert verifier._parent is not parent
+
+
+def test_a_worker_that_ended_is_never_signalled_by_its_bare_pid(monkeypatch):
+    # Workers are reaped by the kernel as they end, so a worker's pid may name another process by the
+    # time the caller kills it; the kill goes through the pidfd taken when it was forked.
+    import os
+
+    import psutil
+
+    verifier = MathVerifier(MathVerifierConfig(workers=1, timeout_seconds=10.0))
+    try:
+        assert verifier.compare("\\frac{1}{2}", "0.5").equal  # a worker is up, waiting in its slot
+        (worker,) = psutil.Process(verifier._parent._process.pid).children()
+        worker.kill()
+        worker.wait(timeout=10)
+    finally:
+        signalled = []
+        monkeypatch.setattr(os, "kill", lambda pid, sig: signalled.append(pid))
+        verifier.close()  # kills the slot's worker
+    assert signalled == []
