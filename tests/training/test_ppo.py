@@ -115,7 +115,9 @@ def test_gae_advantages_from_the_critic_match_numpy(tmp_path):
     prepared = jax.device_get(ppo.prepare_batch(state, batch))
     mask = batch["loss_mask"]
     values = values_of(state.value_params, batch) * mask
-    np.testing.assert_allclose(prepared["old_values"], values, atol=1e-6)
+    # Relative too: values reach ~6 here, and the trainer's fused projections (CPU) round differently
+    # from the plain forward in the last bits (2e-6 seen at 2.5).
+    np.testing.assert_allclose(prepared["old_values"], values, rtol=1e-6, atol=1e-6)
     assert np.abs(values[mask > 0]).min() > 1e-3  # a critic that says something, so GAE is not REINFORCE
     advantages, returns = numpy_gae(outcome_on_last_token(batch["rewards"], mask), values, mask, 0.9, 0.8)
     np.testing.assert_allclose(prepared["returns"], returns, atol=1e-5)
