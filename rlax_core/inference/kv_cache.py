@@ -67,7 +67,13 @@ def write_pages(pool: jax.Array, new: jax.Array, page_table: jax.Array, position
     page_index = jnp.clip(positions // page_size, 0, page_table.shape[1] - 1)
     pages = jnp.where(valid, jnp.take_along_axis(page_table, page_index, axis=1), SINK_PAGE)
     offsets = jnp.where(valid, positions % page_size, 0)
-    return pool.at[:, pages, offsets].set(new.transpose(2, 0, 1, 3).astype(pool.dtype), mode="promise_in_bounds")
+    # Every update is one head's row (indexed by head, page and offset), so the pool keeps the layout
+    # the paged-attention kernel reads. With the heads inside each update (``pool.at[:, pages,
+    # offsets]``), XLA:TPU laid the loop-carried pool out heads-inner for the scatter and copied every
+    # layer's whole pool back for the kernel at every decode step, once a chip held 2 KV heads or more.
+    heads = jnp.arange(pool.shape[0])[:, None, None]
+    return pool.at[heads, pages[None], offsets[None]].set(new.transpose(2, 0, 1, 3).astype(pool.dtype),
+                                                          mode="promise_in_bounds")
 
 
 def gather_pages(pool: jax.Array, page_table: jax.Array) -> jax.Array:

@@ -123,3 +123,30 @@ def test_an_engine_that_samples_differently_shares_the_prefills_and_a_subset_com
     assert own["compiled"] and own["compile_s"] != programs["rollout", "decode 8 slots x 16 steps (tpu)"]["compile_s"]
     assert "pipelines.compile: compiling evaluate: prefill" not in report["stderr"]
     assert "pipelines.compile: compiling evaluate: decode" in report["stderr"]
+
+
+def test_a_decode_with_two_kv_heads_per_chip_never_copies_its_kv_pool():
+    """The token write (``kv_cache.write_pages``) scatters rows of one KV head, so the pool keeps the
+    layout the paged-attention kernel reads. Written with the heads as part of each update, XLA laid
+    the loop-carried pool out heads-inner for the scatter and copied every layer's whole pool back
+    for the kernel at every step: on QwQ-32B with 2 KV heads per v5p chip, 16 GiB of temporaries and
+    131 GB read per step (docs/fleet.md); with 1 head per chip the two layouts coincide."""
+    import re
+
+    from pipelines.config import load_run_config
+    from pipelines.plan import template_of
+    from rlax_core.compile.programs import engine_programs
+    from rlax_core.compile.topology import slice_devices
+    from rlax_core.inference.sampling import SamplingMode
+    from rlax_core.models.checkpoint import read_model_config
+
+    config = load_run_config(REPO / RECIPE, ["engine.tensor_parallel=2"])  # 4 KV heads: 2 per chip
+    model = read_model_config(template_of(config.model.resolved_path()))
+    (decode,) = [program for program in engine_programs(model, config.engine, config.model.dtype,
+                                                        slice_devices("v5e", 4, 4), SamplingMode.TEMPERATURE)
+                 if program.name.startswith("decode")]
+    text = decode.lower().compile().as_text()
+    pool = f"bf16[2,{config.engine.num_pages},{config.engine.page_size},{model.head_dim}]"  # one layer's, per chip
+    assert re.search(re.escape(pool) + r"\{3,2,1,0", text), "no pool in the kernel's layout"
+    copies = re.findall(re.escape(pool) + r"\{[^}]*\} copy\(", text)
+    assert copies == [], f"{len(copies)} copies of a whole KV pool in the decode program"
