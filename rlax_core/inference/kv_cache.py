@@ -67,13 +67,18 @@ def write_pages(pool: jax.Array, new: jax.Array, page_table: jax.Array, position
     page_index = jnp.clip(positions // page_size, 0, page_table.shape[1] - 1)
     pages = jnp.where(valid, jnp.take_along_axis(page_table, page_index, axis=1), SINK_PAGE)
     offsets = jnp.where(valid, positions % page_size, 0)
-    # Every update is one head's row (indexed by head, page and offset), so the pool keeps the layout
-    # the paged-attention kernel reads. With the heads inside each update (``pool.at[:, pages,
-    # offsets]``), XLA:TPU laid the loop-carried pool out heads-inner for the scatter and copied every
-    # layer's whole pool back for the kernel at every decode step, once a chip held 2 KV heads or more.
-    heads = jnp.arange(pool.shape[0])[:, None, None]
-    return pool.at[heads, pages[None], offsets[None]].set(new.transpose(2, 0, 1, 3).astype(pool.dtype),
-                                                          mode="promise_in_bounds")
+    heads = pool.shape[0]
+    # One head's row per update, the heads a batch dimension of the scatter (not part of each update):
+    # the pool keeps the layout the paged-attention kernel reads, and a pool sharded by heads is
+    # written where it lies. With the heads inside each update (``pool.at[:, pages, offsets]``),
+    # XLA:TPU carried the pool heads-inner for the scatter and copied every layer's whole pool back
+    # for the kernel at every decode step, once a chip held 2 KV heads or more.
+    index = jnp.broadcast_to(jnp.stack([pages, offsets], axis=-1), (heads, *pages.shape, 2))
+    numbers = jax.lax.ScatterDimensionNumbers(update_window_dims=(3,), inserted_window_dims=(1, 2),
+                                              scatter_dims_to_operand_dims=(1, 2), operand_batching_dims=(0,),
+                                              scatter_indices_batching_dims=(0,))
+    return jax.lax.scatter(pool, index, new.transpose(2, 0, 1, 3).astype(pool.dtype), numbers,
+                           indices_are_sorted=False, unique_indices=False, mode="promise_in_bounds")
 
 
 def gather_pages(pool: jax.Array, page_table: jax.Array) -> jax.Array:

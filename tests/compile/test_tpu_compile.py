@@ -126,11 +126,12 @@ def test_an_engine_that_samples_differently_shares_the_prefills_and_a_subset_com
 
 
 def test_a_decode_with_two_kv_heads_per_chip_never_copies_its_kv_pool():
-    """The token write (``kv_cache.write_pages``) scatters rows of one KV head, so the pool keeps the
-    layout the paged-attention kernel reads. Written with the heads as part of each update, XLA laid
-    the loop-carried pool out heads-inner for the scatter and copied every layer's whole pool back
-    for the kernel at every step: on QwQ-32B with 2 KV heads per v5p chip, 16 GiB of temporaries and
-    131 GB read per step (docs/fleet.md); with 1 head per chip the two layouts coincide."""
+    """The token write (``kv_cache.write_pages``) scatters rows of one KV head, the heads a batch
+    dimension, so the pool keeps the layout the paged-attention kernel reads. Written with the heads
+    as part of each update, XLA laid the loop-carried pool out heads-inner for the scatter and copied
+    every layer's whole pool back for the kernel at every step: on QwQ-32B with 2 KV heads per v5p
+    chip, 16 GiB of temporaries and 131 GB read per step (docs/fleet.md); with 1 head per chip the
+    two layouts coincide."""
     import re
 
     from pipelines.config import load_run_config
