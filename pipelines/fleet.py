@@ -84,7 +84,7 @@ def predict_from_reports(paths: Sequence[str | Path], prompt_tokens: int | None 
     report = read_reports(paths)
     config = load_run_config(report["config"], report.get("overrides") or [])
     shape = fleet_shape(config, prompt_tokens, completion_fraction, host_network_bytes_per_s)
-    costs = read_compiled_costs(report)
+    costs = read_compiled_costs(report, need_update=trainer_step_s is None)
     return {"config": report["config"], "overrides": report.get("overrides") or [],
             "reports": [str(p) for p in paths],
             "prediction": predict(costs, shape, trainer_step_s=trainer_step_s),

@@ -52,11 +52,11 @@ class CompiledCosts:
     """Roofline seconds of one replica's compiled programs, read from an ``rlax compile`` report."""
 
     rollout_chip: str
-    trainer_chip: str
+    trainer_chip: str | None  # None: no update step was read (the trainer's step is given instead)
     decode_step_s: float  # one decode step of every slot of one engine replica
     decode_slots: int
     prefill_s: dict[int, tuple[int, float]]  # prompt bucket -> (rows per call, seconds per call)
-    update_micro_batch_s: float  # one micro-batch of the trainer's update step
+    update_micro_batch_s: float | None  # one micro-batch of the trainer's update step
 
     def prefill_for(self, prompt_tokens: int) -> tuple[int, int, float] | None:
         """(bucket, rows per call, seconds per call) of the smallest compiled bucket that holds the
@@ -74,8 +74,9 @@ class CompiledCosts:
         return found[2] / found[1] if found else 0.0
 
 
-def read_compiled_costs(report: dict[str, Any], role: str = "rollout") -> CompiledCosts:
-    """The rollout engine's decode and prefill and the trainer's update from ``rlax compile --json``.
+def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_update: bool = True) -> CompiledCosts:
+    """The rollout engine's decode and prefill and the trainer's update from ``rlax compile --json``;
+    without ``need_update`` (the trainer's step is given) a report without the trainer will do.
 
     Raises ``ValueError`` naming what is missing (a program not compiled, a role not in the report)."""
     programs = report.get("programs")
@@ -89,15 +90,18 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout") -> Compil
         if match:
             prefill[int(match.group(2))] = (int(match.group(1)), float(p["roofline_s"]))
     update = [p for p in compiled if p["role"] == "trainer"]
-    missing = [name for name, found in (("a compiled decode program of role " + role, decode),
-                                        ("the trainer's compiled update step", update)) if not found]
+    wanted = [("a compiled decode program of role " + role, decode)]
+    if need_update:
+        wanted.append(("the trainer's compiled update step", update))
+    missing = [name for name, found in wanted if not found]
     if missing:
         raise ValueError(f"the compile report {report.get('config', '')!r} lacks {'; '.join(missing)} "
-                         "(compile the recipe's rollout and trainer roles: rlax compile --roles rollout,trainer)")
+                         "(compile the recipe's rollout and trainer roles: rlax compile --roles rollout,trainer; "
+                         "or give the trainer's seconds per step)")
     return CompiledCosts(
-        rollout_chip=decode[0]["chip"], trainer_chip=update[0]["chip"],
+        rollout_chip=decode[0]["chip"], trainer_chip=update[0]["chip"] if update else None,
         decode_step_s=float(decode[0]["roofline_s"]), decode_slots=int(_DECODE.match(decode[0]["program"]).group(1)),
-        prefill_s=prefill, update_micro_batch_s=float(update[0]["roofline_s"]))
+        prefill_s=prefill, update_micro_batch_s=float(update[0]["roofline_s"]) if update else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +151,8 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
     """The simulator's inputs: per-token and per-group seconds of one replica, the trainer's step and
     the weight sync, all from ``costs`` and ``shape`` (the module docstring says how); a given
     ``trainer_step_s`` replaces the compiled one."""
+    if trainer_step_s is None and costs.update_micro_batch_s is None:
+        raise ValueError("no compiled update step was read: give the trainer's seconds per step")
     concurrent = min(shape.concurrent_sequences, costs.decode_slots)
     sync_s = (shape.weight_bytes / (shape.trainer_hosts * shape.host_network_bytes_per_s)
               + shape.weight_bytes / shape.host_network_bytes_per_s)
@@ -179,7 +185,8 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
                 f"compiled: prefill {prefill[1]}x{prefill[0]} on {costs.rollout_chip}, one row" if prefill
                 else "assumed: 0, no prefill program was compiled")},
             "update_micro_batch_s": {"value": costs.update_micro_batch_s,
-                                     "from": f"compiled: update step on {costs.trainer_chip}, roofline"},
+                                     "from": f"compiled: update step on {costs.trainer_chip}, roofline"
+                                     if costs.update_micro_batch_s is not None else "not compiled"},
             "trainer_step_s": {"value": params.trainer_step_s, "from": (
                 f"compiled: the update's roofline x {shape.update_iterations} micro-batches"
                 f" x {shape.layer_loop_factor:.2f} (layers)" if trainer_step_s is None else "assumed: given")},

@@ -89,10 +89,17 @@ def test_bad_shapes_are_refused_with_the_field(shape):
         dataclasses.replace(shape, rollout_workers=0)
 
 
-def test_a_report_without_the_trainer_says_what_to_compile_one_without_prefill_leaves_it_out(report):
+def test_a_report_without_the_trainer_says_what_to_compile_one_without_prefill_leaves_it_out(report, shape):
     rollout_only = dict(report, programs=[p for p in report["programs"] if p["role"] != "trainer"])
     with pytest.raises(ValueError, match="trainer's compiled update step.*--roles rollout,trainer"):
         read_compiled_costs(rollout_only)
+    # The trainer's step given instead (benchmarks/fleet_sim.py --trainer-step-s): the rollout's report will do.
+    given = read_compiled_costs(rollout_only, need_update=False)
+    assert (given.trainer_chip, given.update_micro_batch_s) == (None, None)
+    assert given.decode_step_s == read_compiled_costs(report).decode_step_s
+    with pytest.raises(ValueError, match="give the trainer's seconds per step"):
+        fleet_params(given, shape)
+    assert fleet_params(given, shape, trainer_step_s=12.5).trainer_step_s == 12.5
     no_prefill = read_compiled_costs(dict(report, programs=[p for p in report["programs"]
                                                             if not p["program"].startswith("prefill")]))
     assert no_prefill.prefill_for(64) is None and no_prefill.prefill_per_group_s(64) == 0.0
