@@ -221,9 +221,10 @@ def low_rank_term(x: jax.Array, lora_a: jax.Array, lora_b: jax.Array) -> jax.Arr
     return jnp.tensordot(hidden, lora_b.astype(jnp.float32), axes=1)
 
 
-# The engine's fused projections (``transformer.fuse_projections``): the parts, in concatenation order,
-# their output axis in B (after the rank axis) and the config field giving each part's width there.
-_FUSED = {("attn", "qkv_proj"): ((("q_proj", "num_heads"), ("k_proj", "num_kv_heads"), ("v_proj", "num_kv_heads")), -2),
+# The fused projections (``transformer.fuse_projections``: the engine's layout, and the trainer's step on
+# CPU): the parts, in concatenation order, with the config field giving each part's width, and the
+# output axis they are joined along, counted from the end: the same for kernels, biases and B.
+FUSED_PROJECTIONS = {("attn", "qkv_proj"): ((("q_proj", "num_heads"), ("k_proj", "num_kv_heads"), ("v_proj", "num_kv_heads")), -2),
           ("mlp", "gate_up_proj"): ((("gate_proj", "intermediate_size"), ("up_proj", "intermediate_size")), -1)}
 
 
@@ -236,7 +237,7 @@ def decoding_adapters(adapters: Params, model: ModelConfig, lora: LoraConfig, *,
     layer = scaled(adapters, lora)["layers"]
     if fuse:
         layer = {module: dict(projections) for module, projections in layer.items()}
-        for (module, fused_name), (parts, axis) in _FUSED.items():
+        for (module, fused_name), (parts, axis) in FUSED_PROJECTIONS.items():
             present = [name for name, _ in parts if name in layer.get(module, {})]
             if not present:
                 continue

@@ -44,11 +44,12 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from rlax_core.models.attention import AttentionImpl, causal_attention, masked_attention
 from rlax_core.models.config import ModelConfig, rope_inverse_frequencies
-from rlax_core.models.lora import low_rank_term
+from rlax_core.models.lora import FUSED_PROJECTIONS, low_rank_term
 
 Params = dict[str, Any]
 Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
@@ -368,39 +369,44 @@ def fuse_projections(params: Params) -> Params:
     Both forwards accept it. It computes the same numbers with three fewer matrix products per
     layer, which matters when a decode step multiplies one token per sequence: there a product's
     fixed cost outweighs its arithmetic. The trainer fuses them inside its step only where every
-    device holds whole weights (``trainer.fuse_projections``): q and k/v heads may shard differently.
+    device holds whole weights (``trainer.projections``): q and k/v heads may shard differently.
     """
     def fuse(layer):
-        attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
-        parts = [attn.pop(name) for name in ("q_proj", "k_proj", "v_proj")]
-        if any("lora_a" in part for part in (*parts, mlp["gate_proj"], mlp["up_proj"])):
-            raise ValueError("fuse_projections: these params hold adapters; fuse the base, then add "
-                             "lora.decoding_adapters(..., fuse=True)")
-        attn["qkv_proj"] = {leaf: jnp.concatenate([part[leaf] for part in parts], axis=-2) for leaf in parts[0]}
-        gate, up = mlp.pop("gate_proj"), mlp.pop("up_proj")
-        mlp["gate_up_proj"] = {"kernel": jnp.concatenate([gate["kernel"], up["kernel"]], axis=-1)}
-        return {**layer, "attn": attn, "mlp": mlp}
+        layer = dict(layer)
+        for (block, fused), (parts, axis) in FUSED_PROJECTIONS.items():
+            modules = dict(layer[block])
+            pieces = [modules.pop(name) for name, _ in parts]
+            if any("lora_a" in piece for piece in pieces):
+                raise ValueError("fuse_projections: these params hold adapters; fuse the base, then add "
+                                 "lora.decoding_adapters(..., fuse=True)")
+            modules[fused] = {leaf: jnp.concatenate([piece[leaf] for piece in pieces], axis=axis) for leaf in pieces[0]}
+            layer[block] = modules
+        return layer
 
-    return {name: fuse(value) if name == "layers" or name.startswith("layers_") else value
-            for name, value in params.items()}
+    return _per_layer(fuse, params)
 
 
 def unfuse_projections(params: Params, config: ModelConfig) -> Params:
     """The inverse of :func:`fuse_projections`: ``qkv_proj`` split into q/k/v along the heads axis and
     ``gate_up_proj`` into gate and up (for example gradients taken in the fused layout)."""
-    heads, kv_heads = config.num_heads, config.num_kv_heads
-    bounds = {"q_proj": (0, heads), "k_proj": (heads, heads + kv_heads), "v_proj": (heads + kv_heads, heads + 2 * kv_heads)}
-
     def split(layer):
-        attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
-        qkv = attn.pop("qkv_proj")
-        for name, (start, stop) in bounds.items():
-            attn[name] = {leaf: value[..., start:stop, :] for leaf, value in qkv.items()}
-        gate_up = mlp.pop("gate_up_proj")["kernel"]
-        mlp["gate_proj"], mlp["up_proj"] = ({"kernel": part} for part in jnp.split(gate_up, 2, axis=-1))
-        return {**layer, "attn": attn, "mlp": mlp}
+        layer = dict(layer)
+        for (block, fused), (parts, axis) in FUSED_PROJECTIONS.items():
+            modules = dict(layer[block])
+            joined = modules.pop(fused)
+            ends = np.cumsum([getattr(config, width) for _, width in parts])[:-1]
+            for leaf, value in joined.items():
+                for (name, _), piece in zip(parts, jnp.split(value, ends, axis=axis)):
+                    modules.setdefault(name, {})[leaf] = piece
+            layer[block] = modules
+        return layer
 
-    return {name: split(value) if name == "layers" or name.startswith("layers_") else value
+    return _per_layer(split, params)
+
+
+def _per_layer(convert: Callable[[Params], Params], params: Params) -> Params:
+    """``convert`` applied to each layer's weights, stacked (``layers``) or not (``layers_i``)."""
+    return {name: convert(value) if name == "layers" or name.startswith("layers_") else value
             for name, value in params.items()}
 
 

@@ -287,7 +287,7 @@ def _as_exception(error) -> BaseException:
 
 
 # Set by ``main`` while a test runs: ends the judge with that test's timeout verdict. A test that caught
-# its timeout and is still running when the alarm fires again gets no third exception to catch:
+# its timeout and is still running when the alarm fires again gets no second exception to catch:
 # raising into a test that loops over ``except BaseException`` can land where CPython cannot take it
 # ("SystemError: error return without exception set"), and the judge would end with no verdict.
 _end_stuck_test = None

@@ -408,7 +408,7 @@ class Trainer:
 
     def _relayout(self, tree, convert):
         """``convert`` the layer layout of a policy tree, or of a critic's ``backbone``."""
-        if tree is None or (self.config.scan_layers and not self.fuse_projections):
+        if tree is None:
             return tree
         if "backbone" in tree:
             return {**tree, "backbone": convert(tree["backbone"])}
