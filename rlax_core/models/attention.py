@@ -68,8 +68,12 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     # copies of the largest tensor cost more than the products).
     q = q.reshape(batch, steps, num_kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
     q = q.reshape(batch, num_kv_heads, group * steps, head_dim)
-    k, v_heads = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
+    v_heads = v.transpose(0, 2, 1, 3)
+    # Keys enter as a copy laid out [B, K, D, S]. Left to itself XLA folds the transpose into the score
+    # product, and the backward pass's key gradient (dS^T q, contracted over the queries) becomes a
+    # transposed batched product that XLA:CPU runs at a third of the speed of the plain one it runs here.
+    keys = jax.lax.optimization_barrier(k.transpose(0, 2, 3, 1))
+    scores = jnp.einsum("bkqd,bkds->bkqs", q, keys, preferred_element_type=jnp.float32) * head_dim**-0.5
     scores = scores.reshape(batch, num_kv_heads, group, steps, -1)
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     # Softmax normalised after the value product: dividing the [.., T, D] output rather than the
