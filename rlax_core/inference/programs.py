@@ -21,7 +21,7 @@ from rlax_core.inference.attention import paged_decode_attention_reference, pref
 from rlax_core.inference.kv_cache import DecodeWindow, KVCache, gather_window, scatter_window, write_pages
 from rlax_core.inference.pallas_attention import paged_decode_attention
 from rlax_core.inference.sharding import heads_spec, kv_heads_split, kv_pool_sharding
-from rlax_core.inference.sampling import SamplingMode, sample_key, sample_tokens
+from rlax_core.inference.sampling import SamplingMode, sample_tokens, token_draws
 from rlax_core.models.attention import AttentionImpl, causal_attention, fits
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import LoraConfig, decoding_adapters, merged_kernels
@@ -73,10 +73,6 @@ def _replace(items: tuple, index: int, item) -> tuple:
     return (*items[:index], item, *items[index + 1:])
 
 
-def _keys(state, token_index):
-    return jax.vmap(sample_key)(state["seed"], state["prompt_key"], state["sample_index"], token_index)
-
-
 def _write_token_pages(cache: KVCache, layer: int, k, v, page_table, positions, valid) -> KVCache:
     return KVCache(_replace(cache.k, layer, write_pages(cache.k[layer], k, page_table, positions, valid)),
                    _replace(cache.v, layer, write_pages(cache.v[layer], v, page_table, positions, valid)))
@@ -126,6 +122,10 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
     page_table = state["page_table"]
     windowed = attention == "window"
 
+    # Every row's draws for the chunk's tokens, by token: a row's j-th step makes its token generated + j.
+    draws = (token_draws(state["seed"], state["prompt_key"], state["sample_index"], state["generated"], chunk)
+             if mode != SamplingMode.GREEDY else jnp.zeros((num_slots, chunk), jnp.float32))
+
     def step(carry):
         index, kv, s, out_tokens, out_logprobs = carry
         active = s["active"]
@@ -135,8 +135,8 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
             attend = _paged_attend(page_table, s["length"], active, scale, attention, mesh, interpret)
         logits, kv = forward_with_cache(params, model_config, s["last_token"][:, None], s["length"][:, None], kv,
                                         attend)
-        keys = _keys(s, s["generated"])
-        tokens, logprobs = sample_tokens(logits[:, 0], keys, s["temperature"], s["top_k"], s["top_p"], mode)
+        row_draws = jax.lax.dynamic_index_in_dim(draws, index, axis=1, keepdims=False)
+        tokens, logprobs = sample_tokens(logits[:, 0], row_draws, s["temperature"], s["top_k"], s["top_p"], mode)
         out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
         out_logprobs = out_logprobs.at[:, index].set(jnp.where(active, logprobs, 0.0))
         generated = s["generated"] + active

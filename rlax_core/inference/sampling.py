@@ -57,6 +57,23 @@ def sample_key(seed: jax.Array, prompt_id: jax.Array, sample_index: jax.Array, t
     return key
 
 
+def token_draws(seed: jax.Array, prompt_id: jax.Array, sample_index: jax.Array, first_token: jax.Array,
+                count: int) -> jax.Array:
+    """[B, count] float32: the uniform draw of tokens ``first_token[b] + j`` of each row's sample,
+    ``uniform(sample_key(...))``, the one random number a token takes (``sample_tokens``).
+
+    A decode loop computes them all before its first step: one batched pass of the key hash
+    instead of two small ones inside every step, which XLA:CPU runs as loops of their own
+    (a tenth of a stories260K decode step). The values are the per-token keys', so a token stays a
+    function of its (seed, prompt id, sample index, position) alone.
+    """
+    def row(seed, prompt_id, sample_index, first):
+        keys = jax.vmap(lambda j: sample_key(seed, prompt_id, sample_index, first + j))(jnp.arange(count))
+        return jax.vmap(jax.random.uniform)(keys)
+
+    return jax.vmap(row)(seed, prompt_id, sample_index, first_token)
+
+
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """float32 log_softmax of the raw logits [B, V] at ``tokens`` [B]."""
     logits = logits.astype(jnp.float32)
@@ -115,8 +132,9 @@ def _filter_mask(scaled: jax.Array, probs: jax.Array, top_k: jax.Array, top_p: j
     return in_top_k & in_nucleus
 
 
-def _inverse_cdf_draw(keys: jax.Array, weights: jax.Array) -> jax.Array:
-    """One token per row with probability proportional to ``weights`` [B, V] (>= 0), from one uniform per row.
+def _inverse_cdf_draw(draws: jax.Array, weights: jax.Array) -> jax.Array:
+    """One token per row with probability proportional to ``weights`` [B, V] (>= 0), from the row's
+    uniform draw in ``draws`` [B].
 
     Two levels, blocks of about sqrt(V) tokens: pick a block by the cumulative block masses, then a
     token by the cumulative masses inside it. A Gumbel-max draw needs V random numbers per row and
@@ -127,7 +145,7 @@ def _inverse_cdf_draw(keys: jax.Array, weights: jax.Array) -> jax.Array:
     blocks = jnp.pad(weights, ((0, 0), (0, -vocab % block))).reshape(batch, -1, block)
     block_mass = blocks.sum(-1)
     block_cdf = jnp.cumsum(block_mass, axis=-1)
-    target = jax.vmap(jax.random.uniform)(keys) * block_cdf[:, -1]
+    target = draws * block_cdf[:, -1]
     chosen = jnp.minimum((block_cdf <= target[:, None]).sum(-1), blocks.shape[1] - 1)
     within = target - jnp.take_along_axis(block_cdf - block_mass, chosen[:, None], axis=-1)[:, 0]
     row = jnp.take_along_axis(blocks, chosen[:, None, None], axis=1)[:, 0]
@@ -137,12 +155,12 @@ def _inverse_cdf_draw(keys: jax.Array, weights: jax.Array) -> jax.Array:
     return (chosen * block + jnp.minimum(offset, last_positive)).astype(jnp.int32)
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
+def sample_tokens(logits: jax.Array, draws: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
                   mode: SamplingMode) -> tuple[jax.Array, jax.Array]:
     """Pick one token per row of ``logits`` [B, V]; return (tokens [B] int32, log-probs [B] float32).
 
-    Rows with temperature 0 are greedy in every mode. ``keys`` is a [B] array of typed keys; each
-    row's token depends only on its own key and logits.
+    Rows with temperature 0 are greedy in every mode. ``draws`` [B] are the rows' uniform draws in
+    [0, 1) (``token_draws``); each row's token depends only on its own draw and logits.
     """
     logits = logits.astype(jnp.float32)
     greedy = greedy_tokens(logits)
@@ -152,5 +170,5 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     weights = jnp.exp(scaled - scaled.max(axis=-1, keepdims=True))
     if mode == SamplingMode.FILTERED:
         weights = jnp.where(_filter_mask(scaled, weights / weights.sum(-1, keepdims=True), top_k, top_p), weights, 0.0)
-    tokens = jnp.where(temperature > 0, _inverse_cdf_draw(keys, weights), greedy)
+    tokens = jnp.where(temperature > 0, _inverse_cdf_draw(draws, weights), greedy)
     return tokens, token_logprobs(logits, tokens)

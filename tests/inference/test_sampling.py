@@ -6,18 +6,18 @@ import jax.numpy as jnp
 import pytest
 
 from rlax_core.inference.sampling import (
-    SamplingMode, _filter_mask, greedy_tokens, prompt_key_id, sample_key, sample_tokens, token_logprobs)
+    SamplingMode, _filter_mask, greedy_tokens, prompt_key_id, sample_key, sample_tokens, token_draws, token_logprobs)
 
 
-def _keys(seeds, prompt=7, sample=0, token=0):
+def _draws(seeds, prompt=7, sample=0, token=0):
     n = len(seeds)
     as_i32 = lambda x: jnp.full((n,), x, jnp.int32)
-    return jax.vmap(sample_key)(jnp.asarray(seeds, jnp.int32), as_i32(prompt), as_i32(sample), as_i32(token))
+    return token_draws(jnp.asarray(seeds, jnp.int32), as_i32(prompt), as_i32(sample), as_i32(token), 1)[:, 0]
 
 
 def _draw(logits, seeds, temperature=1.0, top_k=0, top_p=1.0, mode=SamplingMode.FILTERED):
     n = len(seeds)
-    return sample_tokens(jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, len(logits))), _keys(seeds),
+    return sample_tokens(jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, len(logits))), _draws(seeds),
                          jnp.full((n,), temperature), jnp.full((n,), top_k, jnp.int32), jnp.full((n,), top_p), mode)
 
 
@@ -54,6 +54,19 @@ def test_temperature_sampling_follows_the_tempered_distribution():
     hot = np.exp(logits / 2.0) / np.exp(logits / 2.0).sum()
     counts = np.bincount(np.asarray(_draw(logits, seeds, temperature=2.0)[0]), minlength=3) / 4000
     np.testing.assert_allclose(counts, hot, atol=0.03)
+
+
+def test_a_decode_chunks_draws_are_its_tokens_keys_uniforms():
+    """token_draws, computed for a whole chunk before its first step, gives each token the uniform
+    of that token's own key: a chunk's length or start never changes a sample."""
+    seeds, prompts, samples, first = (jnp.asarray(x, jnp.int32) for x in ([5, 5, 11], [9, 9, 2], [0, 3, 1], [0, 7, 30]))
+    draws = np.asarray(token_draws(seeds, prompts, samples, first, 6))
+    for row in range(3):
+        for j in range(6):
+            key = sample_key(seeds[row], prompts[row], samples[row], first[row] + j)
+            assert draws[row, j] == float(jax.random.uniform(key))
+    later = np.asarray(token_draws(seeds, prompts, samples, first + 2, 4))
+    np.testing.assert_array_equal(later, draws[:, 2:])
 
 
 def test_keys_depend_on_seed_prompt_sample_and_token_only():
