@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def batch_shapes(rollouts: int, *, max_seq_len: int, row_multiple: int = 1) -> dict[str, tuple[tuple[int, ...], type]]:
@@ -29,38 +30,80 @@ def batch_shapes(rollouts: int, *, max_seq_len: int, row_multiple: int = 1) -> d
 def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: int = 1,
                pad_id: int = 0) -> dict[str, np.ndarray]:
     """Arrays ``tokens, attention_mask [B, T]``, ``loss_mask, behavior_logprobs [B, T-1]`` and
-    ``rewards, group_ids, sample_mask, policy_versions [B]``."""
-    rows = [row for table in groups for row in table.to_pylist()]
-    if not rows:
+    ``rewards, group_ids, sample_mask, policy_versions [B]``.
+
+    Columnar: each list column is read as one flat array of values and placed with one indexed
+    store, so a batch costs a few passes over its tokens rather than a Python loop over them (a
+    step of 2,048 rows of 2,560 tokens took 0.8 s that way, on the trainer's critical path).
+    A malformed rollout raises a ``ValueError`` naming it; the first in batch order is reported.
+    """
+    tables = [table for table in groups if table.num_rows]
+    if not tables:
         raise ValueError("a batch needs at least one rollout")
-    group_index = {gid: i for i, gid in enumerate(dict.fromkeys(row["group_id"] for row in rows))}
-    T = max_seq_len
+    # One table: rollouts written before the optional fields existed get nulls there, and narrower
+    # types are widened (a group written with int64 token ids beside int32 ones).
+    table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    rows, T = table.num_rows, max_seq_len
+    prompt_len, prompt_ids = _list_column(table, "prompt_ids")
+    completion_len, completion_ids = _list_column(table, "completion_ids")
+    logprob_len, logprobs = _list_column(table, "behavior_logprobs")
+    policy_len, policy = _list_column(table, "policy_mask")
+    has_policy = policy_len >= 0
+    _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len)
+
     fill = {"tokens": pad_id, "group_ids": -1}
     batch = {name: np.full(shape, fill.get(name, 0), dtype)
-             for name, (shape, dtype) in batch_shapes(len(rows), max_seq_len=T, row_multiple=row_multiple).items()}
-    for i, row in enumerate(rows):
-        prompt, completion = row["prompt_ids"], row["completion_ids"]
-        n_prompt, n_completion = len(prompt), len(completion)
-        if n_prompt == 0:
-            raise ValueError(f"rollout {row['group_id']}#{row['sample_idx']} has an empty prompt")
-        if n_prompt + n_completion > T:
-            raise ValueError(f"rollout {row['group_id']}#{row['sample_idx']} has {n_prompt} + {n_completion} "
-                             f"tokens, more than trainer.max_seq_len={T}; raise it")
-        if len(row["behavior_logprobs"]) != n_completion:
-            raise ValueError(f"rollout {row['group_id']}#{row['sample_idx']}: {len(row['behavior_logprobs'])} "
-                             f"behavior log-probs for {n_completion} completion tokens")
-        policy = row.get("policy_mask")
-        if policy is not None and len(policy) != n_completion:
-            raise ValueError(f"rollout {row['group_id']}#{row['sample_idx']}: a policy_mask of {len(policy)} "
-                             f"for {n_completion} completion tokens")
-        batch["tokens"][i, :n_prompt] = prompt
-        batch["tokens"][i, n_prompt:n_prompt + n_completion] = completion
-        batch["attention_mask"][i, :n_prompt + n_completion] = 1
-        # Completion token k sits at position n_prompt + k and is predicted at position n_prompt + k - 1.
-        batch["loss_mask"][i, n_prompt - 1:n_prompt - 1 + n_completion] = 1.0 if policy is None else policy
-        batch["behavior_logprobs"][i, n_prompt - 1:n_prompt - 1 + n_completion] = row["behavior_logprobs"]
-        batch["rewards"][i] = 0.0 if row["reward"] is None else row["reward"]
-        batch["group_ids"][i] = group_index[row["group_id"]]
-        batch["sample_mask"][i] = 1.0
-        batch["policy_versions"][i] = row["policy_version"]
+             for name, (shape, dtype) in batch_shapes(rows, max_seq_len=T, row_multiple=row_multiple).items()}
+    _place(batch["tokens"], prompt_ids, prompt_len, start=0)
+    _place(batch["tokens"], completion_ids, completion_len, start=prompt_len)
+    batch["attention_mask"][:rows] = np.arange(T)[None, :] < (prompt_len + completion_len)[:, None]
+    # Completion token k sits at position n_prompt + k and is predicted at position n_prompt + k - 1.
+    trained = np.ones(len(completion_ids), np.float32)  # every token of a single-turn completion
+    trained[np.repeat(has_policy, completion_len)] = policy  # an episode's policy tokens only
+    _place(batch["loss_mask"], trained, completion_len, start=prompt_len - 1)
+    _place(batch["behavior_logprobs"], logprobs, completion_len, start=prompt_len - 1)
+    batch["rewards"][:rows] = pc.fill_null(table.column("reward").cast(pa.float32()), 0.0).to_numpy()
+    group_index: dict[str, int] = {}
+    batch["group_ids"][:rows] = [group_index.setdefault(g, len(group_index))
+                                 for g in table.column("group_id").to_pylist()]
+    batch["sample_mask"][:rows] = 1.0
+    batch["policy_versions"][:rows] = table.column("policy_version").to_numpy()
     return batch
+
+
+def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per row the list's length (-1: null, or no such column) and all rows' values back to back."""
+    if name not in table.column_names:
+        return np.full(table.num_rows, -1, np.int64), np.zeros(0)
+    column = table.column(name).combine_chunks()
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), -1), np.int64)
+    return lengths, column.flatten().to_numpy(zero_copy_only=False)
+
+
+def _place(dest: np.ndarray, values: np.ndarray, lengths: np.ndarray, *, start) -> None:
+    """Row r's ``lengths[r]`` values, taken in order from ``values``, into ``dest[r, start[r]:]``."""
+    lengths = np.maximum(lengths, 0)
+    # Flat index of value i of row r: r * width + start[r] + (i - the index of row r's first value).
+    row_offset = np.arange(len(lengths)) * dest.shape[1] + start - (np.cumsum(lengths) - lengths)
+    np.put(dest, np.repeat(row_offset, lengths) + np.arange(int(lengths.sum())), values)
+
+
+def _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len):
+    """A ``ValueError`` naming the first malformed rollout in batch order and its first problem."""
+    problems = [(length < 0, lambda r, name=name: f" has no {name}")  # -1: a null list, or no such column
+                for name, length in (("prompt_ids", prompt_len), ("completion_ids", completion_len),
+                                     ("behavior_logprobs", logprob_len))]
+    problems += [
+        (prompt_len == 0, lambda r: " has an empty prompt"),
+        (prompt_len + completion_len > T,
+         lambda r: f" has {prompt_len[r]} + {completion_len[r]} tokens, more than trainer.max_seq_len={T}; raise it"),
+        (logprob_len != completion_len,
+         lambda r: f": {logprob_len[r]} behavior log-probs for {completion_len[r]} completion tokens"),
+        ((policy_len >= 0) & (policy_len != completion_len),  # a single-turn rollout has none
+         lambda r: f": a policy_mask of {policy_len[r]} for {completion_len[r]} completion tokens"),
+    ]
+    bad = np.logical_or.reduce([failed for failed, _ in problems])
+    if bad.any():
+        row = int(np.argmax(bad))
+        describe = next(describe for failed, describe in problems if failed[row])
+        raise ValueError(f"rollout {table.column('group_id')[row]}#{table.column('sample_idx')[row]}{describe(row)}")
