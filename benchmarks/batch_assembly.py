@@ -4,8 +4,8 @@
 step's groups and the update. It reads each list column as one flat array and places it with one
 indexed store. The baseline, in the same run, is the same layout built one rollout at a time
 (``row_by_row``: a Python loop over ``to_pylist()`` rows, as ``make_batch`` did before). For each
-size: the best of ``--repeats`` (seconds and tokens per second), the ratio baseline / ours, and a
-check that both built the same arrays. ``tests/training/test_batching.py`` holds ``make_batch`` to
+size: the best of ``--repeats``, the two taken in turn (seconds and tokens per second), the ratio
+baseline / ours, and a check that both built the same arrays. ``tests/training/test_batching.py`` holds ``make_batch`` to
 ``row_by_row`` on ragged, chunked and multi-turn inputs.
 
     python benchmarks/batch_assembly.py [--sizes 64x77,2048x2560] [--repeats 5]
@@ -17,15 +17,17 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rlax_core.data.records import ROLLOUT_SCHEMA, to_table  # noqa: E402
 from rlax_core.training.batching import batch_shapes, make_batch  # noqa: E402
+
+from forward import best_times_interleaved  # noqa: E402  (the benchmarks' clock: best of interleaved repeats)
 
 SAMPLES_PER_GROUP = 16
 
@@ -71,23 +73,15 @@ def rollout_groups(rows: int, max_seq_len: int, seed: int = 0) -> list:
     return tables
 
 
-def best_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
-
-
 def measure(rows: int, max_seq_len: int, repeats: int) -> dict:
     groups = rollout_groups(rows, max_seq_len)
     ours, baseline = (fn(groups, max_seq_len=max_seq_len, row_multiple=8) for fn in (make_batch, row_by_row))
     same = all(ours[name].dtype == baseline[name].dtype and np.array_equal(ours[name], baseline[name])
                for name in baseline)
     tokens = int(ours["attention_mask"].sum())
-    seconds = best_seconds(lambda: make_batch(groups, max_seq_len=max_seq_len, row_multiple=8), repeats)
-    baseline_seconds = best_seconds(lambda: row_by_row(groups, max_seq_len=max_seq_len, row_multiple=8), repeats)
+    seconds, baseline_seconds = best_times_interleaved(
+        [lambda: make_batch(groups, max_seq_len=max_seq_len, row_multiple=8),
+         lambda: row_by_row(groups, max_seq_len=max_seq_len, row_multiple=8)], repeats)
     return {"rows": rows, "max_seq_len": max_seq_len, "tokens": tokens, "same_arrays": same,
             "seconds": seconds, "tokens_per_s": tokens / seconds,
             "baseline_seconds": baseline_seconds, "baseline_tokens_per_s": tokens / baseline_seconds,
