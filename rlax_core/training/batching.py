@@ -50,7 +50,9 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
     logprob_len, logprobs = _list_column(table, "behavior_logprobs")
     policy_len, policy = _list_column(table, "policy_mask")
     has_policy = policy_len >= 0
-    _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len)
+    _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len,
+                                   _rows_with_invalid_ids(prompt_ids, prompt_len)
+                                   | _rows_with_invalid_ids(completion_ids, completion_len))
 
     fill = {"tokens": pad_id, "group_ids": -1}
     batch = {name: np.full(shape, fill.get(name, 0), dtype)
@@ -89,13 +91,23 @@ def _place(dest: np.ndarray, values: np.ndarray, lengths: np.ndarray, *, start) 
     np.put(dest, np.repeat(row_offset, lengths) + np.arange(int(lengths.sum())), values)
 
 
-def _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len):
+def _rows_with_invalid_ids(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per row, whether one of its token ids is negative or beyond the batch's int32 tokens."""
+    invalid = (ids < 0) | (ids > np.iinfo(np.int32).max)
+    rows = np.zeros(len(lengths), bool)
+    if invalid.any():
+        rows[np.repeat(np.arange(len(lengths)), np.maximum(lengths, 0))[invalid]] = True
+    return rows
+
+
+def _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len, invalid_ids):
     """A ``ValueError`` naming the first malformed rollout in batch order and its first problem."""
     problems = [(length < 0, lambda r, name=name: f" has no {name}")  # -1: a null list, or no such column
                 for name, length in (("prompt_ids", prompt_len), ("completion_ids", completion_len),
                                      ("behavior_logprobs", logprob_len))]
     problems += [
         (prompt_len == 0, lambda r: " has an empty prompt"),
+        (invalid_ids, lambda r: " has a token id outside [0, 2**31)"),
         (prompt_len + completion_len > T,
          lambda r: f" has {prompt_len[r]} + {completion_len[r]} tokens, more than trainer.max_seq_len={T}; raise it"),
         (logprob_len != completion_len,

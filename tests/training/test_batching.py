@@ -22,6 +22,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from batch_assembly import row_by_row  # noqa: E402
 
+WIDE_IDS = pa.schema([pa.field(f.name, pa.list_(pa.int64())) if f.name in ("prompt_ids", "completion_ids") else f
+                      for f in ROLLOUT_SCHEMA])
+
 
 def rollout(group, sample, prompt, completion, *, reward=1.0, policy_mask=None, version=0, rng=None):
     rng = rng or np.random.default_rng(sample)
@@ -70,9 +73,7 @@ def test_the_columnar_batch_is_the_row_by_row_layout(seed, row_multiple, pad_id)
 def test_token_ids_of_wider_types_are_read_alike():
     rows = [rollout(0, 0, [5, 6], [7, 8, 9]), rollout(0, 1, [5, 6], [10])]
     narrow = to_table(rows, ROLLOUT_SCHEMA)
-    wide_schema = ROLLOUT_SCHEMA.set(ROLLOUT_SCHEMA.get_field_index("prompt_ids"),
-                                     pa.field("prompt_ids", pa.list_(pa.int64())))
-    wide = pa.Table.from_pylist([rollout(1, 0, [1, 2, 3], [4], reward=None)], schema=wide_schema)
+    wide = pa.Table.from_pylist([rollout(1, 0, [1, 2, 3], [4], reward=None)], schema=WIDE_IDS)
     batch = make_batch([narrow, wide], max_seq_len=6)
     np.testing.assert_array_equal(batch["tokens"][2], [1, 2, 3, 4, 0, 0])
     assert batch["rewards"][2] == 0.0 and list(batch["group_ids"]) == [0, 0, 1]
@@ -83,6 +84,8 @@ def test_token_ids_of_wider_types_are_read_alike():
     (dict(completion=list(range(1, 12))), "g1#1 has 3 + 11 tokens, more than trainer.max_seq_len=12"),
     (dict(logprobs=[-0.5]), "g1#1: 1 behavior log-probs for 2 completion tokens"),
     (dict(policy_mask=[1, 0, 1]), "g1#1: a policy_mask of 3 for 2 completion tokens"),
+    (dict(completion=[4, -1]), "g1#1 has a token id outside [0, 2**31)"),
+    (dict(prompt=[1, 2**31, 3]), "g1#1 has a token id outside [0, 2**31)"),
 ])
 def test_a_malformed_rollout_is_named_and_the_first_one_reported(bad, message):
     def table(group, first_bad):
@@ -95,7 +98,7 @@ def test_a_malformed_rollout_is_named_and_the_first_one_reported(bad, message):
             if "logprobs" in spec:
                 row["behavior_logprobs"] = spec["logprobs"]
             rows.append(row)
-        return to_table(rows, ROLLOUT_SCHEMA)
+        return pa.Table.from_pylist(rows, schema=WIDE_IDS)  # int64 ids: room for one beyond int32
 
     with pytest.raises(ValueError, match=re.escape(f"rollout {message}")):
         make_batch([table(0, 3), table(1, 1), table(2, 0)], max_seq_len=12)
