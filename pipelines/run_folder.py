@@ -11,7 +11,8 @@ the owner (pid, host, command, start time). The launcher passes the lock to its 
 (``pipelines.lifeline.spawn``), so the folder stays held while any process of the run is alive; a
 second run, ``--resume`` included, is refused with the owner named. The kernel drops the lock when
 the last holder dies, so a lock file left by a dead owner is taken over (and said so), never
-mistaken for a live run. Remote folders (``gs://``...) are checked when first written and not locked.
+mistaken for a live run. When the owner has died but its jobs still hold the lock, they are given
+``DYING_JOBS_GRACE_S`` to die by their lease before the folder is refused. Remote folders (``gs://``...) are checked when first written and not locked.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from rlax_core.utils.paths import is_remote
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".rlax-lock"
+# A dead owner's jobs die by their lease (pipelines.lifeline) moments after it: a restart that comes
+# sooner (a supervisor relaunching a killed run at once) waits for them instead of being refused.
+DYING_JOBS_GRACE_S = 5.0
 _held: dict[str, int] = {}  # resolved folder -> the locked fd, for as long as this process lives
 
 
@@ -62,16 +66,16 @@ def lock(folder: Path, flag: str = "--output") -> int:
     if key in _held:
         return _held[key]
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _locked_within(fd, 0.0):
         owner = _read_owner(fd)
-        os.close(fd)
-        described = _describe(owner)
-        if owner.get("host") == socket.gethostname() and not _alive(owner.get("pid")):
-            described += f"; pid {owner.get('pid')} has exited, but a process it started still holds the folder"
-        raise ConfigError(flag, f"{folder} is in use by a live run: {described}; stop it (or wait for it to end) "
-                                "before starting or resuming a run there") from None
+        owner_exited = owner.get("host") == socket.gethostname() and not _alive(owner.get("pid"))
+        if not (owner_exited and _locked_within(fd, DYING_JOBS_GRACE_S)):
+            os.close(fd)
+            described = _describe(owner)
+            if owner_exited:
+                described += f"; pid {owner.get('pid')} has exited, but a process it started still holds the folder"
+            raise ConfigError(flag, f"{folder} is in use by a live run: {described}; stop it (or wait for it to "
+                                    "end) before starting or resuming a run there")
     previous = _read_owner(fd)
     if previous:
         log.warning("taking over %s from %s, which is no longer running", folder, _describe(previous))
@@ -94,6 +98,19 @@ def release(folder: str | Path) -> None:
 def held_fds() -> list[int]:
     """The locks this process holds, to pass to the jobs it starts."""
     return list(_held.values())
+
+
+def _locked_within(fd: int, timeout_s: float) -> bool:
+    """Whether this process gets the exclusive lock on ``fd`` within ``timeout_s`` (0: now or never)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def _read_owner(fd: int) -> dict:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,9 @@ import psutil
 import pytest
 
 from rlax_core.config import ConfigError
+from pipelines import run_folder
 from pipelines.run_folder import LOCK_NAME, claim, release
+from tests.support.processes import has_exited
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -46,10 +49,10 @@ time.sleep(300)
 
 
 def _gone(pids, timeout_s=20.0) -> list[int]:
-    """The pids still alive (zombies count as gone) after up to ``timeout_s``."""
+    """The pids still alive (zombies count as gone once all their threads are) after up to ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in pids if not has_exited(p)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.2)
@@ -96,22 +99,42 @@ def test_a_live_run_folder_is_refused_with_its_owner_named_and_taken_over_once_i
     release(folder)
 
 
-def test_the_folder_stays_held_while_a_job_outlives_its_owner(tmp_path):
-    """A job that does not hold the lease (started by hand) keeps the run's lock: no second trainer beside it."""
+def _owner_with_an_unleashed_job(tmp_path) -> tuple[subprocess.Popen, int]:
+    """An owner whose job does not hold the lease (started by hand), so it outlives the owner."""
     unleashed = JOB.replace("held = lifeline.hold()", "held = True")
     process = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "run"), unleashed], env=ENV,
                                stdout=subprocess.PIPE, text=True)
-    job = int(process.stdout.readline().split()[0])
+    return process, int(process.stdout.readline().split()[0])
+
+
+def test_the_folder_stays_held_while_a_job_outlives_its_owner(tmp_path, monkeypatch):
+    """A job that outlives its owner keeps the run's lock past the grace: no second trainer beside it."""
+    monkeypatch.setattr(run_folder, "DYING_JOBS_GRACE_S", 0.5)
+    process, job = _owner_with_an_unleashed_job(tmp_path)
     try:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
+        started = time.monotonic()
         with pytest.raises(ConfigError, match=f"in use by a live run: pid {process.pid} .*has exited, but a "
                                               "process it started still holds the folder"):
             claim(tmp_path / "run", resume=True)
+        assert time.monotonic() - started >= 0.5  # the grace was given before the refusal
     finally:
         os.killpg(job, signal.SIGKILL)
     assert _gone([job]) == []
     assert claim(tmp_path / "run", resume=True) is False
+    release(tmp_path / "run")
+
+
+def test_a_restart_right_after_the_owner_died_waits_for_its_dying_jobs(tmp_path, caplog):
+    """A supervisor relaunching a killed run at once: the old jobs still hold the lock for a moment."""
+    process, job = _owner_with_an_unleashed_job(tmp_path)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    threading.Timer(1.0, os.killpg, (job, signal.SIGKILL)).start()  # dies late, as a job slow to its lease would
+    with caplog.at_level(logging.WARNING, logger="pipelines.run_folder"):
+        assert claim(tmp_path / "run", resume=True) is False
+    assert has_exited(job) and f"from pid {process.pid} on host" in caplog.text
     release(tmp_path / "run")
 
 

@@ -16,6 +16,7 @@ import pytest
 from pipelines.run_folder import claim, release
 from pipelines.runners import cached_prism_binary
 from rlax_core.tasks.story import story_examples, write_jsonl
+from tests.support.processes import has_exited
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
@@ -67,7 +68,7 @@ def test_a_sigkilled_launch_leaves_no_live_job_and_a_live_one_refuses_resume(tmp
         deadline = time.monotonic() + 30
         alive = tree
         while alive and time.monotonic() < deadline:
-            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            alive = [p for p in alive if not has_exited(p.pid)]
             time.sleep(0.5)
         assert alive == [], f"left running after the launch was killed: {[p.cmdline()[:4] for p in alive]}"
         assert claim(output, resume=True) is True  # a dead owner's lock is taken over
