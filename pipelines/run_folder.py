@@ -12,7 +12,8 @@ the owner (pid, host, command, start time). The launcher passes the lock to its 
 second run, ``--resume`` included, is refused with the owner named. The kernel drops the lock when
 the last holder dies, so a lock file left by a dead owner is taken over (and said so), never
 mistaken for a live run. When the owner has died but its jobs still hold the lock, they are given
-``DYING_JOBS_GRACE_S`` to die by their lease before the folder is refused. Remote folders (``gs://``...) are checked when first written and not locked.
+``DYING_JOBS_GRACE_S`` to die by their lease before the folder is refused. Remote folders
+(``gs://``...) are checked when first written and not locked.
 """
 
 from __future__ import annotations

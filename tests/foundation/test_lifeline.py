@@ -114,11 +114,9 @@ def test_the_folder_stays_held_while_a_job_outlives_its_owner(tmp_path, monkeypa
     try:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
-        started = time.monotonic()
         with pytest.raises(ConfigError, match=f"in use by a live run: pid {process.pid} .*has exited, but a "
                                               "process it started still holds the folder"):
             claim(tmp_path / "run", resume=True)
-        assert time.monotonic() - started >= 0.5  # the grace was given before the refusal
     finally:
         os.killpg(job, signal.SIGKILL)
     assert _gone([job]) == []

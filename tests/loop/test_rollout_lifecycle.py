@@ -14,6 +14,7 @@ from pipelines.rl_stream import load_configs
 from pipelines.runners import cached_prism_binary, scratch_dir
 from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.tasks.story import story_examples, write_jsonl
+from tests.support.processes import has_exited
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "quickstart.yaml")
@@ -30,15 +31,6 @@ def _children(pid: int, named: str = "prism") -> list[int]:
         if int(fields[1]) == pid and named.encode() in (stat.parent / "cmdline").read_bytes():
             found.append(int(stat.parent.name))
     return found
-
-
-def _is_running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan killed here may wait for a reaper that never comes)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _wait(condition, timeout_s, what):
@@ -76,10 +68,10 @@ def test_prism_dies_with_a_sigkilled_parent(tmp_path):
                               env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         prism_pid = int(parent.stdout.readline())
-        assert _is_running(prism_pid)
+        assert not has_exited(prism_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
-        _wait(lambda: not _is_running(prism_pid), 30, f"Prism {prism_pid} outlived its SIGKILLed parent")
+        _wait(lambda: has_exited(prism_pid), 30, f"Prism {prism_pid} outlived its SIGKILLed parent")
     finally:
         parent.kill()
 
@@ -141,7 +133,7 @@ def test_a_sigkilled_rollout_takes_its_prism_along_and_its_restart_leaves_no_scr
         _wait(lambda: (scratch / f"rollout-{first.popen.pid}").is_dir(), 60, "no scratch folder")
         first.popen.send_signal(signal.SIGKILL)  # the process only, not its group: nobody else cleans up
         first.popen.wait(timeout=30)
-        _wait(lambda: not _is_running(prism_pid), 30, f"Prism {prism_pid} outlived the SIGKILLed rollout")
+        _wait(lambda: has_exited(prism_pid), 30, f"Prism {prism_pid} outlived the SIGKILLed rollout")
         assert (scratch / f"rollout-{first.popen.pid}").is_dir()  # what a killed process leaves...
         second = start("rollout2", argv, tmp_path / "logs")
         _wait(lambda: (scratch / f"rollout-{second.popen.pid}").is_dir(), 60, "restart made no scratch folder")
@@ -150,7 +142,7 @@ def test_a_sigkilled_rollout_takes_its_prism_along_and_its_restart_leaves_no_scr
         second.popen.send_signal(signal.SIGTERM)  # a stop cleans up after itself
         assert second.popen.wait(timeout=60) == 128 + signal.SIGTERM, second.tail(30)
         assert list(scratch.iterdir()) == []
-        assert not any(_is_running(pid) for pid in second_prism)
+        assert all(has_exited(pid) for pid in second_prism)
     finally:
         for process in (first, second):
             if process is not None:

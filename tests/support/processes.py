@@ -12,8 +12,9 @@ def has_exited(pid: int) -> bool:
     threads are still dying, and the files it holds (a run folder's lock) are closed with the last one.
     """
     try:
-        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-            return False
-        return os.listdir(f"/proc/{pid}/task") == [str(pid)]
-    except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+        status = psutil.Process(pid).status()
+        if status == psutil.STATUS_ZOMBIE:
+            return os.listdir(f"/proc/{pid}/task") == [str(pid)]
+        return status == psutil.STATUS_DEAD
+    except (psutil.NoSuchProcess, FileNotFoundError):
         return True
