@@ -56,25 +56,40 @@ class CheckpointError(InputError):
 
 @dataclasses.dataclass(frozen=True)
 class _HFTensor:
-    """One Hugging Face tensor and where it lives in our params."""
+    """One Hugging Face tensor (or one per layer, or per layer and expert) and where it lives in our params."""
 
-    name: str  # "{layer}" stands for the layer index in per-layer tensors
-    path: tuple[str, ...]
+    name: str  # "{layer}" stands for the layer index, "{expert}" for the expert's
+    path: tuple[str, ...]  # per-layer tensors start with "layers" (stacked) or live in "layers_{i}" (unrolled)
     hf_shape: tuple[int, ...]
     to_ours: Callable[[np.ndarray], np.ndarray]
     to_hf: Callable[[np.ndarray], np.ndarray]
+    layers: tuple[int, ...] = ()  # the layers holding it; () for a tensor outside the layers
+    experts: int = 0  # > 0: one tensor per expert, stacked along our leading ``expert`` axis
 
-    @property
-    def per_layer(self) -> bool:
-        return "{layer}" in self.name
+    def slots(self, stacked: bool) -> Iterator[tuple[str, tuple[str, ...], tuple[int, ...]]]:
+        """(Hugging Face name, our param path, the index of its slice in that param) for each tensor."""
+        for layer in self.layers or [None]:
+            if layer is None:
+                path, lead = self.path, ()
+            elif stacked:
+                path, lead = self.path, (layer,)
+            else:
+                path, lead = (f"layers_{layer}", *self.path[1:]), ()
+            for expert in range(self.experts) if self.experts else [None]:
+                name = self.name.format(layer=layer, expert=expert)
+                yield name, path, lead + (() if expert is None else (expert,))
 
-    def names(self, num_layers: int) -> list[str]:
-        return [self.name.format(layer=i) for i in range(num_layers)] if self.per_layer else [self.name]
+    def leading_shape(self, stacked: bool, num_layers: int) -> tuple[int, ...]:
+        """The axes our param has before the tensor's own: layers (stacked), then experts."""
+        return ((num_layers,) if self.layers and stacked else ()) + ((self.experts,) if self.experts else ())
 
 
 def _hf_tensors(config: ModelConfig) -> list[_HFTensor]:
     e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
     same = lambda w: w  # noqa: E731
+    every_layer = tuple(range(config.num_layers))
+    sparse = config.moe_layers
+    dense = tuple(i for i in every_layer if i not in sparse)
 
     def linear(out_features: int, in_features: int, ours_shape: tuple[int, ...]):
         # HF stores y = x @ W.T with W [out, in]; we keep [in, out] reshaped to named axes.
@@ -82,25 +97,41 @@ def _hf_tensors(config: ModelConfig) -> list[_HFTensor]:
                 lambda w: np.ascontiguousarray(w.T).reshape(ours_shape),
                 lambda k: np.ascontiguousarray(k.reshape(in_features, out_features).T))
 
+    def layer_tensor(name: str, path: tuple[str, ...], *layout, layers=every_layer, experts=0) -> _HFTensor:
+        return _HFTensor(f"model.layers.{{layer}}.{name}", ("layers", *path), *layout, layers=layers, experts=experts)
+
     tensors = [_HFTensor("model.embed_tokens.weight", ("embed_tokens", "embedding"), (config.vocab_size, e), same, same)]
-    layer = "model.layers.{layer}."
-    attention = ("layers", "attn")
     for proj, heads in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads), ("v_proj", config.num_kv_heads)):
-        tensors.append(_HFTensor(f"{layer}self_attn.{proj}.weight", (*attention, proj, "kernel"),
-                                 *linear(heads * d, e, (e, heads, d))))
+        tensors.append(layer_tensor(f"self_attn.{proj}.weight", ("attn", proj, "kernel"), *linear(heads * d, e, (e, heads, d))))
         if config.qkv_bias:
-            tensors.append(_HFTensor(f"{layer}self_attn.{proj}.bias", (*attention, proj, "bias"), (heads * d,),
-                                     lambda b, h=heads: b.reshape(h, d), lambda b, h=heads: b.reshape(h * d)))
-    tensors.append(_HFTensor(f"{layer}self_attn.o_proj.weight", (*attention, "o_proj", "kernel"),
-                             *linear(e, config.num_heads * d, (config.num_heads, d, e))))
+            tensors.append(layer_tensor(f"self_attn.{proj}.bias", ("attn", proj, "bias"), (heads * d,),
+                                        lambda b, h=heads: b.reshape(h, d), lambda b, h=heads: b.reshape(h * d)))
+    tensors.append(layer_tensor("self_attn.o_proj.weight", ("attn", "o_proj", "kernel"),
+                                *linear(e, config.num_heads * d, (config.num_heads, d, e))))
     if config.qk_norm:
         for norm in ("q_norm", "k_norm"):
-            tensors.append(_HFTensor(f"{layer}self_attn.{norm}.weight", (*attention, norm, "scale"), (d,), same, same))
+            tensors.append(layer_tensor(f"self_attn.{norm}.weight", ("attn", norm, "scale"), (d,), same, same))
     for norm, ours in (("input_layernorm", "input_norm"), ("post_attention_layernorm", "post_attention_norm")):
-        tensors.append(_HFTensor(f"{layer}{norm}.weight", ("layers", ours, "scale"), (e,), same, same))
-    tensors.append(_HFTensor(f"{layer}mlp.gate_proj.weight", ("layers", "mlp", "gate_proj", "kernel"), *linear(f, e, (e, f))))
-    tensors.append(_HFTensor(f"{layer}mlp.up_proj.weight", ("layers", "mlp", "up_proj", "kernel"), *linear(f, e, (e, f))))
-    tensors.append(_HFTensor(f"{layer}mlp.down_proj.weight", ("layers", "mlp", "down_proj", "kernel"), *linear(e, f, (f, e))))
+        tensors.append(layer_tensor(f"{norm}.weight", (ours, "scale"), (e,), same, same))
+    if dense:
+        tensors.append(layer_tensor("mlp.gate_proj.weight", ("mlp", "gate_proj", "kernel"), *linear(f, e, (e, f)), layers=dense))
+        tensors.append(layer_tensor("mlp.up_proj.weight", ("mlp", "up_proj", "kernel"), *linear(f, e, (e, f)), layers=dense))
+        tensors.append(layer_tensor("mlp.down_proj.weight", ("mlp", "down_proj", "kernel"), *linear(e, f, (f, e)), layers=dense))
+    if sparse:
+        moe = config.moe
+        experts, fe = moe.num_experts, moe.expert_intermediate_size
+        tensors.append(layer_tensor("mlp.gate.weight", ("moe", "router"), *linear(experts, e, (e, experts)), layers=sparse))
+        for proj, (out_features, in_features) in (("gate_proj", (fe, e)), ("up_proj", (fe, e)), ("down_proj", (e, fe))):
+            tensors.append(layer_tensor(f"mlp.experts.{{expert}}.{proj}.weight", ("moe", proj),
+                                        *linear(out_features, in_features, (in_features, out_features)),
+                                        layers=sparse, experts=experts))
+        if moe.shared_expert_intermediate_size:
+            fs = moe.shared_expert_intermediate_size
+            for proj, (out_features, in_features) in (("gate_proj", (fs, e)), ("up_proj", (fs, e)), ("down_proj", (e, fs))):
+                tensors.append(layer_tensor(f"mlp.shared_expert.{proj}.weight", ("moe", f"shared_{proj}"),
+                                            *linear(out_features, in_features, (in_features, out_features)), layers=sparse))
+            tensors.append(layer_tensor("mlp.shared_expert_gate.weight", ("moe", "shared_expert_gate"),
+                                        *linear(1, e, (e, 1)), layers=sparse))
     tensors.append(_HFTensor("model.norm.weight", ("norm", "scale"), (e,), same, same))
     if not config.tie_word_embeddings:
         tensors.append(_HFTensor("lm_head.weight", ("lm_head",), *linear(config.vocab_size, e, (e, config.vocab_size))))
@@ -118,9 +149,10 @@ def load_params(names: set[str], read: TensorReader, config: ModelConfig, dtype=
     """Build params from tensors by Hugging Face name: ``names`` is what the source holds, ``read`` gets one.
 
     Checks the names first (missing and extra fail before any read), then every shape as it reads.
+    The layers come stacked, or unrolled when dense and sparse layers mix (``config.uniform_layers``).
     """
-    table = _hf_tensors(config)
-    expected = {name for tensor in table for name in tensor.names(config.num_layers)}
+    table, stacked = _hf_tensors(config), config.uniform_layers
+    expected = {name for tensor in table for name, _, _ in tensor.slots(stacked)}
     present = {name for name in names if not _IGNORED_TENSORS.match(name)}
     missing, extra = sorted(expected - present), sorted(present - expected)
     if missing:
@@ -132,28 +164,30 @@ def load_params(names: set[str], read: TensorReader, config: ModelConfig, dtype=
     np_dtype = np.dtype(jnp.dtype(dtype))
     params: Params = {}
     for tensor in table:
-        stacked = None
-        for i, name in enumerate(tensor.names(config.num_layers)):
+        lead = tensor.leading_shape(stacked, config.num_layers)
+        for name, path, index in tensor.slots(stacked):
             value = read(name)
             if tuple(value.shape) != tensor.hf_shape:
                 raise CheckpointError(f"{source}: tensor {name} has shape {list(value.shape)}, "
                                       f"expected {list(tensor.hf_shape)} from the config")
             ours = tensor.to_ours(value).astype(np_dtype, copy=False)
-            if not tensor.per_layer:
-                stacked = jax.device_put(ours)
-                break
-            if stacked is None:
-                stacked = jnp.zeros((config.num_layers, *ours.shape), np_dtype)
-            stacked = _write_layer(stacked, ours, i)
-        _set_path(params, tensor.path, stacked)
+            if not index:
+                _set_path(params, path, jax.device_put(ours))
+                continue
+            try:
+                whole = _get_path(params, path)
+            except KeyError:
+                whole = jnp.zeros((*lead, *ours.shape), np_dtype)
+            _set_path(params, path, _write_slice(whole, ours, jnp.asarray(index, jnp.int32)))
     return params
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def _write_layer(stacked: jax.Array, layer_value: jax.Array, index: int) -> jax.Array:
+def _write_slice(whole: jax.Array, part: jax.Array, index: jax.Array) -> jax.Array:
     # Donated: the stacked parameter is updated in place, so host memory holds the params being
-    # built plus one layer's tensor, never a second copy of a whole stacked parameter.
-    return jax.lax.dynamic_update_index_in_dim(stacked, layer_value, index, 0)
+    # built plus one tensor, never a second copy of a whole stacked parameter.
+    start = (*(index[i] for i in range(index.shape[0])), *(0 for _ in part.shape))
+    return jax.lax.dynamic_update_slice(whole, part.reshape((1,) * index.shape[0] + part.shape), start)
 
 
 def _set_path(tree: dict, path: tuple[str, ...], value) -> None:
@@ -397,17 +431,16 @@ def parse_size(size: int | str) -> int:
 
 def hf_state_items(config: ModelConfig, params: Params) -> Iterator[tuple[str, Callable[[], np.ndarray], int]]:
     """(Hugging Face name, a function producing the tensor, its byte size), in Hugging Face order."""
-    table = _hf_tensors(config)
-    for tensor in table:
-        value = _get_path(params, tensor.path)
-        itemsize = np.dtype(value.dtype).itemsize
-        nbytes = int(np.prod(tensor.hf_shape)) * itemsize
-        for i, name in enumerate(tensor.names(config.num_layers)):
-            def produce(value=value, i=i, tensor=tensor):
+    stacked = "layers" in params
+    for tensor in _hf_tensors(config):
+        for name, path, index in tensor.slots(stacked):
+            value = _get_path(params, path)
+            nbytes = int(np.prod(tensor.hf_shape)) * np.dtype(value.dtype).itemsize
+
+            def produce(value=value, index=index, tensor=tensor):
                 # np.asarray of a host-resident array is a view; slicing it on the host avoids
                 # compiling one device slice per layer.
-                host = np.asarray(value)
-                return tensor.to_hf(host[i] if tensor.per_layer else host)
+                return tensor.to_hf(np.asarray(value)[index])
             yield name, produce, nbytes
 
 

@@ -1,4 +1,5 @@
-"""The shape of a decoder-only transformer: one frozen dataclass for Llama 2/3, Qwen2/2.5 and Qwen3.
+"""The shape of a decoder-only transformer: one frozen dataclass for Llama 2/3, Qwen2/2.5 and Qwen3, and
+their mixture-of-experts kin Qwen2-MoE and Qwen3-MoE (``MoeConfig``).
 
 ``ModelConfig.from_hf(config_json_dict)`` reads a Hugging Face ``config.json`` in both the
 transformers 4 layout (``rope_theta`` + ``rope_scaling``) and the transformers 5 layout
@@ -15,15 +16,19 @@ from typing import Any, Literal, Mapping
 
 from rlax_core.config import ConfigError, require
 
-Architecture = Literal["llama", "qwen2", "qwen3"]
+Architecture = Literal["llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"]
 
 # Hugging Face `architectures` entries and `model_type` values we implement.
 _HF_ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
-_HF_MODEL_TYPES: dict[str, Architecture] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_HF_MODEL_TYPES: dict[str, Architecture] = {arch: arch for arch in _HF_ARCHITECTURES.values()}
+_MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe")
+INIT_STDDEV = 0.02  # Hugging Face's initializer_range for Llama and Qwen: the random init's matrices
 _HF_CLASS_NAME = {arch: cls for cls, arch in _HF_ARCHITECTURES.items()}
 
 
@@ -44,6 +49,43 @@ class RopeScaling:
         if self.rope_type == "llama3":
             require(self.high_freq_factor > self.low_freq_factor, "high_freq_factor", "must exceed low_freq_factor")
             require(self.original_max_position_embeddings > 0, "original_max_position_embeddings", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """A sparse feed-forward: each token runs ``experts_per_token`` of ``num_experts`` SwiGLU experts.
+
+    The router scores every expert with a softmax over ``x @ W_router`` (float32) and keeps the top k;
+    their probabilities weight the experts' outputs, renormalised to sum to one when
+    ``normalize_top_k`` (Hugging Face's ``norm_topk_prob``: Qwen3-MoE sets it, Qwen2-MoE does not).
+    Layer i is sparse when ``(i + 1) % sparse_step == 0`` and i is not in ``dense_layers``
+    (``decoder_sparse_step`` and ``mlp_only_layers``); the other layers keep the dense SwiGLU of
+    ``ModelConfig.intermediate_size``. Qwen2-MoE adds a shared expert every token runs, its output
+    scaled by ``sigmoid(x @ w_gate)``: ``shared_expert_intermediate_size`` > 0.
+    """
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    normalize_top_k: bool = True
+    sparse_step: int = 1
+    dense_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
+
+    def __post_init__(self):
+        require(self.num_experts > 0, "num_experts", "must be > 0")
+        require(0 < self.experts_per_token <= self.num_experts, "experts_per_token",
+                f"must lie in [1, num_experts={self.num_experts}]")
+        require(self.expert_intermediate_size > 0, "expert_intermediate_size", "must be > 0")
+        require(self.sparse_step >= 1, "sparse_step", "must be >= 1")
+        require(all(isinstance(i, int) and i >= 0 for i in self.dense_layers), "dense_layers",
+                "must be layer indices >= 0")
+        require(self.shared_expert_intermediate_size >= 0, "shared_expert_intermediate_size", "must be >= 0")
+
+    @property
+    def expert_id_dtype(self) -> str:
+        """The smallest unsigned integer that holds an expert id: how routed ids are stored."""
+        return "uint8" if self.num_experts <= 2**8 else "uint16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +112,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    moe: MoeConfig | None = None  # a mixture of experts in the layers it names; None: every layer dense
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -84,6 +127,33 @@ class ModelConfig:
             require(value is None or 0 <= value < self.vocab_size, name, f"must lie in [0, {self.vocab_size})")
         require(all(0 <= t < self.vocab_size for t in self.eos_token_ids), "eos_token_ids",
                 f"must lie in [0, {self.vocab_size})")
+        if self.moe is not None:
+            outside = [i for i in self.moe.dense_layers if i >= self.num_layers]
+            require(not outside, "moe.dense_layers", f"{outside} lie beyond the {self.num_layers} layers")
+            # Each family's layout: Qwen2-MoE always has its shared expert, Qwen3-MoE never.
+            shared = self.moe.shared_expert_intermediate_size > 0
+            require(shared == (self.architecture == "qwen2_moe") or self.architecture not in _MOE_ARCHITECTURES,
+                    "moe.shared_expert_intermediate_size",
+                    f"must be > 0 for qwen2_moe and 0 for qwen3_moe, not {self.moe.shared_expert_intermediate_size} "
+                    f"for {self.architecture}")
+
+    # ------------------------------------------------------------------ layer kinds
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer``'s feed-forward is the sparse mixture of experts (Hugging Face's rule)."""
+        moe = self.moe
+        return moe is not None and layer not in moe.dense_layers and (layer + 1) % moe.sparse_step == 0
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The indices of the sparse layers, in order: routed expert ids are stacked along them."""
+        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+    @property
+    def uniform_layers(self) -> bool:
+        """Whether every layer has the same weights' shapes, so the layers can be one scanned block.
+        A model mixing dense and sparse layers keeps them unrolled (``layers_0`` ..)."""
+        return len(self.moe_layers) in (0, self.num_layers)
 
     # ------------------------------------------------------------------ derived sizes
 
@@ -94,22 +164,40 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        """Parameter count, embedding included (and the classifier once if untied)."""
-        e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
+        """Parameter count, embedding included (and the classifier once if untied), every expert counted."""
+        return self._count_params(active_only=False)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token runs through: as ``num_params`` with k of each sparse layer's experts."""
+        return self._count_params(active_only=True)
+
+    def _count_params(self, active_only: bool) -> int:
+        e, d = self.hidden_size, self.head_dim
         attention = e * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         if self.qkv_bias:
             attention += d * (self.num_heads + 2 * self.num_kv_heads)
         if self.qk_norm:
             attention += 2 * d
-        per_layer = attention + 3 * e * f + 2 * e
+        feed_forward = 0
+        for layer in range(self.num_layers):
+            if not self.is_moe_layer(layer):
+                feed_forward += 3 * e * self.intermediate_size
+                continue
+            moe = self.moe
+            experts = moe.experts_per_token if active_only else moe.num_experts
+            feed_forward += e * moe.num_experts + experts * 3 * e * moe.expert_intermediate_size
+            if moe.shared_expert_intermediate_size:
+                feed_forward += 3 * e * moe.shared_expert_intermediate_size + e
         embeddings = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embeddings + e
+        return self.num_layers * (attention + 2 * e) + feed_forward + embeddings + e
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Forward FLOPs per token: 2 per weight multiply-add plus the attention score/value matmuls."""
+        """Forward FLOPs per token: 2 per weight multiply-add plus the attention score/value matmuls
+        (a sparse layer counts the k experts a token runs, not all of them)."""
         # The embedding lookup is no matmul; the classifier (tied or not) is one of V x E.
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        matmul_params = self.num_params - embeddings + self.vocab_size * self.hidden_size
+        matmul_params = self.num_active_params - embeddings + self.vocab_size * self.hidden_size
         attention = 2 * 2 * self.num_layers * self.num_heads * self.head_dim * seq_len / 2  # causal: half
         return 2.0 * matmul_params + attention
 
@@ -139,12 +227,14 @@ class ModelConfig:
                 rope_scaling=rope_scaling,
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),  # transformers' default
-                qkv_bias=architecture == "qwen2",
-                qk_norm=architecture == "qwen3",
+                # Qwen2 always has q/k/v biases; Qwen2-MoE reads its qkv_bias (default true).
+                qkv_bias=architecture == "qwen2" or (architecture == "qwen2_moe" and bool(hf.get("qkv_bias", True))),
+                qk_norm=architecture in ("qwen3", "qwen3_moe"),
                 max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
                 bos_token_id=hf.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 pad_token_id=hf.get("pad_token_id"),
+                moe=_moe_from_hf(hf, architecture),
             )
         except ConfigError as error:
             raise ConfigError(f"config.json {error.path}", error.message) from None
@@ -186,6 +276,14 @@ class ModelConfig:
             hf.update(attention_bias=False, mlp_bias=False)
         else:
             hf.update(use_sliding_window=False, sliding_window=None, attention_bias=self.qkv_bias)
+        if self.moe is not None:
+            moe = self.moe
+            hf.update(num_experts=moe.num_experts, num_experts_per_tok=moe.experts_per_token,
+                      moe_intermediate_size=moe.expert_intermediate_size, norm_topk_prob=moe.normalize_top_k,
+                      decoder_sparse_step=moe.sparse_step, mlp_only_layers=list(moe.dense_layers),
+                      output_router_logits=False, router_aux_loss_coef=0.0)
+            if self.architecture == "qwen2_moe":
+                hf.update(shared_expert_intermediate_size=moe.shared_expert_intermediate_size, qkv_bias=self.qkv_bias)
         return hf
 
 
@@ -193,6 +291,27 @@ def _get(hf: Mapping[str, Any], key: str) -> Any:
     if key not in hf or hf[key] is None:
         raise ConfigError(f"config.json {key}", "missing")
     return hf[key]
+
+
+def _moe_from_hf(hf: Mapping[str, Any], architecture: Architecture) -> MoeConfig | None:
+    """Qwen2-MoE and Qwen3-MoE's sparse layers; None for the dense families and for zero experts."""
+    # transformers 5 saves the expert count as num_local_experts; the published checkpoints say num_experts.
+    experts_key = "num_experts" if "num_experts" in hf else "num_local_experts"
+    if architecture not in _MOE_ARCHITECTURES or int(_get(hf, experts_key)) == 0:
+        return None
+    try:
+        return MoeConfig(
+            num_experts=int(hf[experts_key]),
+            experts_per_token=int(_get(hf, "num_experts_per_tok")),
+            expert_intermediate_size=int(_get(hf, "moe_intermediate_size")),
+            normalize_top_k=bool(hf.get("norm_topk_prob", False)),  # transformers' default where it is left out
+            sparse_step=int(hf.get("decoder_sparse_step", 1)),
+            dense_layers=tuple(int(i) for i in hf.get("mlp_only_layers") or ()),
+            # Qwen2-MoE always builds its shared expert; Qwen3-MoE has none.
+            shared_expert_intermediate_size=(int(_get(hf, "shared_expert_intermediate_size"))
+                                             if architecture == "qwen2_moe" else 0))
+    except ConfigError as error:
+        raise ConfigError(f"config.json {error.path}", error.message) from None
 
 
 def _architecture(hf: Mapping[str, Any]) -> Architecture:
@@ -222,7 +341,7 @@ def _reject_unsupported(hf: Mapping[str, Any], architecture: Architecture) -> No
         unsupported("mlp_bias", "false")
     # Qwen2 always has q/k/v biases (the config's attention_bias is not read by transformers for it);
     # Llama's attention_bias would also add an output-projection bias, Qwen3's the same.
-    if architecture != "qwen2" and hf.get("attention_bias"):
+    if architecture not in ("qwen2", "qwen2_moe") and hf.get("attention_bias"):
         unsupported("attention_bias", "false")
     if hf.get("use_sliding_window"):
         unsupported("use_sliding_window", "false")
@@ -281,6 +400,15 @@ def toy_config(**overrides: Any) -> ModelConfig:
         max_position_embeddings=512, bos_token_id=1, eos_token_ids=(2,), pad_token_id=0)
     defaults.update(overrides)
     return ModelConfig(**defaults)
+
+
+def toy_moe_config(**overrides: Any) -> ModelConfig:
+    """A tiny random-init Qwen3-MoE-shaped model: 4 experts, 2 per token, layer 0 dense
+    (``mlp_only_layers``), q/k RMSNorm. ``moe=MoeConfig(...)`` replaces the experts' shape."""
+    moe = MoeConfig(num_experts=4, experts_per_token=2, expert_intermediate_size=32, dense_layers=(0,))
+    defaults: dict[str, Any] = dict(architecture="qwen3_moe", qkv_bias=False, qk_norm=True, num_layers=3, moe=moe)
+    defaults.update(overrides)
+    return toy_config(**defaults)
 
 
 def rope_inverse_frequencies(config: ModelConfig):

@@ -1,13 +1,18 @@
-"""A decoder-only transformer for Llama 2/3, Qwen2/2.5 and Qwen3, in Flax linen. Read top to bottom.
+"""A decoder-only transformer for Llama 2/3, Qwen2/2.5, Qwen3 and their mixtures of experts (Qwen2-MoE,
+Qwen3-MoE), in Flax linen. Read top to bottom.
 
     tokens -> embedding
-           -> num_layers x [ x + Attention(RMSNorm(x)) ; x + SwiGLU(RMSNorm(x)) ]   (one scanned Block)
+           -> num_layers x [ x + Attention(RMSNorm(x)) ; x + FeedForward(RMSNorm(x)) ]   (one scanned Block)
            -> RMSNorm -> classifier (the embedding itself when tied) -> float32 logits
+
+The feed-forward is a SwiGLU MLP, or in a sparse layer of a mixture of experts the ``SparseMoe`` of
+``moe.py`` (a top-k router over stacked experts), which also reports what it routed (``Routing``).
 
 Attention is grouped-query (num_kv_heads <= num_heads) with rotary positions (RoPE), optional q/k/v
 biases (Qwen2) and optional RMSNorm on q and k (Qwen3). The layers are one ``Block`` scanned
 ``num_layers`` times, so every per-layer weight carries a leading ``layers`` axis and the compile
-time does not grow with depth.
+time does not grow with depth. A model mixing dense and sparse layers (Qwen3-MoE's ``mlp_only_layers``,
+``decoder_sparse_step`` > 1) cannot be one scan: its layers are unrolled, ``layers_0 .. layers_{n-1}``.
 
 Functional API (parameters are a plain nested dict; ``config`` is hashable, pass it as a static arg)::
 
@@ -15,6 +20,8 @@ Functional API (parameters are a plain nested dict; ``config`` is hashable, pass
     axes   = param_logical_axes(config)    # same tree; leaves are tuples such as ("layers", "embed", "mlp")
     logits = forward(params, config, input_ids, attention_mask=mask)           # float32 [B, S, V]
     hidden = hidden_states(params, config, input_ids, attention_mask=mask)     # [B, S, hidden]: for value heads
+    logits, routing = forward_with_routing(params, config, input_ids, attention_mask=mask)  # MoE: what it routed
+    logits = forward(params, config, input_ids, attention_mask=mask, expert_ids=routing.expert_ids)  # router replay
     logits, cache = forward_with_cache(params, config, input_ids, positions, cache, attend)
     decoding = fuse_projections(unstack_layers(params))  # the rollout engine's layout; both forwards take it
 
@@ -48,13 +55,13 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from rlax_core.models.attention import AttentionImpl, causal_attention, masked_attention
-from rlax_core.models.config import ModelConfig, rope_inverse_frequencies
+from rlax_core.models.config import INIT_STDDEV, ModelConfig, rope_inverse_frequencies
 from rlax_core.models.lora import FUSED_PROJECTIONS, low_rank_term
+from rlax_core.models.moe import Routing, SparseMoe
 
 Params = dict[str, Any]
 Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
-_INIT_STDDEV = 0.02  # Hugging Face's initializer_range for Llama and Qwen
 LORA_DROPOUT_RNG = "lora_dropout"  # the rng stream of LoRA dropout (``forward(..., lora_dropout_rng=)``)
 
 
@@ -131,7 +138,7 @@ class Attention(nn.Module):
         def project(name, num_heads, heads_axis):
             y = nn.DenseGeneral(
                 (num_heads, c.head_dim), use_bias=c.qkv_bias, param_dtype=self.param_dtype, name=name,
-                kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), "embed", heads_axis, "head_dim"),
+                kernel_init=_logical(nn.initializers.normal(INIT_STDDEV), "embed", heads_axis, "head_dim"),
                 bias_init=_logical(nn.initializers.zeros, heads_axis, "head_dim"))(x)
             return _adapted(self, name, x, y, self.lora_dropout)
 
@@ -150,7 +157,7 @@ class Attention(nn.Module):
         out, cache = self.attend(layer, q, k, v, cache)
         projected = nn.DenseGeneral(
             c.hidden_size, axis=(-2, -1), use_bias=False, param_dtype=self.param_dtype, name="o_proj",
-            kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), "heads", "head_dim", "embed"))(out)
+            kernel_init=_logical(nn.initializers.normal(INIT_STDDEV), "heads", "head_dim", "embed"))(out)
         return _adapted(self, "o_proj", out, projected, self.lora_dropout), cache
 
 
@@ -166,7 +173,7 @@ class SwiGLU(nn.Module):
     def __call__(self, x):
         def dense(name, features, axes, inputs):
             y = nn.Dense(features, use_bias=False, param_dtype=self.param_dtype, name=name,
-                         kernel_init=_logical(nn.initializers.normal(_INIT_STDDEV), *axes))(inputs)
+                         kernel_init=_logical(nn.initializers.normal(INIT_STDDEV), *axes))(inputs)
             return _adapted(self, name, inputs, y, self.lora_dropout)
 
         hidden = self.config.intermediate_size
@@ -179,16 +186,18 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm layer. Its signature is a scan body: (carry, layer) -> (carry, None)."""
+    """One pre-norm layer. Its signature is a scan body: (carry, layer, ...) -> (carry, Routing or None)."""
 
     config: ModelConfig
     attend: Attend
     param_dtype: Any = jnp.float32
     fused_projections: bool = False
     lora_dropout: float = 0.0
+    sparse: bool = False  # the feed-forward is the mixture of experts (config.is_moe_layer)
+    mesh: Any = None  # the experts' mesh (moe.expert_parallel); None: one device's arrays
 
     @nn.compact
-    def __call__(self, carry, layer, positions):
+    def __call__(self, carry, layer, positions, real, expert_ids):
         x, cache = carry
         c = self.config
         attention_in = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="input_norm")(x)
@@ -196,8 +205,11 @@ class Block(nn.Module):
             attention_in, positions, layer, cache)
         x = x + attention_out
         mlp_in = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="post_attention_norm")(x)
-        x = x + SwiGLU(c, self.param_dtype, self.fused_projections, self.lora_dropout, name="mlp")(mlp_in)
-        return (x, cache), None
+        if self.sparse:
+            mlp_out, routing = SparseMoe(c, self.param_dtype, self.mesh, name="moe")(mlp_in, real, expert_ids)
+        else:
+            mlp_out, routing = SwiGLU(c, self.param_dtype, self.fused_projections, self.lora_dropout, name="mlp")(mlp_in), None
+        return (x + mlp_out, cache), routing
 
 
 class Transformer(nn.Module):
@@ -208,41 +220,55 @@ class Transformer(nn.Module):
     scan_layers: bool = True  # False: layers_0 .. layers_{n-1} with their own weights (see unstack_layers)
     fused_projections: bool = False  # qkv_proj and gate_up_proj (see fuse_projections)
     lora_dropout: float = 0.0  # LoRA dropout rate: applied when the apply has a LORA_DROPOUT_RNG rng
+    mesh: Any = None  # the mesh a mixture of experts splits its experts over
 
     @nn.compact
-    def __call__(self, input_ids, positions, cache, last_token_only: bool = False, hidden_only: bool = False):
+    def __call__(self, input_ids, positions, cache, last_token_only: bool = False, hidden_only: bool = False,
+                 real=None, expert_ids=None):
+        """-> (logits or hidden states, cache, Routing stacked over the sparse layers or None).
+
+        ``real`` [B, T] marks the tokens the router's summaries count (default: all); ``expert_ids``
+        [moe_layers, B, T, k] replays those experts instead of each router's top k.
+        """
         c = self.config
         embed = nn.Embed(c.vocab_size, c.hidden_size, param_dtype=self.param_dtype, name="embed_tokens",
-                         embedding_init=_logical(nn.initializers.normal(_INIT_STDDEV), "vocab", "embed"))
+                         embedding_init=_logical(nn.initializers.normal(INIT_STDDEV), "vocab", "embed"))
         x = embed(input_ids)  # in the parameter dtype: that is the compute dtype
+        if real is None:
+            real = jnp.ones(input_ids.shape, bool)
 
         block = nn.remat(Block, prevent_cse=False) if self.remat else Block
+        settings = (c, self.attend, self.param_dtype, self.fused_projections, self.lora_dropout)
         if self.scan_layers:
+            # One body for every layer, so they are all dense or all sparse (config.uniform_layers).
             layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, LORA_DROPOUT_RNG: True},
-                             in_axes=(0, nn.broadcast), length=c.num_layers,
+                             in_axes=(0, nn.broadcast, nn.broadcast, 0), length=c.num_layers,
                              metadata_params={nn.PARTITION_NAME: "layers"})
-            (x, cache), _ = layers(c, self.attend, self.param_dtype, self.fused_projections, self.lora_dropout,
-                                   name="layers")(
-                (x, cache), jnp.arange(c.num_layers, dtype=jnp.int32), positions)
+            (x, cache), routing = layers(*settings, c.is_moe_layer(0), self.mesh, name="layers")(
+                (x, cache), jnp.arange(c.num_layers, dtype=jnp.int32), positions, real, expert_ids)
         else:
+            routings = []
             for layer in range(c.num_layers):  # a Python int: attends may index per-layer state statically
-                (x, cache), _ = block(c, self.attend, self.param_dtype, self.fused_projections, self.lora_dropout,
-                                      name=f"layers_{layer}")(
-                    (x, cache), layer, positions)
+                sparse = c.is_moe_layer(layer)
+                replayed = expert_ids[len(routings)] if sparse and expert_ids is not None else None
+                (x, cache), routed = block(*settings, sparse, self.mesh, name=f"layers_{layer}")(
+                    (x, cache), layer, positions, real, replayed)
+                routings += [routed] if sparse else []
+            routing = jax.tree.map(lambda *layers: jnp.stack(layers), *routings) if routings else None
 
         x = RMSNorm(c.rms_norm_eps, "embed", self.param_dtype, name="norm")(x)
         if last_token_only:
             x = x[:, -1:]
         if hidden_only:  # what a value (or reward) head reads; no classifier, so no lm_head parameter either
-            return x, cache
+            return x, cache, routing
         # The classifier runs in float32 whatever the parameter dtype: log-probs feed the RL loss.
         if c.tie_word_embeddings:
             classifier = embed.embedding.T
         else:
-            classifier = self.param("lm_head", _logical(nn.initializers.normal(_INIT_STDDEV), "embed", "vocab"),
+            classifier = self.param("lm_head", _logical(nn.initializers.normal(INIT_STDDEV), "embed", "vocab"),
                                     (c.hidden_size, c.vocab_size), self.param_dtype)
         logits = jnp.einsum("bte,ev->btv", x.astype(jnp.float32), classifier.astype(jnp.float32))
-        return logits, cache
+        return logits, cache, routing
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -263,20 +289,23 @@ def _kernel_attend(segment_ids: jax.Array, impl: AttentionImpl, mesh) -> Attend:
 
 
 def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
-    """Random parameters (normal(0.02) matrices, unit norms, zero biases) as a plain nested dict."""
+    """Random parameters (normal(0.02) matrices, unit norms, zero biases) as a plain nested dict: the
+    layers stacked, or unrolled when dense and sparse layers mix (``config.uniform_layers``)."""
     return nn.unbox(_init_variables(config, rng, dtype)["params"])
 
 
 def _init_variables(config: ModelConfig, rng: jax.Array, dtype):
     ids = jnp.zeros((1, 1), jnp.int32)
-    model = Transformer(config, _full_sequence_attend(jnp.ones((1, 1, 1), bool)), dtype)
+    model = Transformer(config, _full_sequence_attend(jnp.ones((1, 1, 1), bool)), dtype,
+                        scan_layers=config.uniform_layers)
     return jax.jit(model.init)(rng, ids, ids, None)
 
 
 def param_logical_axes(config: ModelConfig) -> Params:
     """The params tree with tuples of logical axis names as leaves (use ``is_leaf=lambda x: isinstance(x, tuple)``).
 
-    Names: vocab, embed, heads (query heads), kv_heads, head_dim, mlp, layers.
+    Names: vocab, embed, heads (query heads), kv_heads, head_dim, mlp, layers; a mixture of experts
+    adds expert (the stacked experts) and router (the router's scores).
     """
     abstract = jax.eval_shape(lambda: _init_variables(config, jax.random.key(0), jnp.float32))
     specs = nn.get_partition_spec(abstract)["params"]
@@ -290,7 +319,8 @@ def default_positions(attention_mask: jax.Array) -> jax.Array:
 
 def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, remat: bool = False, attention: AttentionImpl = "dense",
-            mesh=None, lora_dropout: float = 0.0, lora_dropout_rng: jax.Array | None = None) -> jax.Array:
+            mesh=None, lora_dropout: float = 0.0, lora_dropout_rng: jax.Array | None = None,
+            expert_ids: jax.Array | None = None) -> jax.Array:
     """Full-sequence forward for training and scoring: float32 logits [B, S, V].
 
     Token i sees tokens j <= i whose ``attention_mask`` is 1. ``positions`` default to the count of
@@ -299,12 +329,30 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positi
     stacked activations; faster for shallow models on CPU, but the compile time grows with depth).
     ``attention``: the implementation (``models.attention``: dense XLA, or the TPU's splash kernel
     or cuDNN's, which leave a padding position's output unspecified); ``mesh``: the one the
-    operands are sharded over, for a kernel XLA cannot partition. ``params`` holding adapters beside
+    operands are sharded over, for a kernel XLA cannot partition (and a mixture of experts' experts,
+    split over its ``expert`` axis). ``params`` holding adapters beside
     their kernels (``lora.with_adapters``) run them on the fly; ``lora_dropout`` drops their inputs
     at that rate, with masks drawn from ``lora_dropout_rng`` (none given: no dropout).
+    ``expert_ids`` [moe_layers, B, S, k] (a mixture of experts): run those experts instead of each
+    router's top k, weighted by the router's probabilities of them (router replay).
     """
-    return _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
-                          hidden_only=False, lora_dropout=lora_dropout, lora_dropout_rng=lora_dropout_rng)
+    logits, _ = _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
+                               hidden_only=False, lora_dropout=lora_dropout, lora_dropout_rng=lora_dropout_rng,
+                               expert_ids=expert_ids)
+    return logits
+
+
+def forward_with_routing(params: Params, config: ModelConfig, input_ids: jax.Array, *,
+                         expert_ids: jax.Array | None = None, **options) -> tuple[jax.Array, Routing]:
+    """As :func:`forward` (same options), and the ``Routing`` of a mixture of experts: the expert ids
+    [moe_layers, B, S, k] each token ran (small unsigned integers) and the router's summaries over the
+    tokens ``attention_mask`` marks real, for ``moe.load_balancing_loss`` and ``moe.router_z_loss``."""
+    if config.moe is None:
+        raise ValueError("forward_with_routing: this model has no mixture of experts (config.moe is None)")
+    return _full_sequence(params, config, input_ids, options.pop("positions", None),
+                          options.pop("attention_mask", None), options.pop("remat", False),
+                          options.pop("attention", "dense"), options.pop("mesh", None), hidden_only=False,
+                          expert_ids=expert_ids, **options)
 
 
 def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
@@ -312,12 +360,13 @@ def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, 
                   mesh=None) -> jax.Array:
     """As :func:`forward`, but the last layer's normalised hidden states [B, S, hidden] (compute dtype)
     instead of logits: the input of a value or reward head. ``params`` need no ``lm_head``."""
-    return _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
-                          hidden_only=True)
+    hidden, _ = _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
+                               hidden_only=True)
+    return hidden
 
 
 def _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh, *, hidden_only,
-                   lora_dropout=0.0, lora_dropout_rng=None):
+                   lora_dropout=0.0, lora_dropout_rng=None, expert_ids=None):
     batch, steps = input_ids.shape
     if attention_mask is None:
         attention_mask = jnp.ones((batch, steps), jnp.int32)
@@ -329,22 +378,28 @@ def _full_sequence(params, config, input_ids, positions, attention_mask, remat, 
     else:  # real tokens form segment 1, padding segment 0
         attend = _kernel_attend(attention_mask.astype(jnp.int32), attention, mesh)
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, attend, dtype, remat=remat, lora_dropout=lora_dropout, **_layout(params))
+    model = Transformer(config, attend, dtype, remat=remat, lora_dropout=lora_dropout, mesh=mesh, **_layout(params))
     rngs = {} if lora_dropout_rng is None else {LORA_DROPOUT_RNG: lora_dropout_rng}
-    out, _ = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only, rngs=rngs)
-    return out
+    out, _, routing = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only,
+                                  real=attention_mask.astype(bool), expert_ids=expert_ids, rngs=rngs)
+    return out, routing
 
 
 def forward_with_cache(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array, cache: Any,
-                       attend: Attend | None = None, *, last_token_only: bool = False) -> tuple[jax.Array, Any]:
+                       attend: Attend | None = None, *, last_token_only: bool = False, expert_ids=None,
+                       with_routing: bool = False):
     """Forward T new tokens [B, T] at ``positions`` [B, T] against a KV cache; returns (logits, cache).
 
     ``attend`` defaults to ``contiguous_attend(positions)`` (``cache`` from ``init_cache``). With
     ``last_token_only`` the logits are [B, 1, V] for the last column (a prefill needs no more).
+    A mixture of experts: ``with_routing`` returns (logits, cache, Routing) too, for the new tokens
+    (padding slots, negative positions, not counted in its summaries); ``expert_ids`` as in ``forward``.
     """
     dtype = params["embed_tokens"]["embedding"].dtype
     model = Transformer(config, attend or contiguous_attend(positions), dtype, **_layout(params))
-    return model.apply({"params": params}, input_ids, positions, cache, last_token_only)
+    logits, cache, routing = model.apply({"params": params}, input_ids, positions, cache, last_token_only,
+                                         real=positions >= 0, expert_ids=expert_ids)
+    return (logits, cache, routing) if with_routing else (logits, cache)
 
 
 def unstack_layers(params: Params) -> Params:
@@ -354,8 +409,11 @@ def unstack_layers(params: Params) -> Params:
     step is dominated by reading the weights; unrolled layers read each one in place, where the
     scan's per-iteration slice of the stacked weights costs a copy (about a fifth of the step on
     CPU). ``forward`` accepts it too; training keeps the stacked layout unless the trainer's
-    ``scan_layers`` is off (the compile time of a scan does not grow with depth).
+    ``scan_layers`` is off (the compile time of a scan does not grow with depth). Params already
+    unrolled (a model mixing dense and sparse layers is stored so) come back as they are.
     """
+    if "layers" not in params:
+        return params
     stacked = params["layers"]
     count = jax.tree.leaves(stacked)[0].shape[0]
     rest = {name: value for name, value in params.items() if name != "layers"}
@@ -418,8 +476,12 @@ def _layout(params: Params) -> dict[str, bool]:
 
 def stack_layers(params: Params) -> Params:
     """The inverse of :func:`unstack_layers`: ``layers_0 .. layers_{n-1}`` stacked into ``layers``
-    (for example gradients taken in the unrolled layout, going back to the stacked one)."""
+    (for example gradients taken in the unrolled layout, going back to the stacked one). Layers whose
+    weights differ (dense and sparse mixed) cannot stack: they come back unrolled, their stored layout."""
     count = sum(name.startswith("layers_") for name in params)
+    structures = {jax.tree.structure(params[f"layers_{i}"]) for i in range(count)}
+    if len(structures) > 1:
+        return params
     rest = {name: value for name, value in params.items() if not name.startswith("layers_")}
     return {**rest, "layers": jax.tree.map(lambda *leaves: jnp.stack(leaves), *(params[f"layers_{i}"] for i in range(count)))}
 

@@ -2,7 +2,7 @@
 
     from rlax_core.parallel import MeshConfig, make_mesh, tree_shardings
 
-``config`` holds ``MeshConfig`` (``data x fsdp x tensor``, multi-host settings); ``mesh`` builds the
+``config`` holds ``MeshConfig`` (``data x fsdp x expert x tensor``, multi-host settings); ``mesh`` builds the
 mesh, maps logical axis names to mesh axes (``PARTITION_RULES``) and joins a multi-host job. It sits
 below ``training`` and ``inference`` so that neither imports the other to place an array.
 """

@@ -1,10 +1,12 @@
-"""The device mesh (``data x fsdp x tensor``) and the rules that place parameters and batches on it.
+"""The device mesh (``data x fsdp x expert x tensor``) and the rules that place parameters and batches on it.
 
 Parameters carry *logical* axis names (``rlax_core.models.param_logical_axes``: ``"embed"``,
 ``"vocab"``, ``"heads"``, ...). ``PARTITION_RULES`` maps each name to a mesh axis; a dimension whose
 size the mesh axis does not divide stays replicated instead of failing, so one rule set serves a toy
-model on 8 simulated CPU devices and a 7B model on a TPU slice. Batches are split over ``data`` and
-``fsdp`` together (FSDP is data parallelism whose parameters are sharded too).
+model on 8 simulated CPU devices and a 7B model on a TPU slice. Batches are split over ``data``,
+``fsdp`` and ``expert`` together (FSDP is data parallelism whose parameters are sharded too; expert
+parallelism is data parallelism whose experts are split too: a sparse layer's tokens travel to the
+devices holding their experts, ``models.moe``). A dense model on ``expert`` > 1 is data parallel there.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from rlax_core.parallel.config import MeshConfig
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+# Tensor-parallel neighbours should be the closest devices, then the experts' all-gathers: the last
+# mesh axes vary fastest.
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # logical axis name -> mesh axis (or None: replicated). Names not listed are replicated.
 PARTITION_RULES: Mapping[str, str | tuple[str, ...] | None] = {
@@ -32,7 +36,9 @@ PARTITION_RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "heads": "tensor",
     "q_heads": "tensor",
     "kv_heads": "tensor",
-    "mlp": "tensor",
+    "mlp": "tensor",  # a dense MLP's hidden units, and each expert's
+    "expert": "expert",  # the stacked experts of a sparse layer
+    "router": None,  # the router's scores: every device scores every expert
     "head_dim": None,
     "layers": None,
     "norm": None,
@@ -59,24 +65,24 @@ def initialize_distributed(config: MeshConfig) -> None:
              jax.process_count(), jax.device_count())
 
 
-def mesh_shape(config: MeshConfig, num_devices: int) -> tuple[int, int, int]:
-    sizes = [config.data, config.fsdp, config.tensor]
+def mesh_shape(config: MeshConfig, num_devices: int) -> tuple[int, int, int, int]:
+    """The sizes of ``MESH_AXES`` (data, fsdp, expert, tensor) over ``num_devices``."""
+    sizes = [config.data, config.fsdp, config.expert, config.tensor]
     if -1 in sizes:
         known = math.prod(s for s in sizes if s != -1)
         if num_devices % known:
             raise ValueError(f"mesh {tuple(sizes)} does not fit {num_devices} devices")
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ValueError(f"mesh data x fsdp x tensor = {tuple(sizes)} needs {math.prod(sizes)} devices, "
+        raise ValueError(f"mesh data x fsdp x expert x tensor = {tuple(sizes)} needs {math.prod(sizes)} devices, "
                          f"{num_devices} available")
     return tuple(sizes)
 
 
 def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ``data x fsdp x tensor`` mesh over ``devices`` (default: every device of every process)."""
+    """A ``data x fsdp x expert x tensor`` mesh over ``devices`` (default: every device of every process)."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(config, len(devices))
-    # Tensor-parallel neighbours should be the closest devices: the last mesh axis varies fastest.
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
@@ -107,7 +113,7 @@ def tree_shardings(shapes: Any, logical_axes: Any, mesh: Mesh,
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
-    """Rows over ``data x fsdp``, the rest replicated."""
+    """Rows over ``data x fsdp x expert``, the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
 
 
