@@ -92,8 +92,9 @@ def gib(size: int) -> str:
     return f"{size / GIB:.2f} GiB" if abs(size) >= GIB else f"{size / 2**20:.1f} MiB"
 
 
-def _sharded_bytes(model: ModelConfig, dtype: str, mesh_sizes: tuple[int, int, int]) -> int:
-    """Bytes per chip of the model's parameters in ``dtype`` on a data x fsdp x tensor mesh."""
+def _sharded_bytes(model: ModelConfig, dtype: str, mesh_sizes: tuple[int, int, int, int]) -> int:
+    """Bytes per chip of the model's parameters in ``dtype`` on a data x fsdp x expert x tensor mesh
+    (a mixture of experts' experts split over ``expert``, by the same rules)."""
     shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
     return _tree_bytes(shapes, param_logical_axes(model), dtype, mesh_sizes)
 
@@ -106,7 +107,7 @@ def _targeted_kernels(model: ModelConfig, lora) -> tuple[dict, dict]:
     return ({p: shapes[m][p]["kernel"] for m, p in picked}, {p: axes[m][p]["kernel"] for m, p in picked})
 
 
-def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, int, int]) -> int:
+def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, int, int, int]) -> int:
     """Bytes per chip of a tree of ``shapes`` in ``dtype`` (None: each leaf's own), each leaf placed by
     its logical ``axes``."""
     mesh = AbstractMesh(mesh_sizes, MESH_AXES)
@@ -129,10 +130,9 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     if hardware.chips_per_host % tp:
         raise ConfigError("engine.tensor_parallel", f"{tp} does not divide hardware.rollout.chips_per_host="
                           f"{hardware.chips_per_host}: a replica spans chips of one host")
-    weights = _sharded_bytes(model, dtype, (1, 1, tp))
+    weights = _sharded_bytes(model, dtype, (1, 1, 1, tp))
     kv_split = tp if model.num_kv_heads % tp == 0 else 1
     heads_split = tp if model.num_heads % tp == 0 else 1
-    mlp_split = tp if model.intermediate_size % tp == 0 else 1
     cache_bytes = _BYTES[engine.cache_dtype]
     act_bytes = _BYTES[dtype]
     kv_per_token = 2 * model.num_layers * model.num_kv_heads // kv_split * model.head_dim * cache_bytes
@@ -144,7 +144,7 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     batch, length = engine.prefill_batch, engine.prefill_buckets[-1]
     prefill = batch * length * act_bytes * (
         3 * model.hidden_size + (model.num_heads // heads_split + 2 * model.num_kv_heads // kv_split) * model.head_dim
-        + 3 * model.intermediate_size // mlp_split)
+        + _feed_forward_width(model, tp, expert=1))
     impl = attention_for_platform(platform_of(hardware.chip))
     if impl == "dense" or not attention_fits(impl, length):
         prefill += 2 * batch * model.num_heads // heads_split * length * length * _F32
@@ -172,6 +172,25 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
                "compiled code": "nothing: XLA's generated code"})
 
 
+def _feed_forward_width(model: ModelConfig, tensor: int, expert: int) -> int:
+    """Activation elements per token of the widest feed-forward layer on one chip. Dense: the gate, up
+    and product [F / tensor]. Sparse (``models.moe``): each of a token's k copies as a row [H], its
+    gate, up and product [F_e / tensor] and its output [H]; under expert parallelism a chip holds the
+    copies of every token gathered over the ``expert`` axis, since a dropless static-shape buffer
+    must have room for all of them routed to its own experts."""
+    def split(size: int) -> int:
+        return size // tensor if size % tensor == 0 else size
+
+    width = 3 * split(model.intermediate_size) if len(model.moe_layers) < model.num_layers else 0
+    if model.moe is not None:
+        moe = model.moe
+        gathered = expert if moe.num_experts % expert == 0 else 1
+        sparse = gathered * moe.experts_per_token * (2 * model.hidden_size + 3 * split(moe.expert_intermediate_size))
+        sparse += 3 * split(moe.shared_expert_intermediate_size)
+        width = max(width, sparse)
+    return width
+
+
 def _engine_lora_parts(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
                        lora: LoraConfig) -> dict[str, int]:
     """What an engine applying adapter versions holds beyond the base (``inference/adapters.py``).
@@ -189,13 +208,13 @@ def _engine_lora_parts(model: ModelConfig, engine: EngineConfig, hardware: Slice
             for fused in ({"q", "k", "v"}, {"gate", "up"}):
                 targets |= fused if targets & fused else set()
         kernels = _targeted_kernels(model, dataclasses.replace(lora, targets=tuple(sorted(targets))))
-        return {"merged kernels": _tree_bytes(*kernels, dtype, (1, 1, tp))}
+        return {"merged kernels": _tree_bytes(*kernels, dtype, (1, 1, 1, tp))}
     stacked = lambda: init_adapters(model, lora, jax.random.key(0))
     if tp == 1:
         fused = jax.eval_shape(lambda: decoding_adapters(stacked(), model, lora, fuse=True))
         adapters = sum(leaf.size * _F32 for leaf in jax.tree.leaves(fused))
     else:
-        adapters = _tree_bytes(jax.eval_shape(stacked), adapter_logical_axes(lora), "float32", (1, 1, tp))
+        adapters = _tree_bytes(jax.eval_shape(stacked), adapter_logical_axes(lora), "float32", (1, 1, 1, tp))
     low_rank = engine.prefill_batch * engine.prefill_buckets[-1] * lora.rank * len(lora.targets) * _F32
     return {"adapters": 2 * adapters, "adapter activations": low_rank}
 
@@ -210,7 +229,7 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
         sizes = mesh_shape(trainer.mesh, hardware.chips)
     except ValueError as error:
         raise ConfigError("trainer.mesh", f"{error} (hardware.trainer declares {hardware.chips} chips)") from None
-    data, fsdp, tensor = sizes
+    data, fsdp, expert, tensor = sizes
     dtype = trainer.param_dtype
     params = _sharded_bytes(model, dtype, sizes)
     count_share = params // _BYTES[dtype]  # parameters held per chip
@@ -225,7 +244,7 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
         parts["reference policy"] = params
     if uses_value_model:  # a critic of the policy's size, with its own gradients and optimizer
         parts["value model"] = params + gradients + optimizer
-    rows = math.ceil(rows_per_step / (trainer.mini_batches * trainer.micro_batches * data * fsdp))
+    rows = math.ceil(rows_per_step / (trainer.mini_batches * trainer.micro_batches * data * fsdp * expert))
     length = trainer.max_seq_len
     heads = model.num_heads // tensor if model.num_heads % tensor == 0 else model.num_heads
     act = _BYTES[dtype]
@@ -235,7 +254,7 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
     # the output, its gradient and the softmax statistics [rows, heads, T, D]; and the float32
     # logits, log-softmax and their gradient [rows, T, V / tensor].
     per_layer = rows * length * act * (model.hidden_size if trainer.remat else
-                                       4 * model.hidden_size + 3 * model.intermediate_size // tensor)
+                                       4 * model.hidden_size + _feed_forward_width(model, tensor, expert))
     impl = attention_for_platform(platform_of(hardware.chip)) if trainer.attention == "auto" else trainer.attention
     if impl == "dense":
         attention = 3 * rows * heads * length * length * _F32

@@ -1,0 +1,54 @@
+"""The planner's mixture of experts: expert weights and their optimizer state per chip are what the trainer
+places on an expert-parallel mesh, and the expert axis divides them."""
+
+import jax
+import pytest
+
+from rlax_core.models.config import MoeConfig, toy_moe_config
+from rlax_core.parallel.mesh import make_mesh
+from rlax_core.planning.hardware import SliceSpec
+from rlax_core.planning.memory import plan_rollout, plan_trainer
+from rlax_core.inference.config import EngineConfig
+from rlax_core.rl.config import AlgorithmConfig
+from rlax_core.training.config import MeshConfig, TrainerConfig
+from rlax_core.training.step import Trainer
+
+MODEL = toy_moe_config(moe=MoeConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=64), num_layers=2)
+HARDWARE = SliceSpec(chip="cpu", chips_per_host=8, memory_gib=1)
+
+
+def _bytes_on(device, arrays):
+    return sum(shard.data.nbytes for array in arrays for shard in array.addressable_shards if shard.device == device)
+
+
+@pytest.mark.skipif(jax.local_device_count() < 8, reason="needs 8 devices (tests/conftest.py)")
+@pytest.mark.parametrize("mesh", [MeshConfig(fsdp=1, expert=8), MeshConfig(fsdp=2, expert=2, tensor=2)])
+def test_the_plan_counts_the_expert_weights_and_optimizer_state_the_trainer_places(mesh):
+    config = TrainerConfig(max_seq_len=16, mesh=mesh)
+    devices = jax.local_devices()[:8]
+    trainer = Trainer(MODEL, AlgorithmConfig(), config, make_mesh(mesh, devices))
+    state = trainer.init_state()
+    plan = plan_trainer(MODEL, config, HARDWARE, rows_per_step=16)
+    assert plan.parts["parameters"] == _bytes_on(devices[0], jax.tree.leaves(state.params))
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
+    assert plan.parts["optimizer state"] == _bytes_on(devices[0], moments)
+    experts = state.params["layers"]["moe"]["gate_proj"]
+    assert _bytes_on(devices[0], [experts]) * mesh.expert * mesh.tensor * mesh.fsdp == experts.nbytes
+
+
+def test_the_expert_axis_divides_the_experts_and_the_rows_per_chip():
+    replicated = plan_trainer(MODEL, TrainerConfig(max_seq_len=16, mesh=MeshConfig(data=8, fsdp=1)), HARDWARE,
+                              rows_per_step=16)
+    split = plan_trainer(MODEL, TrainerConfig(max_seq_len=16, mesh=MeshConfig(fsdp=1, expert=8)), HARDWARE,
+                         rows_per_step=16)
+    expert_bytes = 2 * 3 * 8 * MODEL.hidden_size * 64 * 4  # 2 layers x gate/up/down x 8 experts, float32
+    assert replicated.parts["parameters"] - split.parts["parameters"] == expert_bytes * 7 // 8
+    assert replicated.parts["optimizer state"] - split.parts["optimizer state"] == 2 * expert_bytes * 7 // 8
+    assert "2 row(s)" in replicated.layout and "2 row(s)" in split.layout  # expert parallelism is data parallel too
+
+
+def test_a_rollout_replica_holds_every_expert_and_its_routed_activations():
+    engine = EngineConfig(num_slots=2, page_size=4, num_pages=12, max_prompt_len=8, max_new_tokens=8,
+                          prefill_buckets=(8,), attention_impl="window")
+    plan = plan_rollout(MODEL, engine, HARDWARE, dtype="float32")
+    assert plan.parts["weights"] == MODEL.num_params * 4
