@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, str] = {
     "launch": "pipelines.launch",
     "plan": "pipelines.plan",
     "compile": "pipelines.compile",
+    "upcycle": "pipelines.upcycle",
 }
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.-]*=")

@@ -1,4 +1,4 @@
-"""Writes tests/fixtures/golden/{qwen3_moe_tiny,qwen2_moe_tiny}: tiny random mixtures of experts made and run by
+"""Writes tests/fixtures/golden/{qwen3_moe_tiny,qwen2_moe_tiny,mixtral_tiny}: tiny random mixtures of experts made and run by
 Hugging Face transformers (float32, eager attention), for tests/models/test_golden_logits.py.
 
 Needs torch and transformers, which the project's environment does not install; run it from a throwaway one:
@@ -34,6 +34,9 @@ MODELS = {
     "qwen2_moe_tiny": (transformers.Qwen2MoeConfig, dict(num_hidden_layers=4, decoder_sparse_step=2,
                                                          shared_expert_intermediate_size=48, norm_topk_prob=False,
                                                          rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    # Llama attention, every layer sparse, experts of intermediate_size (what stories260K upcycles into).
+    "mixtral_tiny": (transformers.MixtralConfig, dict(num_hidden_layers=2, intermediate_size=32,
+                                                      rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
 }
 
 
@@ -44,7 +47,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
-            elif name.endswith("mlp.gate.weight"):
+            elif name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight"):
                 param.copy_(0.3 * torch.randn(param.shape, generator=generator))
             else:
                 param.copy_(0.1 * torch.randn(param.shape, generator=generator))
@@ -52,7 +55,12 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 
 def make(name: str, out: Path, seed: int) -> None:
     config_class, extra = MODELS[name]
-    config = config_class(**COMMON, **extra)
+    common = dict(COMMON)
+    if config_class is transformers.MixtralConfig:  # one width, the experts'; the expert count is num_local_experts
+        common.pop("moe_intermediate_size")
+        common["num_local_experts"] = common.pop("num_experts")
+        common.pop("intermediate_size")
+    config = config_class(**common, **extra)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

@@ -120,9 +120,13 @@ def _hf_tensors(config: ModelConfig) -> list[_HFTensor]:
     if sparse:
         moe = config.moe
         experts, fe = moe.num_experts, moe.expert_intermediate_size
-        tensors.append(layer_tensor("mlp.gate.weight", ("moe", "router"), *linear(experts, e, (e, experts)), layers=sparse))
+        # Mixtral's names: block_sparse_moe, and w1 / w3 / w2 for gate / up / down.
+        block, names = (("block_sparse_moe", {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"})
+                        if config.architecture == "mixtral" else ("mlp", {}))
+        tensors.append(layer_tensor(f"{block}.gate.weight", ("moe", "router"), *linear(experts, e, (e, experts)),
+                                    layers=sparse))
         for proj, (out_features, in_features) in (("gate_proj", (fe, e)), ("up_proj", (fe, e)), ("down_proj", (e, fe))):
-            tensors.append(layer_tensor(f"mlp.experts.{{expert}}.{proj}.weight", ("moe", proj),
+            tensors.append(layer_tensor(f"{block}.experts.{{expert}}.{names.get(proj, proj)}.weight", ("moe", proj),
                                         *linear(out_features, in_features, (in_features, out_features)),
                                         layers=sparse, experts=experts))
         if moe.shared_expert_intermediate_size:

@@ -1,5 +1,5 @@
 """The shape of a decoder-only transformer: one frozen dataclass for Llama 2/3, Qwen2/2.5 and Qwen3, and
-their mixture-of-experts kin Qwen2-MoE and Qwen3-MoE (``MoeConfig``).
+their mixture-of-experts kin Mixtral, Qwen2-MoE and Qwen3-MoE (``MoeConfig``).
 
 ``ModelConfig.from_hf(config_json_dict)`` reads a Hugging Face ``config.json`` in both the
 transformers 4 layout (``rope_theta`` + ``rope_scaling``) and the transformers 5 layout
@@ -16,18 +16,19 @@ from typing import Any, Literal, Mapping
 
 from rlax_core.config import ConfigError, require
 
-Architecture = Literal["llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"]
+Architecture = Literal["llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"]
 
 # Hugging Face `architectures` entries and `model_type` values we implement.
 _HF_ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",  # Llama with every MLP a mixture of experts
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 _HF_MODEL_TYPES: dict[str, Architecture] = {arch: arch for arch in _HF_ARCHITECTURES.values()}
-_MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe")
+_MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
 INIT_STDDEV = 0.02  # Hugging Face's initializer_range for Llama and Qwen: the random init's matrices
 _HF_CLASS_NAME = {arch: cls for cls, arch in _HF_ARCHITECTURES.items()}
 
@@ -130,12 +131,18 @@ class ModelConfig:
         if self.moe is not None:
             outside = [i for i in self.moe.dense_layers if i >= self.num_layers]
             require(not outside, "moe.dense_layers", f"{outside} lie beyond the {self.num_layers} layers")
-            # Each family's layout: Qwen2-MoE always has its shared expert, Qwen3-MoE never.
+            # Each family's layout: Qwen2-MoE always has its shared expert, the others never; Mixtral's
+            # config has one width (its experts') and every layer sparse, top-k renormalised.
             shared = self.moe.shared_expert_intermediate_size > 0
             require(shared == (self.architecture == "qwen2_moe") or self.architecture not in _MOE_ARCHITECTURES,
                     "moe.shared_expert_intermediate_size",
-                    f"must be > 0 for qwen2_moe and 0 for qwen3_moe, not {self.moe.shared_expert_intermediate_size} "
-                    f"for {self.architecture}")
+                    f"must be > 0 for qwen2_moe and 0 for the other families, not "
+                    f"{self.moe.shared_expert_intermediate_size} for {self.architecture}")
+            if self.architecture == "mixtral":
+                require(self.uniform_layers and len(self.moe_layers) == self.num_layers and self.moe.normalize_top_k
+                        and self.moe.expert_intermediate_size == self.intermediate_size, "moe",
+                        "Mixtral makes every layer sparse, renormalises the top k and has experts of "
+                        "intermediate_size")
 
     # ------------------------------------------------------------------ layer kinds
 
@@ -276,7 +283,10 @@ class ModelConfig:
             hf.update(attention_bias=False, mlp_bias=False)
         else:
             hf.update(use_sliding_window=False, sliding_window=None, attention_bias=self.qkv_bias)
-        if self.moe is not None:
+        if self.architecture == "mixtral":
+            hf.update(num_local_experts=self.moe.num_experts, num_experts_per_tok=self.moe.experts_per_token,
+                      output_router_logits=False, router_aux_loss_coef=0.0, router_jitter_noise=0.0)
+        elif self.moe is not None:
             moe = self.moe
             hf.update(num_experts=moe.num_experts, num_experts_per_tok=moe.experts_per_token,
                       moe_intermediate_size=moe.expert_intermediate_size, norm_topk_prob=moe.normalize_top_k,
@@ -295,10 +305,14 @@ def _get(hf: Mapping[str, Any], key: str) -> Any:
 
 def _moe_from_hf(hf: Mapping[str, Any], architecture: Architecture) -> MoeConfig | None:
     """Qwen2-MoE and Qwen3-MoE's sparse layers; None for the dense families and for zero experts."""
-    # transformers 5 saves the expert count as num_local_experts; the published checkpoints say num_experts.
+    # transformers 5 saves Qwen3-MoE's expert count as num_local_experts (Mixtral's own name); the
+    # published Qwen checkpoints say num_experts.
     experts_key = "num_experts" if "num_experts" in hf else "num_local_experts"
     if architecture not in _MOE_ARCHITECTURES or int(_get(hf, experts_key)) == 0:
         return None
+    if architecture == "mixtral":
+        return MoeConfig(num_experts=int(hf[experts_key]), experts_per_token=int(_get(hf, "num_experts_per_tok")),
+                         expert_intermediate_size=int(_get(hf, "intermediate_size")), normalize_top_k=True)
     try:
         return MoeConfig(
             num_experts=int(hf[experts_key]),
@@ -345,6 +359,8 @@ def _reject_unsupported(hf: Mapping[str, Any], architecture: Architecture) -> No
         unsupported("attention_bias", "false")
     if hf.get("use_sliding_window"):
         unsupported("use_sliding_window", "false")
+    if architecture == "mixtral" and hf.get("sliding_window") is not None:  # Mixtral slides whenever it is set
+        unsupported("sliding_window", "null")
     layer_types = hf.get("layer_types")
     if layer_types and any(t != "full_attention" for t in layer_types):
         unsupported("layer_types", "'full_attention' for every layer")

@@ -428,10 +428,13 @@ def fuse_projections(params: Params) -> Params:
     layer, which matters when a decode step multiplies one token per sequence: there a product's
     fixed cost outweighs its arithmetic. The trainer fuses them inside its step only where every
     device holds whole weights (``trainer.projections``): q and k/v heads may shard differently.
+    A sparse layer's experts stay as they are (it has no ``mlp``).
     """
     def fuse(layer):
         layer = dict(layer)
         for (block, fused), (parts, axis) in FUSED_PROJECTIONS.items():
+            if block not in layer:
+                continue
             modules = dict(layer[block])
             pieces = [modules.pop(name) for name, _ in parts]
             if any("lora_a" in piece for piece in pieces):
@@ -450,6 +453,8 @@ def unfuse_projections(params: Params, config: ModelConfig) -> Params:
     def split(layer):
         layer = dict(layer)
         for (block, fused), (parts, axis) in FUSED_PROJECTIONS.items():
+            if block not in layer:
+                continue
             modules = dict(layer[block])
             joined = modules.pop(fused)
             ends = np.cumsum([getattr(config, width) for _, width in parts])[:-1]

@@ -1,4 +1,4 @@
-"""Mixtures of experts (Qwen3-MoE, Qwen2-MoE): transformers' logits and routing, the checkpoint layout, router
+"""Mixtures of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): transformers' logits and routing, the checkpoint layout, router
 replay, the auxiliary losses, and expert parallelism on the 8 simulated devices."""
 
 import dataclasses
@@ -18,7 +18,7 @@ from rlax_core.models.transformer import (forward, forward_with_cache, forward_w
                                           param_logical_axes, stack_layers, unstack_layers)
 from rlax_core.parallel import MeshConfig, make_mesh, tree_shardings
 
-GOLDENS = ["qwen3_moe_tiny", "qwen2_moe_tiny"]
+GOLDENS = ["qwen3_moe_tiny", "qwen2_moe_tiny", "mixtral_tiny"]
 
 
 def randomized(config, seed=0, scale=0.05):
@@ -37,9 +37,12 @@ def test_logits_and_routed_experts_match_transformers_on_a_padded_batch(golden_d
     model = from_pretrained(golden_dir / name)
     config = model.config
     # What each golden covers: Qwen3-MoE a dense layer listed in mlp_only_layers between sparse ones,
-    # Qwen2-MoE decoder_sparse_step 2, its gated shared expert and unnormalised top-k weights.
+    # Qwen2-MoE decoder_sparse_step 2, its gated shared expert and unnormalised top-k weights; Mixtral
+    # Llama's attention with every layer sparse (stacked).
     if name == "qwen3_moe_tiny":
         assert config.moe.dense_layers == (1,) and config.moe_layers == (0, 2) and config.moe.normalize_top_k
+    elif name == "mixtral_tiny":
+        assert config.uniform_layers and "layers" in model.params and not config.qk_norm and not config.qkv_bias
     else:
         assert config.moe.sparse_step == 2 and config.moe_layers == (1, 3) and config.moe.shared_expert_intermediate_size
         assert not config.moe.normalize_top_k
@@ -73,11 +76,14 @@ def test_export_writes_transformers_names_layouts_and_config_sharded(tmp_path, g
         assert ours[tensor].shape == value.shape and np.array_equal(ours[tensor], value), tensor
     config, golden_config = (json.loads(path.read_text()) for path in (tmp_path / "config.json",
                                                                        golden_dir / name / "config.json"))
-    for key in ("architectures", "model_type", "num_hidden_layers", "moe_intermediate_size", "num_experts_per_tok",
-                "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "intermediate_size", "tie_word_embeddings"):
+    keys = ("architectures", "model_type", "num_hidden_layers", "num_experts_per_tok", "intermediate_size",
+            "tie_word_embeddings")
+    if name != "mixtral_tiny":
+        keys += ("moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
+        # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; the Hub's configs say num_experts.
+        assert config["num_experts"] == golden_config.get("num_experts", golden_config.get("num_local_experts"))
+    for key in keys:
         assert config[key] == golden_config[key], key
-    # transformers 5 writes Qwen3-MoE's expert count as num_local_experts; the Hub's configs say num_experts.
-    assert config["num_experts"] == golden_config.get("num_experts", golden_config.get("num_local_experts"))
     if name == "qwen2_moe_tiny":
         assert config["shared_expert_intermediate_size"] == golden_config["shared_expert_intermediate_size"]
     loaded = from_pretrained(tmp_path)
