@@ -107,6 +107,10 @@ def _dims(model: ModelConfig) -> dict[str, int]:
 
 def adapter_shapes(model: ModelConfig, lora: LoraConfig) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """target -> (A's shape, B's shape) of the stacked layout (leading ``layers`` axis)."""
+    mlp_targets = [t for t in lora.targets if TARGETS[t][0][0] == "mlp"]
+    require(model.moe is None or (model.uniform_layers and not mlp_targets), "targets",
+            f"a mixture of experts takes adapters on attention only (q, k, v, o), in a model whose layers are all "
+            f"sparse: its experts have no single {'/'.join(mlp_targets) or 'mlp'} projection")
     dims, layers = _dims(model), model.num_layers
     return {t: ((layers, *(dims[a] for a in TARGETS[t][1]), lora.rank), (layers, lora.rank, *(dims[a] for a in TARGETS[t][2])))
             for t in lora.targets}

@@ -274,3 +274,16 @@ def test_layers_that_differ_stay_unrolled_through_stack_and_unstack():
     assert stack_layers(params) is params and unstack_layers(params) is params
     dense = dataclasses.replace(config, moe=None, architecture="qwen3")
     assert "layers" in init_params(dense, jax.random.key(0))
+
+
+def test_lora_on_a_mixture_adapts_attention_and_names_the_expert_projections_it_cannot():
+    from rlax_core.models.lora import LoraConfig, init_adapters, merge
+
+    config = toy_moe_config(moe=MoeConfig(num_experts=4, experts_per_token=2, expert_intermediate_size=32))
+    params = randomized(config)
+    lora = LoraConfig(rank=2, targets=("q", "o"))
+    adapters = jax.tree.map(lambda x: x + 0.1, init_adapters(config, lora, jax.random.key(0)))
+    ids = jnp.array([[1, 5, 9, 200]])
+    assert np.abs(np.asarray(forward(merge(params, adapters, lora), config, ids) - forward(params, config, ids))).max() > 0
+    with pytest.raises(ConfigError, match="gate/up/down"):
+        init_adapters(config, LoraConfig(rank=2), jax.random.key(0))
