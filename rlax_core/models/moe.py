@@ -23,7 +23,7 @@ the experts. Its tokens are gathered over the ``expert`` axis, each device runs 
 every copy routed to them, and a reduce-scatter sums the outputs back to the tokens' devices. Why a
 gather and not an all-to-all: without dropping tokens a fixed-shape all-to-all must reserve every
 token's k copies for every peer (k x the gather's bytes), and on the simulated 8-device CPU mesh the
-gather ran faster (docs/models.md has the figures).
+gather ran fastest at 1,024 tokens (``benchmarks/moe_dispatch.py``; docs/models.md has the figures).
 
 The router's summaries over the real tokens (``Routing``) feed the optional auxiliary losses:
 ``load_balancing_loss`` (Switch Transformer) and ``router_z_loss`` (ST-MoE). They are sums, so the

@@ -236,11 +236,17 @@ class Transformer(nn.Module):
         x = embed(input_ids)  # in the parameter dtype: that is the compute dtype
         if real is None:
             real = jnp.ones(input_ids.shape, bool)
+        if expert_ids is not None and expert_ids.shape[:1] != (len(c.moe_layers),):
+            raise ValueError(f"expert_ids: shape {tuple(expert_ids.shape)}, expected [moe_layers={len(c.moe_layers)}, "
+                             f"batch, tokens, experts_per_token]")
 
         block = nn.remat(Block, prevent_cse=False) if self.remat else Block
         settings = (c, self.attend, self.param_dtype, self.fused_projections, self.lora_dropout)
         if self.scan_layers:
-            # One body for every layer, so they are all dense or all sparse (config.uniform_layers).
+            # One body for every layer, so they are all dense or all sparse.
+            if not c.uniform_layers:
+                raise ValueError("stacked layers of a model mixing dense and sparse layers: its params are unrolled "
+                                 "(init_params and from_pretrained give them so)")
             layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, LORA_DROPOUT_RNG: True},
                              in_axes=(0, nn.broadcast, nn.broadcast, 0), length=c.num_layers,
                              metadata_params={nn.PARTITION_NAME: "layers"})
@@ -336,23 +342,19 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positi
     ``expert_ids`` [moe_layers, B, S, k] (a mixture of experts): run those experts instead of each
     router's top k, weighted by the router's probabilities of them (router replay).
     """
-    logits, _ = _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
-                               hidden_only=False, lora_dropout=lora_dropout, lora_dropout_rng=lora_dropout_rng,
-                               expert_ids=expert_ids)
+    logits, _ = _full_sequence(params, config, input_ids, positions=positions, attention_mask=attention_mask,
+                               remat=remat, attention=attention, mesh=mesh, lora_dropout=lora_dropout,
+                               lora_dropout_rng=lora_dropout_rng, expert_ids=expert_ids)
     return logits
 
 
-def forward_with_routing(params: Params, config: ModelConfig, input_ids: jax.Array, *,
-                         expert_ids: jax.Array | None = None, **options) -> tuple[jax.Array, Routing]:
+def forward_with_routing(params: Params, config: ModelConfig, input_ids: jax.Array, **options) -> tuple[jax.Array, Routing]:
     """As :func:`forward` (same options), and the ``Routing`` of a mixture of experts: the expert ids
     [moe_layers, B, S, k] each token ran (small unsigned integers) and the router's summaries over the
     tokens ``attention_mask`` marks real, for ``moe.load_balancing_loss`` and ``moe.router_z_loss``."""
     if config.moe is None:
         raise ValueError("forward_with_routing: this model has no mixture of experts (config.moe is None)")
-    return _full_sequence(params, config, input_ids, options.pop("positions", None),
-                          options.pop("attention_mask", None), options.pop("remat", False),
-                          options.pop("attention", "dense"), options.pop("mesh", None), hidden_only=False,
-                          expert_ids=expert_ids, **options)
+    return _full_sequence(params, config, input_ids, **options)
 
 
 def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
@@ -360,13 +362,13 @@ def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, 
                   mesh=None) -> jax.Array:
     """As :func:`forward`, but the last layer's normalised hidden states [B, S, hidden] (compute dtype)
     instead of logits: the input of a value or reward head. ``params`` need no ``lm_head``."""
-    hidden, _ = _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh,
-                               hidden_only=True)
+    hidden, _ = _full_sequence(params, config, input_ids, positions=positions, attention_mask=attention_mask,
+                               remat=remat, attention=attention, mesh=mesh, hidden_only=True)
     return hidden
 
 
-def _full_sequence(params, config, input_ids, positions, attention_mask, remat, attention, mesh, *, hidden_only,
-                   lora_dropout=0.0, lora_dropout_rng=None, expert_ids=None):
+def _full_sequence(params, config, input_ids, *, positions=None, attention_mask=None, remat=False, attention="dense",
+                   mesh=None, hidden_only=False, lora_dropout=0.0, lora_dropout_rng=None, expert_ids=None):
     batch, steps = input_ids.shape
     if attention_mask is None:
         attention_mask = jnp.ones((batch, steps), jnp.int32)

@@ -146,8 +146,9 @@ def test_replaying_the_routers_own_choices_changes_nothing_and_other_choices_do(
                                                      expert_ids=routing.expert_ids)), np.asarray(logits))
     other = (routing.expert_ids.astype(jnp.int32) + 1) % config.moe.num_experts
     assert np.abs(np.asarray(forward(params, config, ids, attention_mask=mask, expert_ids=other) - logits)).max() > 1e-3
-    with pytest.raises(ValueError, match="expert_ids: shape"):
-        forward(params, config, ids, attention_mask=mask, expert_ids=other[..., :1])
+    for wrong in (other[..., :1], other[:1]):  # too few experts per token; too few sparse layers
+        with pytest.raises(ValueError, match="expert_ids: shape"):
+            forward(params, config, ids, attention_mask=mask, expert_ids=wrong)
     corrupt = other.at[0, 0, 0, 0].set(7)  # no expert 7: the replay shows NaN, never a silent wrong answer
     assert np.isnan(np.asarray(forward(params, config, ids, attention_mask=mask, expert_ids=corrupt))[0, 0]).all()
 
