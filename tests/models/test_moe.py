@@ -244,8 +244,9 @@ def test_auxiliary_losses_count_real_tokens_and_add_over_micro_batches():
 # ----------------------------------------------------------------------------- expert parallelism
 
 
-@pytest.mark.parametrize("axes", [dict(expert=8), dict(expert=4, tensor=2), dict(data=2, expert=2, tensor=2),
-                                  dict(fsdp=2, expert=4)])
+@pytest.mark.parametrize("axes", [dict(expert=8), dict(data=2, expert=2, tensor=2),
+                                  pytest.param(dict(expert=4, tensor=2), marks=pytest.mark.slow),
+                                  pytest.param(dict(fsdp=2, expert=4), marks=pytest.mark.slow)])
 def test_expert_parallelism_on_8_devices_equals_the_unsharded_forward_and_gradients(axes):
     config = toy_moe_config(moe=MoeConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=32),
                             num_layers=2)
