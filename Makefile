@@ -9,7 +9,7 @@ OUTPUT ?= runs/quickstart
 PYTEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup setup-run setup-test setup-tpu-compile quickstart test test-slow test-all test-alone test-tpu-compile bench lock lock-accelerators worker-image sdist wheel clean
+.PHONY: setup setup-run setup-test setup-tpu-compile setup-gpu-compile quickstart test test-slow test-all test-alone test-tpu-compile test-gpu-compile bench lock lock-accelerators worker-image sdist wheel clean
 
 # The virtual environment, from the lock file; Prism and the GCS emulator built from Go modules.
 # Bytecode compiled at install (uv does not by default): a process that finds no .pyc compiles every
@@ -37,20 +37,20 @@ quickstart: setup-run
 	$(VENV)/bin/rlax quickstart --output $(OUTPUT) $(ARGS)
 	@echo "rlax is $(CURDIR)/$(VENV)/bin/rlax (or: source $(VENV)/bin/activate)"
 
-# The default lane: everything but tests marked slow (and the TPU compile lane, in its own environment).
+# The default lane: everything but tests marked slow (and the TPU and GPU compile lanes, each in its own environment).
 test: setup-test
-	$(PY) -m pytest -m "not slow and not tpu" -n $(PYTEST_WORKERS) --timeout 900 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 900 $(PYTEST_ARGS)
 
 # The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs).
 test-slow: setup-test
-	$(PY) -m pytest -m "slow and not tpu" -n $(PYTEST_WORKERS) --timeout 1800 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 $(PYTEST_ARGS)
 
 # The repository alone (tracked and new files, no ../shared beside it) copied to a temporary folder:
 # its default test lane and the quickstart there. The copy's venv comes from uv's cache.
 test-alone:
 	bash scripts/test_alone.sh
 
-test-all: test test-slow test-tpu-compile
+test-all: test test-slow test-tpu-compile test-gpu-compile
 
 # The TPU compiler's environment: the worker image's packages (requirements/lock-tpu.txt, libtpu
 # included) as docker/Dockerfile installs them, this package without its dependencies, and pytest.
@@ -68,6 +68,28 @@ setup-tpu-compile: $(TPU_VENV)/.installed
 # The TPU lane without a TPU: libtpu compiles a small recipe's programs for v5e and v5p slices here.
 test-tpu-compile: setup-tpu-compile
 	$(TPU_VENV)/bin/python -m pytest -m tpu tests/compile --timeout 900 -p no:cacheprovider $(PYTEST_ARGS)
+
+# The GPU compiler's environment: the worker image's packages (requirements/lock-gpu.txt, jax's CUDA 12
+# plugin) without the CUDA runtime wheels a compile never loads. Compiling for a GPU on this host needs
+# ptxas (nvidia-cuda-nvcc: PTX to SASS for XLA's and Triton's kernels) and cuDNN (jax reads its version
+# before it emits a fused-attention call); cuBLAS, cuFFT, cuSOLVER, cuSPARSE, NCCL and NVSHMEM run only
+# on a device (measured: the lane's programs compile with exactly these two; docs/compile.md).
+GPU_VENV := .venv-gpu
+GPU_RUNTIME_ONLY := nvidia-(cublas|cuda-cccl|cuda-cupti|cuda-nvrtc|cuda-runtime|cufft|cusolver|cusparse|nccl|nvjitlink|nvshmem)-cu12
+$(GPU_VENV)/.installed: setup.py requirements/lock-gpu.txt $(VENV)/.installed
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	grep -v -E '^$(GPU_RUNTIME_ONLY)==' requirements/lock-gpu.txt > $(GPU_VENV)/compile-lock.txt
+	$(UV) pip install --quiet --compile-bytecode --no-deps -p $(GPU_VENV)/bin/python -r $(GPU_VENV)/compile-lock.txt
+	$(UV) pip install --quiet -p $(GPU_VENV)/bin/python --no-deps -e .
+	$(UV) pip install --quiet -p $(GPU_VENV)/bin/python -c requirements/lock.txt pytest pytest-timeout
+	touch $@
+
+setup-gpu-compile: $(GPU_VENV)/.installed
+
+# The GPU lane without a GPU: XLA compiles a small recipe's programs for 1 and 8 H100s, and both GPU
+# recipes' roles for their GPUs (L4 workers, an 8 x A100 trainer), from XLA's GPU target descriptions.
+test-gpu-compile: setup-gpu-compile
+	$(GPU_VENV)/bin/python -m pytest -m gpu tests/compile --timeout 1800 -p no:cacheprovider $(PYTEST_ARGS)
 
 # Side-by-side benchmarks against torch/transformers/TRL (installed only here).
 bench: setup
@@ -103,4 +125,4 @@ wheel: sdist
 	$(UV) build --wheel --offline --out-dir dist dist/rlax_beam-*.tar.gz
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) dist build *.egg-info
+	rm -rf $(VENV) $(TPU_VENV) $(GPU_VENV) dist build *.egg-info

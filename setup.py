@@ -57,7 +57,8 @@ setup(
     packages=find_packages(include=["rlax_core*", "transforms*", "pipelines*"]) + ["pipelines.configs"],
     package_dir={"pipelines.configs": "configs"},
     include_package_data=True,
-    package_data={"pipelines": ["assets/*/*"], "pipelines.configs": ["*.yaml"]},
+    # rlax_core/compile/gpu_targets: XLA's GPU target descriptions, which rlax compile reads for GPU roles.
+    package_data={"pipelines": ["assets/*/*"], "pipelines.configs": ["*.yaml"], "rlax_core.compile": ["gpu_targets/*.txtpb"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     entry_points={"console_scripts": ["rlax = pipelines.cli:main"]},

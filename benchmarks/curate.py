@@ -28,7 +28,7 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from pipelines.curate import build  # noqa: E402
-from rlax_core.data.adapters import AdapterError, to_example  # noqa: E402
+from rlax_core.data.formats import FormatError, to_example  # noqa: E402
 from rlax_core.data.curation import CurateConfig, InputSpec, eval_set_name, parse_json_line, stat_category  # noqa: E402
 from rlax_core.data.dedup import (estimated_jaccard, exact_key, lsh_band_keys, lsh_params,  # noqa: E402
                                   minhash_signature, ngram_hashes)
@@ -49,7 +49,7 @@ def curate_in_process(config: CurateConfig) -> dict[str, int]:
                     try:
                         examples.append(to_example(spec.format, parse_json_line(line, config.max_record_bytes),
                                                    source=spec.source, split=spec.split, mapping=spec.mapping))
-                    except AdapterError as error:
+                    except FormatError as error:
                         counts[stat_category(error.reason)] += 1
     # exact and surface duplicates: smallest id per normalised prompt
     groups = defaultdict(list)
@@ -85,7 +85,7 @@ def curate_in_process(config: CurateConfig) -> dict[str, int]:
             if line.strip():
                 try:
                     example = to_example("auto", parse_json_line(line, config.max_record_bytes), source=eval_set_name(spec))
-                except AdapterError:
+                except FormatError:
                     continue
                 index |= ngram_hashes(example["prompt"], config.contamination_ngram)
     kept = [e for e in examples if not (ngram_hashes(e["prompt"], config.contamination_ngram) & index)]

@@ -127,12 +127,13 @@ def markdown(rows: list[dict]) -> str:
 
 
 def compiled_markdown(result: dict) -> str:
-    lines = ["| setting | k | s per step | rollout tokens/s | trainer idle | workers busy | staleness 0 / 1 / 2 |",
-             "|---|---|---|---|---|---|---|"]
-    for name in ("prediction", "baseline_k0"):
+    lines = ["| setting | k | sequences decoding | s per step | rollout tokens/s | trainer idle | workers busy | "
+             "staleness 0 / 1 / 2 |", "|---|---|---|---|---|---|---|---|"]
+    for name in ("prediction", "baseline_k0", "reserve"):
         r = result[name]
         lags = " / ".join(f"{r['staleness'].get(str(lag), 0.0):.2f}" for lag in STALENESS)
-        lines.append(f"| {name} | {r['inputs']['max_staleness']['value']} | {r['seconds_per_step']:,.3g} | "
+        lines.append(f"| {name} | {r['inputs']['max_staleness']['value']} | "
+                     f"{r['inputs']['concurrent_sequences']['value']} | {r['seconds_per_step']:,.3g} | "
                      f"{r['rollout_tokens_per_s']:,.0f} | {r['trainer_idle_fraction']:.2f} | "
                      f"{r['worker_busy_fraction']:.2f} | {lags} |")
     return "\n".join(lines)

@@ -53,8 +53,9 @@ KERNEL_TOLERANCE = 2e-2
 MODELS = {"qwen2.5-1.5b": PUBLISHED_CONFIGS["Qwen2.5-1.5B-Instruct"], "tiny": TINY}
 
 
-def _best_seconds(run, repeats: int) -> float:
-    run()  # compile, and warm the caches
+def best_seconds(run, repeats: int) -> float:
+    """The fastest of ``repeats`` runs of ``run``, after one that compiles and warms the caches."""
+    run()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -67,7 +68,7 @@ def measure_bandwidth(size_bytes: int, repeats: int) -> float:
     """Bytes per second of a device-side copy (one read and one write of every byte)."""
     x = jnp.ones((size_bytes // 4,), jnp.float32)
     copy = jax.jit(lambda a: a + 1.0)
-    seconds = _best_seconds(lambda: copy(x).block_until_ready(), repeats)
+    seconds = best_seconds(lambda: copy(x).block_until_ready(), repeats)
     return 2 * size_bytes / seconds
 
 
@@ -91,7 +92,7 @@ def check_and_time_kernel(model: ModelConfig, batch: int, context: int, page_siz
                                                  v.astype(jnp.float32), table, lengths, scale)
     error = float(jnp.max(jnp.abs(out.astype(jnp.float32) - reference)))
     # The kernel returns q's dtype: bfloat16 rounding of outputs of size ~1 is ~4e-3.
-    seconds = _best_seconds(lambda: attend(q, k, v, table, lengths).block_until_ready(), repeats)
+    seconds = best_seconds(lambda: attend(q, k, v, table, lengths).block_until_ready(), repeats)
     read = 2 * int(jnp.sum(lengths)) * kv_heads * dim * 2  # K and V of every cached token, bfloat16
     return {"batch": batch, "context": context, "page_size": page_size, "max_abs_error": error,
             "matches_reference": error <= KERNEL_TOLERANCE,
@@ -111,7 +112,7 @@ def engine_decode(model: ModelConfig, batch: int, prompt_len: int, new_tokens: i
     rng = np.random.default_rng(1)
     requests = [Request(rng.integers(3, model.vocab_size, prompt_len).tolist(), sampling, prompt_id=i)
                 for i in range(batch)]
-    seconds = _best_seconds(lambda: engine.generate(requests), repeats)
+    seconds = best_seconds(lambda: engine.generate(requests), repeats)
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2
     step_bytes = weight_bytes + batch * (prompt_len + new_tokens / 2) * kv_per_token

@@ -8,7 +8,7 @@ samples per step, learning rate, KL, clipping and optimizer of ``configs/quickst
 same 512 training prompts; TRL gets the model converted to a Hugging Face folder. Every
 ``--eval-every`` steps the weights are saved (RLAX: its weight store keeps every version; TRL: a
 callback), and after the run each saved point is scored by the same evaluator
-(``rlax_core.tasks.evaluation``: the 64 held-out prompts x 8 samples, stopping at a newline), so
+(``rlax_core.eval.policy``: the 64 held-out prompts x 8 samples, stopping at a newline), so
 evaluation costs no training time. Wall times count start-up: RLAX from the call of ``launch``,
 TRL from before the model is loaded and the trainer built (the time its callback spends saving is
 taken off). ``time_to_target`` uses these curves (``benchmarks/rl_loop.py``).
@@ -62,7 +62,7 @@ def launch_rlax(folder: Path, steps: int, k: int, train_path: str, extra=()):
     from pipelines.launch import launch
     from pipelines.rl_stream import load_configs
 
-    overrides = [f"run.output_dir={folder}", f"loop.stop_token_ids=[{', '.join(map(str, STOP_TOKEN_IDS))}]",
+    overrides = [f"run.output_dir={folder}", f"loop.sampling.stop_token_ids=[{', '.join(map(str, STOP_TOKEN_IDS))}]",
                  f"trainer.total_steps={steps}", f"trainer.max_staleness={k}", f"trainer.checkpoint_every={steps}",
                  *extra]
     started = time.time()
@@ -76,7 +76,7 @@ def evaluate(params, engine_config=None) -> dict:
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.rewards import RewardConfig
-    from rlax_core.tasks.evaluation import evaluate_policy
+    from rlax_core.eval.policy import evaluate_policy
 
     engine_config = engine_config or load_run_config(str(QUICKSTART_CONFIG), []).engine
     model_config = from_pretrained(str(MODEL_PATH)).config
@@ -117,13 +117,13 @@ def trl_grpo_options(recipe, output_dir: str, steps: int, seed: int = 0) -> dict
     """GRPOConfig's keywords: the recipe's hyper-parameters, run as RLAX runs them
     (``baselines.TRL_GRPO_FAIR``: float32, no activation checkpointing)."""
     optimizer, algorithm = recipe.trainer.optimizer, recipe.algorithm
-    groups, samples = recipe.trainer.groups_per_step, recipe.loop.samples_per_prompt
+    groups, samples = recipe.trainer.groups_per_step, recipe.loop.sampling.samples_per_prompt
     return dict(
         output_dir=output_dir, learning_rate=optimizer.learning_rate, beta=algorithm.kl_coef,
         epsilon=algorithm.clip_eps_low, epsilon_high=algorithm.clip_eps_high, num_generations=samples,
         loss_type=TRL_LOSS_TYPE[algorithm.loss_aggregation], scale_rewards="group",
         per_device_train_batch_size=groups * samples, gradient_accumulation_steps=1,
-        max_completion_length=recipe.engine.max_new_tokens, temperature=recipe.loop.temperature,
+        max_completion_length=recipe.loop.sampling.budget(recipe.engine), temperature=recipe.loop.sampling.temperature,
         lr_scheduler_type=optimizer.schedule, warmup_steps=optimizer.warmup_steps, max_grad_norm=optimizer.max_grad_norm,
         adam_beta1=optimizer.b1, adam_beta2=optimizer.b2, adam_epsilon=optimizer.eps, weight_decay=optimizer.weight_decay,
         max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], seed=seed, **baselines.TRL_GRPO_FAIR)

@@ -228,10 +228,10 @@ def main() -> None:
                    "through --sdk-worker, each pinned to one core with os.sched_setaffinity before JAX starts, "
                    "each with its own engine (engine.replicas=1); the rollout DoFns of transforms/rollout.py"),
         "throughput": "sum over workers of groups/s after each worker's first (compiling) engine call",
-        "model": "stories260K (configs/quickstart.yaml engine)", "samples_per_prompt": spec.loop.samples_per_prompt,
+        "model": "stories260K (configs/quickstart.yaml engine)", "samples_per_prompt": spec.loop.sampling.samples_per_prompt,
         "max_new_tokens": args.max_new_tokens, "steps": args.steps, "groups_per_step": args.groups_per_step,
         "groups_per_run": args.steps * args.groups_per_step, "groups_per_unit": args.groups_per_unit,
-        "groups_per_call": spec.engine.num_slots // spec.loop.samples_per_prompt,  # GenerateRollouts fills the engine's slots
+        "groups_per_call": spec.engine.num_slots // spec.loop.sampling.samples_per_prompt,  # GenerateRollouts fills the engine's slots
         "cores": cores[:2], "cpu_count": os.cpu_count(),
         "one_worker": one, "two_workers": two,
         "groups_per_s_1": one["groups_per_s"], "groups_per_s_2": two["groups_per_s"],

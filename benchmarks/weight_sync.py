@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlax_core.models import ModelConfig, init_params  # noqa: E402
 from rlax_core.models.lora import LoraConfig, init_adapters  # noqa: E402
 from rlax_core.weights import AsyncPublisher, WeightStore, WeightStoreConfig  # noqa: E402
-from rlax_core.weights.adapters import adapter_reference, load_policy  # noqa: E402
+from rlax_core.weights.adapters import adapter_reference, load_version  # noqa: E402
 from rlax_core.utils.storage import open_storage  # noqa: E402
 from rlax_core.weights.tree import flatten_params, unflatten_params  # noqa: E402
 
@@ -276,7 +276,7 @@ def bench_adapters(name: str, config: ModelConfig, root: str, engine_dtype: str,
                 loaded, pulled_s = _timed(lambda: jax.block_until_ready(readers[mode].load(version, dtype=engine_dtype)))
             else:
                 (loaded, held_base), pulled_s = _timed(lambda: jax.block_until_ready(
-                    load_policy(readers[mode], version, held_base=held_base, dtype=engine_dtype)))
+                    load_version(readers[mode], version, held_base=held_base, dtype=engine_dtype)))
             del loaded
             writers[mode].gc()
             if version > 1:
@@ -285,7 +285,7 @@ def bench_adapters(name: str, config: ModelConfig, root: str, engine_dtype: str,
                                        read_bytes=readers[mode].counters["read_bytes"] - read_before))
     with WeightStore(configs["adapter"]) as cold:  # holds nothing: the base, then the adapters
         (loaded, _), cold_pulled_s = _timed(lambda: jax.block_until_ready(
-            load_policy(cold, versions + 1, dtype=engine_dtype)))
+            load_version(cold, versions + 1, dtype=engine_dtype)))
         del loaded
         cold_read_bytes = cold.counters["read_bytes"]
     kept = sorted(writers["adapter"].versions())

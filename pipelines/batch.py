@@ -13,6 +13,11 @@ Each command module gives its parts; :meth:`BatchCommand.run` puts them in the s
    ``rlax_core.utils.resources``);
 5. ``finish(config, seconds, allow_empty)``: read what the job wrote, refuse a job that wrote nothing
    from a non-empty input unless ``--allow-empty``, print it; returns the exit code.
+
+The output folder says whether it is complete (``rlax_core.data.completion``): ``_INCOMPLETE`` is
+written before the job starts (what a previous run left there, Beam temp folders and files named as
+the command names its own, ``writes``, is removed), ``_SUCCESS`` last, once step 5 returned 0.
+Every command that reads a folder refuses one that is not complete, naming the command to run again.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 import time
 from typing import Any, Callable
 
@@ -34,6 +40,7 @@ class BatchCommand:
     inputs: Callable[[Any], list[tuple[str, str]]]
     build: Callable[[Any, Any], None]
     finish: Callable[[Any, float, bool], int]
+    writes: tuple[str, ...]  # name patterns of the files the job writes in its output folder
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,14 +51,17 @@ class BatchCommand:
     def run(self, args: argparse.Namespace, beam_args: list[str]) -> int:
         """The command line's entry point: steps 1 to 5."""
         config, config_beam_args = self.resolve(args)
-        return self.execute(config, config_beam_args, beam_args, allow_empty=args.allow_empty)
+        return self.execute(config, config_beam_args, beam_args, allow_empty=args.allow_empty,
+                            rerun="rlax " + shlex.join(args.argv))
 
     def execute(self, config: Any, config_beam_args: list[str], beam_args: list[str] = (), *,
-                allow_empty: bool = False) -> int:
-        """Steps 2 to 5 for a config already resolved (``rlax launch --rehearse`` runs the stages so)."""
+                allow_empty: bool = False, rerun: str | None = None) -> int:
+        """Steps 2 to 5 for a config already resolved (``rlax launch --rehearse`` runs the stages so);
+        ``rerun``: the command line that runs it again (the output folder records it)."""
         import apache_beam as beam
 
         from rlax_core.config import to_dict
+        from rlax_core.data.completion import begin_output, complete_output
         from rlax_core.utils.resources import ResourceError, resource_failure
         from pipelines.dataflow_job import is_dry_run, print_dry_run
         from pipelines.inputs import require_dataset, require_model
@@ -63,8 +73,11 @@ class BatchCommand:
             return print_dry_run(self.name, options, lambda pipeline: self.build(pipeline, config),
                                  [f"{what} {path}" for what, path in inputs])
         for what, path in inputs:
-            require_model(path) if what == "model" else require_dataset(path, what)
+            require_model(path) if what == "model" else require_dataset(path, what, rewriting=config.output)
         log.info("%s config: %s", self.name, json.dumps(to_dict(config)))
+        command = f"rlax {self.name}"
+        rerun = rerun or f"{command} with the same arguments"
+        begin_output(config.output, command, rerun, self.writes)
         started = time.perf_counter()
         try:
             with beam.Pipeline(options=options) as pipeline:
@@ -75,4 +88,8 @@ class BatchCommand:
             if line is None:
                 raise
             raise ResourceError(line) from error
-        return self.finish(config, time.perf_counter() - started, allow_empty)
+        seconds = time.perf_counter() - started
+        code = self.finish(config, seconds, allow_empty)
+        if code == 0:
+            complete_output(config.output, command, rerun, seconds)
+        return code

@@ -40,13 +40,16 @@ SUBCOMMANDS: dict[str, str] = {
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.-]*=")
 
-# Every override written here is parsed against RunConfig by tests/foundation/test_cli.py.
+# Every override written here is parsed against RunConfig by tests/pipelines/test_cli.py.
 OVERRIDE_EXAMPLE = "trainer.optimizer.learning_rate=1e-5"
 EPILOG = f"""\
 Every subcommand takes --config FILE (a file, or a shipped recipe by name: quickstart) and dotted
 overrides ({OVERRIDE_EXAMPLE}), and passes Beam's own options (--runner, --project, --region,
 --temp_location, ...) through to Beam.
 Start with `rlax quickstart --output runs/quickstart`."""
+
+
+DEBUG_HELP = "on a failure, show the traceback before the one line that says why (or set RLAX_DEBUG=1)"
 
 
 def summary(name: str) -> str:
@@ -85,6 +88,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("--version", action="version", version=f"rlax {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
@@ -93,6 +97,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         sub = subparsers.add_parser(name, help=help_text, description=help_text, epilog=EPILOG,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.add_argument("--config", help="YAML run configuration (see configs/)")
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
         if module is not None:
             module.add_arguments(sub)
             sub.set_defaults(_module=module)
@@ -146,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lifeline.hold()  # a job of `rlax launch` / `rlax quickstart` dies with it (before any slow import)
     argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(argv)
     command = next((a for a in argv if not a.startswith("-") and not OVERRIDE.match(a)), None)
     # `rlax --help` and `rlax --version` load no subcommand (their modules import JAX and Beam).
     parser = build_parser(only=command if command in SUBCOMMANDS else "")
@@ -157,14 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a, override in zip(argv, is_override) if not override]
     args, beam_args = parser.parse_known_args(argv)
     args.overrides = overrides
+    args.argv = given  # the whole command line: a batch command's output folder records how to run it again
     if args.command is None:
         parser.print_help()
         return 0
     from rlax_core.utils.logging import setup_logging
 
     setup_logging(args.log_level)
-    # The one place where a command's bad configuration, missing / unreadable input or full disk
-    # becomes one line and a non-zero exit, not a traceback (--log-level DEBUG shows the traceback too).
+    from pipelines.failures import debug_requested
+
+    debug = args.debug or debug_requested()
+    # The one place where a command's failure becomes one line and a non-zero exit, not a traceback:
+    # a bad configuration, a missing or unreadable input or a full disk (exit 2), a failed job it
+    # started or anything else (exit 1). --debug (or RLAX_DEBUG=1) shows the traceback first.
     try:
         bare = _bare_words(beam_args)
         if bare:
@@ -175,8 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlax {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as error:
+        from pipelines.failures import JobFailed
         from rlax_core.utils.resources import LINE_MARK, resource_failure
 
+        if debug:
+            import traceback
+
+            traceback.print_exc()
         resource = resource_failure(error, f"rlax {args.command}")
         if resource is not None:  # however deep a library wrapped it
             return _fail(args.command, LINE_MARK.rstrip(": "), resource)
@@ -184,16 +200,25 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(args.command, "config error", error)
         if isinstance(error, (InputError, OSError)):  # OSError: a file missing, unreadable, not what it claims
             return _fail(args.command, "input error", error)
-        raise
+        if isinstance(error, JobFailed):  # says which job, why (from its log) and where its log is
+            return _fail(args.command, "error", error, code=1)
+        hint = "" if debug else " (--debug shows the traceback)"
+        return _fail(args.command, "error", f"{type(error).__name__}: {_clip(str(error))}{hint}", code=1)
 
 
-def _fail(command: str, kind: str, error: Exception | str) -> int:
+def _fail(command: str, kind: str, error: Exception | str, code: int = 2) -> int:
     import logging
 
     logging.getLogger(__name__).debug("%s", kind, exc_info=True)
     message = " ".join(str(error).split()) or type(error).__name__
     print(f"rlax {command}: {kind}: {message}", file=sys.stderr)
-    return 2
+    return code
+
+
+def _clip(message: str, limit: int = 1000) -> str:
+    """A message as one line, cut to ``limit`` characters: some libraries' errors hold whole specs."""
+    text = " ".join(message.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
-"""``rlax compile``: every program of a recipe's roles compiled ahead of time for the TPU slices it names.
+"""``rlax compile``: every program of a recipe's roles compiled ahead of time for the chips it names.
 
     rlax compile --config configs/qwen25_7b_math_dataflow_tpu.yaml --json runs/compile-7b.json
 
-Runs in the lock-tpu environment (``make setup-tpu-compile`` builds ``.venv-tpu``: libtpu is the TPU compiler; no TPU is needed).
+Runs in the lock-tpu environment for TPU slices (``make setup-tpu-compile`` builds ``.venv-tpu``: libtpu
+is the TPU compiler) and in the lock-gpu environment for NVIDIA GPUs (``make setup-gpu-compile`` builds
+``.venv-gpu``: jax's CUDA plugin, ptxas and cuDNN); no TPU or GPU is needed.
 Per role of the recipe (``rlax plan``'s roles: rollout, filter and evaluate engines on the rollout
 workers, the trainer on its slice), the programs of ``rlax_core.compile.programs`` are compiled for
 the slice from the recipe's ``hardware:`` section, and each prints: compiled or the compiler's error,
 XLA's bytes per chip against the planner's figure and the chip's HBM, FLOPs, bytes accessed, XLA's
-optimal time and the roofline time, and the Pallas kernels lowered through Mosaic. ``--json`` writes
+optimal time and the roofline time, and the attention kernels in the compiled program (Pallas kernels
+lowered through Mosaic on TPU; cuDNN's fused attention and Pallas Triton kernels on GPU). ``--json`` writes
 the same as JSON. Engines of identical configuration compile once (filter and evaluate usually share
 the rollout engine's programs; an engine that samples differently shares its prefills).
 ``--roles`` and ``--programs`` (names or their beginnings: ``'prefill 4x512,decode,update step'``)
@@ -24,7 +27,8 @@ import json
 import logging
 import sys
 
-HELP = "compile every program of the recipe's roles for the TPU slices it names (lock-tpu environment, no TPU)"
+HELP = ("compile every program of the recipe's roles for the TPU slices or GPUs it names "
+        "(lock-tpu or lock-gpu environment; no TPU or GPU needed)")
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", help="also write the reports to this JSON file")
 
 
-def _sampling_mode(temperature: float, top_p: float, top_k: int = 0):
-    from rlax_core.inference.sampling import SamplingMode
-
-    if temperature == 0:
-        return SamplingMode.GREEDY
-    return SamplingMode.FILTERED if top_p < 1 or top_k > 0 else SamplingMode.TEMPERATURE
-
-
 def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
     """(role, slice spec, memory plan, programs) per role of a ``RunConfig`` with TPU hardware."""
     from pipelines.config import resolve_asset
@@ -53,6 +49,7 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
     from rlax_core.compile.programs import engine_programs, trainer_programs
     from rlax_core.compile.topology import slice_devices
     from rlax_core.config import ConfigError
+    from rlax_core.inference.sequences import sampling_mode
     from rlax_core.models.checkpoint import read_model_config
 
     if config.hardware is None:
@@ -62,14 +59,11 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
     # A LoRA run's rollout engine serves the policy's adapter versions on its base (``engine.lora_mode``).
     lora = config.trainer.lora if config.trainer.lora.enabled else None
     engines = [("rollout", config.model.path, config.engine, config.model.dtype,
-                _sampling_mode(config.loop.temperature, config.loop.top_p), lora)]
-    engines.append(("filter", config.filter.generation.model, config.filter.generation.engine,
-                    config.filter.generation.dtype, _sampling_mode(config.filter.generation.temperature,
-                                                                   config.filter.generation.top_p,
-                                                                   config.filter.generation.top_k), None))
+                sampling_mode(config.loop.sampling.params(config.engine)), lora)]
+    filter_ = config.filter.generation
+    engines.append(("filter", filter_.model, filter_.engine, filter_.dtype, sampling_mode(filter_.params()), None))
     evaluate = config.evaluate.generation
-    engines += [("evaluate", path, evaluate.engine, evaluate.dtype,
-                 _sampling_mode(evaluate.temperature, evaluate.top_p, evaluate.top_k), None)
+    engines += [("evaluate", path, evaluate.engine, evaluate.dtype, sampling_mode(evaluate.params()), None)
                 for path in config.evaluate.models]
     for role, path, engine, dtype, mode, lora in engines:
         slice_ = config.hardware.workers_of(role)
@@ -84,10 +78,15 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
     if "trainer" in plans and config.hardware.trainer is not None:
         slice_ = config.hardware.trainer
         model = read_model_config(template_of(config.model.resolved_path()))
-        rows = config.trainer.groups_per_step * config.loop.samples_per_prompt
+        rows = config.rows_per_step()
+        # Packed rows: a rollout assumed as the fleet simulator assumes it (pipelines.fleet.fleet_shape):
+        # its prompt the smallest prefill bucket, its completion half the budget.
+        engine = config.engine
+        mean_tokens = min(engine.prefill_buckets) + round(0.5 * config.loop.sampling.budget(engine))
         out.append(("trainer", slice_, plans["trainer"], None,
                     lambda slice_=slice_: trainer_programs(model, config.algorithm, config.trainer,
-                                             slice_devices(slice_.chip, slice_.chips, slice_.chips_per_host), rows)))
+                                             slice_devices(slice_.chip, slice_.chips, slice_.chips_per_host), rows,
+                                             mean_tokens)))
     return out
 
 
@@ -100,18 +99,17 @@ def compile_roles(config, roles, programs_wanted: tuple[str, ...] = ()) -> tuple
     """Compile each role's programs (those ``programs_wanted`` names; all when empty): (reports, HBM
     bytes per role, planned bytes per role)."""
     from rlax_core.compile.report import ProgramReport, compile_program
-    from rlax_core.compile.topology import topology_name
-    from rlax_core.planning.hardware import TPU_CHIPS
+    from rlax_core.compile.topology import compiled_ahead, not_compiled_ahead, topology_name
 
     reports, hbm, planned, done = [], {}, {}, {}
     for role, slice_, plan, engine_key, programs in role_programs(config, roles):
         hbm[role], planned[role] = slice_.bytes_per_chip, plan.total
-        if slice_.chip not in TPU_CHIPS:  # XLA compiles for a GPU or CPU only on one
-            reports.append(ProgramReport(role, "(every program)", slice_.chip, "-", compiled=False, error=(
-                f"not compiled: {slice_.chip} is not a TPU, and its compiler needs the device on this host")))
+        if not compiled_ahead(slice_.chip):  # one line, and no failure: the role compiles where it runs
+            reports.append(ProgramReport(role, "(every program)", slice_.chip, "-", compiled=False,
+                                         error=f"not compiled: {not_compiled_ahead(slice_.chip)}"))
             continue
         chips = slice_.chips if role == "trainer" else slice_.chips_per_host
-        topology = topology_name(slice_.chip, chips)
+        topology = topology_name(slice_.chip, chips, slice_.chips_per_host)
         for program in (p for p in programs() if selected(p.name, programs_wanted)):
             # An engine of the same model, configuration, dtype and slice runs the same prefill
             # whatever it samples with, and the same decode when it samples alike: compiled once.
@@ -140,7 +138,7 @@ def role_peaks(reports, plans_incoming: dict[str, int]) -> dict[str, int]:
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from pipelines.config import load_run_config
-    from pipelines.plan import memory_plans
+    from pipelines.plan import memory_plans, pool_occupancy
     from rlax_core.compile.report import format_table
     from rlax_core.config import ConfigError
     from rlax_core.planning.memory import gib
@@ -155,13 +153,16 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     reports, hbm, planned = compile_roles(config, roles, wanted)
     if wanted and not reports:
         raise ConfigError("programs", f"no program of the roles {', '.join(roles)} is named {args.programs!r}")
-    incoming = {plan.role: plan.parts.get("incoming weights", 0) for plan in memory_plans(config, roles)}
+    plans = memory_plans(config, roles)
+    incoming = {plan.role: plan.parts.get("incoming weights", 0) for plan in plans}
     peaks = role_peaks(reports, incoming)
     print(format_table(reports, hbm, planned))
     print()
     for role, peak in peaks.items():
         print(f"{role}: XLA {gib(peak)} per chip (largest program + incoming weights {gib(incoming.get(role, 0))}) "
               f"against the planner's {gib(planned[role])} ({peak / planned[role]:.2f}x) and {gib(hbm[role])} HBM")
+    for plan in (plan for plan in plans if plan.role == "rollout"):
+        print(pool_occupancy(config, plan))
     if args.json_path:
         with open(args.json_path, "w") as out:
             json.dump({"config": args.config, "overrides": args.overrides, "roles_asked": list(roles),

@@ -32,7 +32,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
 
-from rlax_core.config import ConfigError, apply_overrides, from_dict, read_yaml, require
+from rlax_core.config import ConfigError, apply_overrides, check_config_file, from_dict, read_yaml, require
 from rlax_core.data.curation import CurateConfig
 from rlax_core.inference.config import EngineConfig
 from rlax_core.planning.hardware import HardwareConfig
@@ -151,6 +151,22 @@ class RunConfig:
     hardware: Optional[HardwareConfig] = None  # undeclared: nothing to plan against (rlax plan says so)
     beam: BeamSpec = field(default_factory=BeamSpec)
 
+    def __post_init__(self):
+        algorithm = self.algorithm
+        if algorithm.overlong_max_length:  # DAPO's shaping must be able to fire within the run's budget
+            longest = self.loop.env.max_tokens if self.loop.env is not None else self.loop.sampling.budget(self.engine)
+            starts = algorithm.overlong_max_length - algorithm.overlong_cache_length
+            require(starts < longest, "algorithm.overlong_max_length",
+                    f"DAPO's overlong penalty starts past L_max - L_cache = {starts} tokens, and this run's samples "
+                    f"hold at most {longest} (loop.sampling.max_new_tokens, else engine.max_new_tokens; an episode's "
+                    "env.max_tokens): it would never apply. Set algorithm.overlong_max_length (and "
+                    "overlong_cache_length) to the run's budget, or 0 to turn the shaping off")
+
+    def rows_per_step(self) -> int:
+        """Rollouts one trainer step learns from: ``trainer.groups_per_step`` groups of
+        ``loop.sampling.samples_per_prompt`` samples."""
+        return self.trainer.groups_per_step * self.loop.sampling.samples_per_prompt
+
     def rollout_root(self) -> str:
         """The rollout store's folder: rollout groups, written by ``rlax rollout``, read by ``rlax train``."""
         return f"{self.run.output_dir.rstrip('/')}/rollouts"
@@ -195,8 +211,10 @@ def find_config(path: str | Path) -> Path:
     if given.is_file():
         return given
     name = given.name if given.suffix in (".yaml", ".yml") else f"{given.name}.yaml"
-    if (CONFIG_DIR / name).is_file():
+    if (CONFIG_DIR / name).is_file() and not (given.exists() and not given.is_dir()):
         return CONFIG_DIR / name
+    if given.exists():  # a folder, a device, a pipe: said as such (rlax_core.config.check_config_file)
+        check_config_file(given)
     raise ConfigError("", f"config file not found: {path} (recipes shipped with rlax: {', '.join(recipes())})")
 
 
@@ -233,4 +251,46 @@ def require_given(section: Any, flags: dict[str, str]) -> None:
 def _build(data: dict[str, Any]) -> RunConfig:
     if isinstance(data.get("algorithm"), dict):  # ``preset: NAME`` plus single-field overrides
         data["algorithm"] = algorithm_from_dict(data["algorithm"])
-    return from_dict(RunConfig, data)
+    return resolve_auto_pages(from_dict(RunConfig, data))
+
+
+def resolve_auto_pages(config):
+    """``config`` with every ``engine.num_pages: auto`` replaced by the pages its role's chips hold
+    (``planning.memory.auto_num_pages``); a ``ConfigError`` where no chip is declared to size it by."""
+    from rlax_core.config import ConfigError
+    from rlax_core.models.checkpoint import read_model_config
+    from rlax_core.planning.memory import auto_num_pages
+
+    def resolved(engine, role: str, path: str, dtype: str, lora=None):
+        if engine.num_pages != "auto":
+            return engine
+        hardware = config.hardware.workers_of(role) if config.hardware is not None else None
+        if hardware is None or not path:
+            raise ConfigError(f"{'engine' if role == 'rollout' else role + '.generation.engine'}.num_pages",
+                              f"auto sizes the KV pool from the {role} chips' memory: declare hardware.{role} "
+                              "(or hardware.rollout) and the model, or give a number of pages")
+        shape = read_model_config(template_of(resolve_asset(path) if role != "rollout" else config.model.resolved_path()))
+        return auto_num_pages(shape, engine, hardware, dtype, lora=lora)
+
+    engine = resolved(config.engine, "rollout", config.model.path, config.model.dtype, config.trainer.lora)
+    generations = {}
+    for role, section, path in (("filter", config.filter, config.filter.generation.model),
+                                ("evaluate", config.evaluate, (config.evaluate.models or ("",))[0])):
+        spec = section.generation
+        generations[role] = dataclasses.replace(section, generation=dataclasses.replace(
+            spec, engine=resolved(spec.engine, role, path, spec.dtype)))
+    if engine is config.engine and all(generations[r].generation.engine is getattr(config, r).generation.engine
+                                       for r in generations):
+        return config
+    return dataclasses.replace(config, engine=engine, **generations)
+
+
+def template_of(spec: str) -> str:
+    """Where the shape of ``model.path`` is written: the checkpoint itself, or the model template beside
+    a weight store's versions or a checkpoint folder's steps. A remote plain path is not probed."""
+    from rlax_core.policy.source import PREFIXES, parse_policy_source
+    from rlax_core.utils.paths import is_remote
+
+    if spec.partition(":")[0] in PREFIXES or not is_remote(spec):
+        return parse_policy_source(spec).template
+    return spec

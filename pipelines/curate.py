@@ -19,7 +19,7 @@ import dataclasses
 import apache_beam as beam
 
 from rlax_core.config import ConfigError
-from rlax_core.data.adapters import FORMATS
+from rlax_core.data.formats import FORMATS
 from rlax_core.data.curation import STAT_NAMES, CurateConfig, InputSpec, eval_set_name
 from pipelines.batch import BatchCommand
 from pipelines.inputs import require_rows
@@ -34,7 +34,7 @@ HELP = "Beam batch: normalise, dedup and decontaminate raw datasets"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", action="append", default=[], metavar="PATH",
-                        help="raw dataset: .jsonl, .json, .parquet, a datasets folder or hf:NAME[:CONFIG]:SPLIT (repeatable; local or gs://)")
+                        help="raw dataset: .jsonl, .json, .csv, .parquet, a datasets folder or hf:NAME[:CONFIG]:SPLIT (repeatable; local or gs://)")
     parser.add_argument("--format", action="append", default=[], choices=FORMATS, metavar="NAME",
                         help=f"layout of the inputs, once for all or once per --input in order: {', '.join(FORMATS)}")
     parser.add_argument("--decontaminate-against", action="append", default=[], metavar="PATH",
@@ -142,7 +142,8 @@ def finish(config: CurateConfig, seconds: float, allow_empty: bool) -> int:
     return 0 if stats["consistent"] else 1
 
 
-COMMAND = BatchCommand("curate", resolve_config, inputs, build, finish)
+COMMAND = BatchCommand("curate", resolve_config, inputs, build, finish,
+                       writes=("examples-*-of-*.parquet", "dead_letter-*-of-*.jsonl", "stats.json"))
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

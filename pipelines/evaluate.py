@@ -8,7 +8,7 @@
 A model is a Hugging Face folder (or llama2.c ``.bin``), a weight-store version
 (``weights:STORE[@VERSION]``) or an orbax checkpoint of ``rlax train`` (``checkpoint:DIR[@STEP]``);
 a folder holding ``committed/`` or numbered orbax checkpoints is recognised without the prefix
-(``rlax_core.training.policy_source``).
+(``rlax_core.policy.source``).
 
 Each prompt of each evaluation set is sampled ``samples`` times per model (RunInference with the
 RLAX engine), every sample verified; the report holds pass@k (unbiased estimator), maj@k, mean@n
@@ -61,7 +61,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]
     if args.eval_set:
         changes["eval_sets"] = tuple(InputSpec(path=p) for p in args.eval_set)
     if args.samples is not None:
-        changes["generation"] = dataclasses.replace(config.generation, samples=args.samples)
+        changes["generation"] = dataclasses.replace(config.generation, sampling=dataclasses.replace(
+            config.generation.sampling, samples_per_prompt=args.samples))
     if args.limit is not None:
         changes["limit"] = args.limit
     if args.output:
@@ -151,7 +152,9 @@ def finish(config: EvaluateConfig, seconds: float, allow_empty: bool) -> int:
     return 0
 
 
-COMMAND = BatchCommand("evaluate", resolve_config, inputs, build, finish)
+COMMAND = BatchCommand("evaluate", resolve_config, inputs, build, finish,
+                       writes=("rejected-*-of-*.jsonl", "samples-*-of-*.jsonl", "inputs.json", "report.json", "report.md",
+                               "pass_at_k.png", "lengths.png"))
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

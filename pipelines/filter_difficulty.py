@@ -54,7 +54,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[FilterConfig, list[str]]:
     config = run_config.filter
     top = {k: v for k, v in (("input", args.input), ("output", args.output), ("low", args.low),
                              ("high", args.high), ("limit", args.limit)) if v is not None}
-    generation = {k: v for k, v in (("model", args.model), ("samples", args.samples)) if v is not None}
+    generation = {"model": args.model} if args.model is not None else {}
+    if args.samples is not None:
+        generation["sampling"] = dataclasses.replace(config.generation.sampling, samples_per_prompt=args.samples)
     if generation:
         top["generation"] = dataclasses.replace(config.generation, **generation)
     config = dataclasses.replace(config, **top)
@@ -100,7 +102,7 @@ def _stats(outcomes: dict, rates: list, config: FilterConfig) -> dict:
     return {"prompts": sum(counts.values()), "kept": counts["kept"], "too_easy": counts["too_easy"],
             "too_hard": counts["too_hard"], "skipped": counts["skipped"],
             "unreadable": sum(v for k, v in counts.items() if k not in ("kept", "too_easy", "too_hard", "skipped")),
-            "band": [config.low, config.high], "samples_per_prompt": config.generation.samples,
+            "band": [config.low, config.high], "samples_per_prompt": config.generation.sampling.samples_per_prompt,
             "mean_pass_rate": sum(rates) / len(rates) if rates else None,
             "model": config.generation.model, "model_version": config.model_version or config.generation.label}
 
@@ -120,7 +122,8 @@ def finish(config: FilterConfig, seconds: float, allow_empty: bool) -> int:
     return 0
 
 
-COMMAND = BatchCommand("filter", resolve_config, inputs, build, finish)
+COMMAND = BatchCommand("filter", resolve_config, inputs, build, finish,
+                       writes=("examples-*-of-*.parquet", "rejected-*-of-*.jsonl", "stats.json", "pass_rate_histogram.png"))
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

@@ -50,10 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="render each prompt as a user turn with the chat template")
 
 
-def _read_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
+def read_prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(prompt id, text) pairs from --prompts-file or --prompt."""
     if args.prompts_file:
-        lines = Path(args.prompts_file).read_text(encoding="utf-8").splitlines()
+        lines = Path(args.prompts_file).read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is not text
         prompts = []
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -102,11 +102,11 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.config import ConfigError
     from rlax_core.inference import EngineConfig, ReplicatedEngine, Request, SamplingParams
     from rlax_core.models.tokenizer import load_tokenizer
-    from rlax_core.training.policy_source import load_policy, tokenizer_path
+    from rlax_core.policy.source import load_policy, tokenizer_path
     from pipelines.config import resolve_asset
 
     try:
-        prompts = _read_prompts(args)
+        prompts = read_prompts(args)
         sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                   max_new_tokens=args.max_new_tokens, samples_per_prompt=args.n,
                                   stop_strings=tuple(args.stop), ignore_eos=args.no_stop)

@@ -4,7 +4,8 @@ A Beam pipeline meets a bad input on a worker, minutes later and many log lines 
 that every row fails to adapt) finishes "successfully" with nothing. So each command resolves what
 it was given first, and each failure is an ``InputError`` (one line from ``pipelines.cli``):
 
-* files, folders and globs, local or gs:// (:func:`require_input`);
+* files, folders and globs, local or gs://, in a folder that is complete if a batch command wrote it
+  (:func:`require_input`, ``rlax_core.data.completion``);
 * datasets: ``hf:NAME[:CONFIG]:SPLIT`` parsed and found, a folder a ``save_to_disk`` folder (:func:`require_dataset`);
 * models: a checkpoint path, ``weights:STORE[@V]`` or ``checkpoint:DIR[@STEP]`` with that version
   (:func:`require_model`);
@@ -24,13 +25,23 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def require_input(path: str, what: str) -> None:
-    """``path`` (file, folder or glob; local or gs://) names something; ``hf:`` names are datasets (below)."""
+def require_input(path: str, what: str, rewriting: str | None = None) -> None:
+    """``path`` (file, folder or glob; local or gs://) names something; ``hf:`` names are datasets (below).
+    ``rewriting``: the output folder of the command asking, which need not be complete."""
     from apache_beam.io.filesystems import FileSystems
 
     if path.startswith("hf:"):
         require_dataset(path, what)
         return
+    from rlax_core.data.completion import require_complete
+
+    # First: the folder of a batch command that did not finish may not hold the files asked for yet.
+    try:
+        require_complete(path, what, rewriting)
+    except InputError:
+        raise
+    except Exception:  # noqa: BLE001 - an unreachable bucket, a malformed glob: said by the check below
+        pass
     try:
         found = FileSystems.exists(path) or any(m.metadata_list for m in FileSystems.match([path]))
     except Exception as error:  # noqa: BLE001 - a malformed glob or an unreachable bucket: say which input
@@ -39,7 +50,7 @@ def require_input(path: str, what: str) -> None:
         raise InputError(f"{what} {path}: no such file or folder")
 
 
-def require_dataset(path: str, what: str) -> None:
+def require_dataset(path: str, what: str, rewriting: str | None = None) -> None:
     """A raw dataset a batch command reads (``transforms.io.ReadRawRecords``): its name resolves.
 
     ``hf:NAME[:CONFIG]:SPLIT`` must parse and its dataset be found (``datasets.load_dataset_builder``:
@@ -65,21 +76,21 @@ def require_dataset(path: str, what: str) -> None:
         if splits and split not in splits:
             raise InputError(f"{what} {path}: no split {split!r}; splits: {', '.join(sorted(splits))}")
         return
-    require_input(path, what)
+    require_input(path, what, rewriting)
     if file_kind(path) != "hf" or any(c in path for c in "*?["):
         return
     fs, root = fsspec.core.url_to_fs(path)
     if fs.isdir(root) and not any(fs.exists(f"{root.rstrip('/')}/{marker}") for marker in SAVE_TO_DISK_MARKERS):
         raise InputError(f"{what} {path}: a folder, but not one that datasets' save_to_disk wrote; give its "
-                         f"files ({path.rstrip('/')}/*.jsonl, *.parquet) or hf:{path}")
+                         f"files ({path.rstrip('/')}/*.jsonl, *.csv, *.parquet) or hf:{path}")
     if not fs.isdir(root):
-        raise InputError(f"{what} {path}: not a .jsonl, .json or .parquet file by its name")
+        raise InputError(f"{what} {path}: not a .jsonl, .json, .csv or .parquet file by its name")
 
 
 def require_model(spec: str) -> None:
     """A model a command loads: a checkpoint path, or ``weights:STORE[@V]`` / ``checkpoint:DIR[@STEP]``
-    with that version (``rlax_core.training.policy_source.check_policy``)."""
-    from rlax_core.training.policy_source import check_policy, parse_policy_source
+    with that version (``rlax_core.policy.source.check_policy``)."""
+    from rlax_core.policy.source import check_policy, parse_policy_source
 
     require_input(parse_policy_source(spec).path, "model")
     check_policy(spec)

@@ -8,22 +8,21 @@ stops the rollout pipeline (SIGTERM, then SIGKILL after a grace period) and writ
 per-step metrics (``OUTPUT/loop/metrics.jsonl`` + TensorBoard), joining the trainer's metrics with
 the rollout side's: reward, pass rate, response length, staleness histogram, stale drops, rollout
 and train time, trainer idle fraction, tokens/s, mismatch KL. A process that dies early stops the
-other and fails the launch loudly; so does ``--timeout-s``.
+other and fails the launch in one line: which job, the cause read from its log (``pipelines.failures``)
+and the log's path; so does ``--timeout-s``.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 HELP = "run the trainer and the rollout pipeline together on this machine"
 
@@ -41,8 +40,10 @@ class Process:
 
     def restart(self) -> None:
         """Stop what is left of the process and start it again, appending to the same log."""
+        from pipelines.lifeline import spawn_job
+
         self.stop(grace_s=10)
-        self.popen = _spawn(self.name, self.command, self.log_path)
+        self.popen = spawn_job(self.command, self.log_path, append=True)
         self.restarts += 1
 
     def stop(self, grace_s: float) -> int | None:
@@ -74,30 +75,19 @@ def _signal_group(popen: subprocess.Popen, sig: int) -> None:
 
 
 def start(name: str, argv: Sequence[str], log_dir: Path) -> Process:
-    """``python -m pipelines.cli ARGV`` in its own session, output to ``log_dir/NAME.log``."""
-    return start_command(name, [sys.executable, "-m", "pipelines.cli", *argv], log_dir)
+    """``rlax ARGV`` as a job owned by the launch (``lifeline.spawn_job``), output to ``log_dir/NAME.log``."""
+    from pipelines.lifeline import cli_command
+
+    return start_command(name, cli_command(argv), log_dir)
 
 
 def start_command(name: str, command: Sequence[str], log_dir: Path) -> Process:
-    """``command`` in its own session, output to ``log_dir/NAME.log``."""
+    """``command`` as a job owned by the launch, output to ``log_dir/NAME.log``."""
+    from pipelines.lifeline import spawn_job
+
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    return Process(name, _spawn(name, command, log_path), log_path, tuple(command))
-
-
-def _spawn(name: str, command: Sequence[str], log_path: Path) -> subprocess.Popen:
-    """A job owned by this process (``pipelines.lifeline``: it dies with the launch, however the launch
-    dies), holding the run folders this process holds (``pipelines.run_folder``)."""
-    from pipelines import lifeline
-    from pipelines.run_folder import held_fds
-
-    log.info("launch: starting %s: %s", name, " ".join(command))
-    # In the caller's folder, so that relative paths mean the same to both jobs as to the launch; the
-    # package importable from wherever it lives (a checkout or site-packages).
-    package_root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
-    with open(log_path, "ab") as handle:
-        return lifeline.spawn(command, stdout=handle, stderr=subprocess.STDOUT, env=env, pass_fds=held_fds())
+    return Process(name, spawn_job(command, log_path, append=True), log_path, tuple(command))
 
 
 def trainer_argv(config: str | None, run_overrides: Sequence[str]) -> list[str]:
@@ -131,6 +121,7 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
     One that exits 0 has generated every step. A job that failed because a disk or quota ran out
     is named first, with the path (its own, or the first of ``run_paths`` that is full): ``ResourceError``.
     """
+    from pipelines.failures import JobFailed, job_failed
     from pipelines.stream_watch import EXIT_STALLED
 
     from rlax_core.utils.logging import progress, show_progress
@@ -152,19 +143,17 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
         if code is not None:
             if code != 0:
                 raise_resource_failure(trainer, run_paths)
-                raise RuntimeError(f"the trainer exited with code {code}; last lines of {trainer.log_path}:\n"
-                                   f"{trainer.tail()}")
+                raise job_failed(trainer.name, code, trainer.log_path)
             return
         rollout_code = rollout.popen.poll()
         if rollout_code is not None and rollout_code != 0:
             raise_resource_failure(rollout, run_paths)  # a restart would meet the same full disk
             stalled = rollout_code == EXIT_STALLED
-            reason = (stall_reason(rollout) if stalled else
-                      f"the rollout pipeline exited with code {rollout_code}; last lines of {rollout.log_path}:\n"
-                      f"{rollout.tail()}")
+            reason = (f"{stall_reason(rollout)}; its log: {rollout.log_path}" if stalled else
+                      str(job_failed(rollout.name, rollout_code, rollout.log_path)))
             if rollout.restarts >= max_rollout_restarts:
                 what = "stalled" if stalled else "failed"
-                raise RuntimeError(f"the rollout pipeline {what} {rollout.restarts + 1} time(s), giving up: {reason}")
+                raise JobFailed(f"the rollout pipeline {what} {rollout.restarts + 1} time(s), giving up: {reason}")
             log.error("launch: %s; restarting the rollout job (restart %d of at most %d)", reason,
                       rollout.restarts + 1, max_rollout_restarts)
             rollout.restart()
@@ -190,67 +179,6 @@ def stall_reason(process: Process) -> str:
     lines = process.tail(200).splitlines()
     stalls = [line for line in lines if "rollout stream stalled" in line]
     return (stalls[-1] if stalls else (lines[-1] if lines else "no log")).strip()
-
-
-def loop_metrics(run_config, rollout_root: str, launch_stamps: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """The loop's per-step metrics: trainer rows joined with the rollout side's, by step. Step 0's row
-    also holds every process's start-up stamps (``startup/...``, ``rlax_core.utils.startup``) and
-    the launcher's own (``launch_stamps``: hop -> wall-clock time)."""
-    from rlax_core.data.rollout_store import RolloutStore
-    from rlax_core.utils import startup
-    from rlax_core.utils.metrics import read_metrics
-
-    # The trainer logs optimizer step t + 1 after training on schedule step t's groups.
-    trainer_rows = {row["step"] - 1: row for row in read_metrics(trainer_metrics_dir(run_config))}
-    store = RolloutStore(rollout_root, run_config.run.name)
-    rollout_rows = {row["step"]: row for row in store.read_step_metrics()}
-    versions_by_step: dict[int, list[int]] = collections.defaultdict(list)
-    for key in store.list_groups():
-        versions_by_step[key.step].extend(store.read_group(key).column("policy_version").to_pylist())
-    rows = []
-    previous_time = None
-    for step in sorted(set(trainer_rows) | set(rollout_rows)):
-        row: dict[str, Any] = {"step": step}
-        trained = trainer_rows.get(step, {})
-        row.update({f"trainer/{k}": v for k, v in trained.items()
-                    if k not in ("step", "time") and not k.startswith(startup.PREFIX)})
-        row.update({f"rollout/{k}": v for k, v in rollout_rows.get(step, {}).items() if k != "step"})
-        staleness = collections.Counter(step - v for v in versions_by_step.get(step, []))
-        for lag, count in sorted(staleness.items()):
-            row[f"staleness/{lag}"] = count
-        if "train/wait_s" in trained and "train/step_s" in trained:
-            busy_and_idle = trained["train/wait_s"] + trained["train/step_s"]
-            row["loop/trainer_idle_fraction"] = trained["train/wait_s"] / busy_and_idle if busy_and_idle > 0 else 0.0
-        if "time" in trained:
-            if previous_time is not None:
-                row["loop/step_wall_s"] = trained["time"] - previous_time
-            previous_time = trained["time"]
-        rows.append(row)
-    stamps = {k: v for row in trainer_rows.values() for k, v in row.items() if k.startswith(startup.PREFIX)}
-    stamps.update(startup.read_stamps(rollout_root, run_config.run.name))
-    stamps.update({startup.key(hop): at for hop, at in (launch_stamps or {}).items()})
-    if stamps:
-        if not rows or rows[0]["step"] != 0:
-            rows.insert(0, {"step": 0})
-        rows[0].update(stamps)
-    return rows
-
-
-def write_loop_metrics(rows: list[dict[str, Any]], directory: str) -> None:
-    """``DIR/metrics.jsonl`` + TensorBoard, written afresh (a local folder or a URL)."""
-    import fsspec
-
-    from rlax_core.utils.metrics import MetricsWriter
-    from rlax_core.utils.paths import join
-
-    fs, path = fsspec.core.url_to_fs(join(directory, "metrics.jsonl"))
-    try:
-        fs.rm(path)
-    except FileNotFoundError:
-        pass
-    with MetricsWriter(directory) as writer:
-        for row in rows:
-            writer.write(row["step"], {k: v for k, v in row.items() if k != "step"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -313,8 +241,12 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
         for process in (rollout, trainer):
             process.stop(stop_grace_s)
     log.info("launch: %d trainer steps in %.1f s", run_config.trainer.total_steps, time.monotonic() - started)
+    from rlax_core.data.rollout_store import RolloutStore
+    from rlax_core.rollout.loop_metrics import loop_metrics, write_loop_metrics
+
     loop_dir = run_config.loop_metrics_dir()
-    rows = loop_metrics(run_config, run_config.rollout_root(), {"launch": launched_at, "launch_spawned": spawned_at})
+    rows = loop_metrics(trainer_metrics_dir(run_config), RolloutStore(run_config.rollout_root(), run_config.run.name),
+                        {"launch": launched_at, "launch_spawned": spawned_at})
     write_loop_metrics(rows, loop_dir)
     return {
         "metrics": join(loop_dir, "metrics.jsonl"),

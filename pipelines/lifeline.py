@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Mapping, Sequence
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,28 @@ def spawn(command: Sequence[str], *, stdout=None, stderr=None, cwd=None, env: Ma
     environment = {**(os.environ if env is None else env), LEASE_ENV: str(read_end)}
     return subprocess.Popen(list(command), stdout=stdout, stderr=stderr, cwd=cwd, env=environment,
                             start_new_session=True, pass_fds=(read_end, *pass_fds))
+
+
+def cli_command(argv: Sequence[str]) -> list[str]:
+    """``rlax ARGV`` as this interpreter runs it: ``python -m pipelines.cli ARGV``."""
+    return [sys.executable, "-m", "pipelines.cli", *argv]
+
+
+def spawn_job(command: Sequence[str], log_path: Path, *, append: bool = False) -> subprocess.Popen:
+    """``command`` (e.g. :func:`cli_command`) as a job this process owns (:func:`spawn`): the one way a
+    launcher (``rlax launch``, ``rlax quickstart``) starts a job. It runs in the caller's folder, so
+    relative paths mean the same to the job, with the package importable from wherever it lives (a
+    checkout or site-packages); it holds the run folders this process holds
+    (``run_folder.held_fds``); its output goes to ``log_path`` (appended to with ``append``). It runs with ``RLAX_DEBUG``
+    set: its log keeps the traceback above the one line a launcher reads back (``pipelines.failures``)."""
+    from pipelines.failures import child_env
+    from pipelines.run_folder import held_fds
+
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**child_env(), "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    log.info("starting %s", " ".join(command))
+    with open(log_path, "ab" if append else "wb") as handle:
+        return spawn(command, stdout=handle, stderr=subprocess.STDOUT, env=env, pass_fds=held_fds())
 
 
 def hold() -> bool:

@@ -4,7 +4,7 @@
     rlax plan --recipes --markdown          # the table of docs/memory.md, every recipe in configs/
 
 Reads ``model.path`` (the checkpoint's shape only: ``rlax_core.models.checkpoint.read_model_config``),
-``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.samples_per_prompt``, the engines of
+``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.sampling.samples_per_prompt``, the engines of
 ``filter.generation`` and ``evaluate.generation`` (on ``hardware.filter`` / ``hardware.evaluate``, by default the
 rollout workers) and ``hardware``
 (``rlax_core.planning.hardware``). Exits 1 with the numbers and the keys to turn when
@@ -20,6 +20,7 @@ import logging
 import sys
 from pathlib import Path
 
+from pipelines.config import template_of
 from rlax_core.planning.memory import MemoryPlan, gib, plan_rollout, plan_trainer, refuse_unless_fits
 
 HELP = "memory per chip of the rollout engine and the trainer against the config's declared hardware"
@@ -56,25 +57,32 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
                 role=role))
     if "trainer" in roles and hardware.trainer is not None:
         plans.append(plan_trainer(model, config.trainer, hardware.trainer,
-                                  rows_per_step=config.trainer.groups_per_step * config.loop.samples_per_prompt,
+                                  rows_per_step=config.rows_per_step(),
                                   uses_reference=config.algorithm.uses_reference,
                                   uses_value_model=config.algorithm.uses_values, name=name))
     return plans
 
 
+def pool_occupancy(config, plan: MemoryPlan) -> str:
+    """The rollout pool's pages and tokens and the sequences that decode at once at the recipe's mean
+    and maximum response lengths (``loop.response_lengths``), under each admission."""
+    from rlax_core.planning.memory import concurrent_sequences, mean_occupancy
+
+    engine, budget = config.engine, config.loop.sampling.budget(config.engine)
+    lengths = config.loop.response_lengths.sample(budget)
+    prompt = min(engine.prefill_buckets)  # a prompt is taken to fill the smallest bucket (as the fleet does)
+    mean = sum(lengths) / len(lengths)
+    fit = {admission: concurrent_sequences(plan.num_pages, plan.page_size, engine.num_slots, prompt, max(lengths),
+                                           mean_occupancy(lengths), admission) for admission in ("on_demand", "reserve")}
+    return (f"rollout KV pool {plan.num_pages:,} pages x {plan.page_size} = {plan.num_pages * plan.page_size:,} "
+            f"tokens per replica; responses of mean {mean:,.0f} (cap {max(lengths):,}), prompts of {prompt}: "
+            f"{fit['on_demand']} of {engine.num_slots} slots decode at once with pages on demand "
+            f"(engine.admission={engine.admission}), {fit['reserve']} reserving whole budgets, "
+            f"{fit['reserve']} when every response runs to the cap")
+
+
 def _name_of(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1].removeprefix("assets:")
-
-
-def template_of(spec: str) -> str:
-    """Where the shape of ``model.path`` is written: the checkpoint itself, or the model template beside
-    a weight store's versions or a checkpoint folder's steps. A remote plain path is not probed."""
-    from rlax_core.training.policy_source import PREFIXES, parse_policy_source
-    from rlax_core.utils.paths import is_remote
-
-    if spec.partition(":")[0] in PREFIXES or not is_remote(spec):
-        return parse_policy_source(spec).template
-    return spec
 
 
 def check_memory(config, roles=ROLES) -> None:
@@ -116,9 +124,14 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.recipes and args.config:
         raise ConfigError("", "rlax plan: give --config or --recipes, not both")
     sources = recipe_paths() if args.recipes else [args.config]
+    configs = {source: load_run_config(source, args.overrides) for source in sources}
     rows = [(Path(source).name if source else "(defaults)", plan) for source in sources
-            for plan in memory_plans(load_run_config(source, args.overrides))]
+            for plan in memory_plans(configs[source])]
     print(markdown_table(rows) if args.markdown else "\n".join(f"{name}: {plan.describe()}" for name, plan in rows))
+    if not args.markdown:
+        for source, config in configs.items():
+            for plan in memory_plans(config, roles=("rollout",)):
+                print(f"{Path(source).name if source else '(defaults)'}: {pool_occupancy(config, plan)}")
     failing = [(name, plan) for name, plan in rows if not plan.fits]
     for name, plan in failing:
         print(f"{name}: {plan.role} does not fit; turn: {plan.advice()}", file=sys.stderr)

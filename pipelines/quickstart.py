@@ -27,7 +27,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,6 @@ HELP = "curate -> filter -> RL -> evaluate on stories260K, all on this machine"
 log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-REPO = Path(__file__).resolve().parents[1]  # the checkout, or site-packages when installed
 QUICKSTART_RECIPE = "quickstart.yaml"  # a shipped recipe (pipelines.config.find_config)
 
 HELDOUT_SAMPLES = 8
@@ -62,30 +60,27 @@ def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int 
     Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
     step samples), how many prompts the engine has sampled so far, read from the step's own log.
     """
-    from pipelines import lifeline
-    from pipelines.run_folder import held_fds
+    from pipelines.failures import JobFailed, job_failed
+    from pipelines.lifeline import cli_command, spawn_job
 
-    command = [sys.executable, "-m", "pipelines.cli", *argv]
     log.info("quickstart: %s (log: %s)", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
              log_path)
     started = time.monotonic()
-    with open(log_path, "wb") as handle:  # owned: the step dies with the quickstart, however it dies
-        process = lifeline.spawn(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, pass_fds=held_fds())
-        while True:
-            try:
-                code = process.wait(timeout=PROGRESS_EVERY_S)
-                break
-            except subprocess.TimeoutExpired:
-                elapsed = time.monotonic() - started
-                if elapsed > timeout_s:
-                    os.killpg(process.pid, signal.SIGKILL)  # the step and what it started
-                    process.wait()
-                    raise RuntimeError(f"rlax {argv[0]} did not finish within {timeout_s:.0f} s; see {log_path}") from None
-                sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
-                log.info("quickstart: rlax %s running for %.0f s%s", argv[0], elapsed, sampled)
+    process = spawn_job(cli_command(argv), log_path)  # owned: the step dies with the quickstart, however it dies
+    while True:
+        try:
+            code = process.wait(timeout=PROGRESS_EVERY_S)
+            break
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - started
+            if elapsed > timeout_s:
+                os.killpg(process.pid, signal.SIGKILL)  # the step and what it started
+                process.wait()
+                raise JobFailed(f"the rlax {argv[0]} job did not finish within {timeout_s:.0f} s; its log: {log_path}") from None
+            sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
+            log.info("quickstart: rlax %s running for %.0f s%s", argv[0], elapsed, sampled)
     if code != 0:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
-        raise RuntimeError(f"rlax {argv[0]} failed (exit {code}); see {log_path}:\n{tail}")
+        raise job_failed(f"rlax {argv[0]}", code, log_path)
 
 
 # EngineHost.complete (rlax_core.rollout.host) logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
@@ -123,8 +118,8 @@ def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: lis
     config = {
         "input": str(curated / "examples-*.parquet"),
         "output": str(output / "filtered"),
-        "generation": {"model": model_path, "samples": 4, "max_new_tokens": 64, "stop_strings": stops_text,
-                       "batch_size": 32, "engine": {"num_slots": 64, "num_pages": 640, "max_prompt_len": 64,
+        "generation": {"model": model_path, "sampling": {"samples_per_prompt": 4, "max_new_tokens": 64,
+                                                          "stop_strings": stops_text}, "batch_size": 32, "engine": {"num_slots": 64, "num_pages": 640, "max_prompt_len": 64,
                                                     "max_new_tokens": 64, "prefill_buckets": [32, 64]}},
         "low": 0.0, "high": 0.75, "limit": limit,
     }
@@ -142,7 +137,7 @@ def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: lis
 
 
 def evaluate(model_config, params, base_params, tokenizer, examples, run_config, stops) -> dict[str, Any]:
-    from rlax_core.tasks.evaluation import evaluate_policy
+    from rlax_core.eval.policy import evaluate_policy
 
     return evaluate_policy(model_config, params, tokenizer, examples, rewards=run_config.loop.named_rewards(),
                            engine=run_config.engine,
@@ -154,7 +149,7 @@ def rl_settings(run_config) -> dict[str, Any]:
     """What the report says of the RL run, read from the run's config."""
     trainer = run_config.trainer
     return {"steps": trainer.total_steps, "groups_per_step": trainer.groups_per_step,
-            "samples_per_prompt": run_config.loop.samples_per_prompt, "max_staleness": trainer.max_staleness,
+            "samples_per_prompt": run_config.loop.sampling.samples_per_prompt, "max_staleness": trainer.max_staleness,
             "algorithm": run_config.algorithm.name}
 
 
@@ -242,11 +237,13 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     import jax
 
     from pipelines.config import find_config, load_run_config
-    from pipelines.launch import launch, loop_metrics
+    from pipelines.launch import launch
+    from rlax_core.data.rollout_store import RolloutStore
+    from rlax_core.rollout.loop_metrics import loop_metrics
     from rlax_core.data.training_set import read_examples
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
-    from rlax_core.weights.adapters import load_policy
+    from rlax_core.weights.adapters import load_version
     from rlax_core.weights.store import WeightStore
 
     for folder in ("configs", "logs"):
@@ -257,7 +254,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     model_path = run_config.model.resolved_path()
     tokenizer = load_tokenizer(model_path)
     stops = stop_token_ids(tokenizer)
-    overrides.append(f"loop.stop_token_ids={stops}")
+    overrides.append(f"loop.sampling.stop_token_ids={stops}")
     seconds: dict[str, float] = {}
     started = time.monotonic()
 
@@ -286,8 +283,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     store = WeightStore(run_config.weight_store())
     final_version = store.latest()
-    # A LoRA run's versions are adapters: load_policy merges them into their base version.
-    final_params = jax.tree.map(jax.numpy.asarray, load_policy(store, final_version)[0])
+    # A LoRA run's versions are adapters: load_version merges them into their base version.
+    final_params = jax.tree.map(jax.numpy.asarray, load_version(store, final_version)[0])
     store.close()
     export_final_model(load_run_config(config_path, overrides), base.config, final_params, output / "final_model")
     mark = time.monotonic()
@@ -295,7 +292,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     seconds["evaluate_after"] = time.monotonic() - mark
     seconds["total"] = time.monotonic() - started
 
-    rows = loop_metrics(run_config, run_config.rollout_root())
+    rows = loop_metrics(run_config.metrics_dir(), RolloutStore(run_config.rollout_root(), run_config.run.name))
     reward_curve(rows, output / "reward_curve.png")
     report = {
         "task": "continue the story with one paragraph that ends within 64 tokens, repeats no word 3-gram, "

@@ -87,7 +87,7 @@ def _dataset_file(path: str, data: Path) -> Path:
 def _copy_rows(source: Path, target: str, first: int, count: int) -> str:
     import fsspec
 
-    lines = [line for line in source.read_text(encoding="utf-8").splitlines() if line.strip()][first:first + count]
+    lines = [line for line in source.read_text(encoding="utf-8-sig").splitlines() if line.strip()][first:first + count]
     if not lines:
         raise ConfigError("--rows", f"{source} has no rows {first}..{first + count}")
     with fsspec.open(target, "w", encoding="utf-8") as handle:
@@ -109,9 +109,12 @@ def rehearsal_overrides(run_config, *, output: str, state: Path, model: Path, da
         return "[" + ", ".join(copied) + "]"
 
     curate, evaluate = run_config.curate, run_config.evaluate
-    generation = (f"{{model: {model}, dtype: float32, samples: 2, temperature: 1.0, max_new_tokens: {NEW_TOKENS}, "
-                  f"batch_size: 4, engine: {ENGINE}}}")
-    return [
+    generation = (f"{{model: {model}, dtype: float32, sampling: {{samples_per_prompt: 2, temperature: 1.0, "
+                  f"max_new_tokens: {NEW_TOKENS}}}, batch_size: 4, engine: {ENGINE}}}")
+    # A recipe's overlong shaping, rescaled to the rehearsal's budget: the stream still applies it.
+    shaping = ([f"algorithm.overlong_max_length={NEW_TOKENS}", f"algorithm.overlong_cache_length={NEW_TOKENS // 2}"]
+               if run_config.algorithm.overlong_max_length else [])
+    return [*shaping,
         f"run.output_dir={state / 'run'}", f"run.metrics_dir={join(output, 'metrics')}",
         f"model.path={model}", "model.dtype=float32", f"weights.root={state / 'run' / 'weights'}",
         f"engine={ENGINE}",
@@ -124,9 +127,10 @@ def rehearsal_overrides(run_config, *, output: str, state: Path, model: Path, da
         f"curate.output={join(output, 'curated')}", "curate.num_shards=1",
         f"filter.input={join(output, 'curated', 'examples-*.parquet')}", f"filter.output={join(output, 'filtered')}",
         f"filter.generation={generation}", "filter.low=0.0", "filter.high=1.0",  # a random model passes nothing
-        f"loop.train_set={join(output, 'filtered', 'examples-*.parquet')}", "loop.samples_per_prompt=2", "loop.poll_interval_s=1.0",
+        f"loop.train_set={join(output, 'filtered', 'examples-*.parquet')}", "loop.sampling.samples_per_prompt=2",
+        "loop.poll_interval_s=1.0",
         "loop.max_runtime_s=900", "loop.startup_budget_s=600", "loop.rewards.code.workers=1",
-        "loop.drop_uniform_groups=false",  # a random model's groups are all uniform: none would reach the trainer
+        "algorithm.dynamic_sampling=false",  # a random model's groups are all uniform: none would reach the trainer
         f"evaluate.models=[{model}]", f"evaluate.eval_sets={inputs(evaluate.eval_sets, rows, 'evaluate')}",
         f"evaluate.output={join(output, 'eval')}", f"evaluate.generation={generation}", "evaluate.ks=[1, 2]",
         "evaluate.limit=0",

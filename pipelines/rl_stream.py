@@ -1,6 +1,6 @@
 """``rlax rollout``: the rollout fleet, a Beam streaming pipeline.
 
-    rlax rollout --config configs/quickstart.yaml --train-set runs/quickstart/filtered loop.samples_per_prompt=8
+    rlax rollout --config configs/quickstart.yaml --train-set runs/quickstart/filtered loop.sampling.samples_per_prompt=8
 
 One watcher drives it (``transforms.live_side_input.WatchValue``): it reads the weight store's newest
 committed version every ``loop.poll_interval_s`` and emits it, as the slowly updating side input and
@@ -52,7 +52,7 @@ def build_spec(run_config, train_set_size: int, job: str = ""):
         run=run_config.run.name, run_seed=run_config.run.seed, model_path=run_config.model.resolved_path(),
         model_dtype=run_config.model.dtype, train_set_size=train_set_size, rollout_root=run_config.rollout_root(),
         weights=run_config.weight_store(), engine=run_config.engine, loop=run_config.loop, trainer=run_config.trainer,
-        compilation_cache=run_config.run.compilation_cache, compilation_cache_dir=run_config.run.compilation_cache_dir,
+        algorithm=run_config.algorithm, compilation_cache=run_config.run.compilation_cache, compilation_cache_dir=run_config.run.compilation_cache_dir,
         job=job)
 
 
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     spec = build_spec(run_config, len(examples), job=uuid.uuid4().hex[:12])  # a restart's claims start afresh
     startup.mark("rollout_imports")
     log.info("rollout: %d training prompts, %d steps x %d prompts x %d samples, k=%d, store %s",
-             len(examples), spec.total_steps, spec.prompts_per_step, loop.samples_per_prompt, spec.max_staleness,
+             len(examples), spec.total_steps, spec.prompts_per_step, loop.sampling.samples_per_prompt, spec.max_staleness,
              spec.rollout_root)
     from pathlib import Path
 

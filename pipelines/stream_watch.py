@@ -7,7 +7,7 @@ shorten the stall window):
 
 * every schedule step ``0 .. trainer.total_steps - 1`` complete in the store: cancel the job, exit 0;
 * steps the newest weight version allows are waiting (``steps_to_generate``), no worker is busy (a
-  fresh ``transforms.worker_heartbeat`` notice: compiling, generating), and no group was written and
+  fresh ``rlax_core.rollout.busy`` notice: compiling, generating), and no group was written and
   no step completed for ``loop.stall_polls`` such polls in a row: log why, write ``stream/stalled`` to
   the stream's metrics, cancel the job and exit ``EXIT_STALLED`` (``rlax launch`` restarts the rollout
   job on it; the restarted pipeline regenerates nothing that is already in the store);
@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 from rlax_core.rollout.schedule import steps_to_generate
 from rlax_core.utils import startup
 from rlax_core.utils.metrics import MetricsWriter
-from transforms.worker_heartbeat import busy_workers
+from rlax_core.rollout.busy import busy_workers
 
 log = logging.getLogger(__name__)
 

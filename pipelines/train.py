@@ -25,7 +25,8 @@ Reads (all from the run config, ``pipelines.config.RunConfig``):
 Behaviour a launcher can rely on:
 
 * exits 0 after ``trainer.total_steps`` steps; re-running a finished run exits 0 at once;
-* resumes from the newest complete checkpoint by itself (after a crash or SIGKILL);
+* resumes from the newest checkpoint that passes verification by itself (after a crash or SIGKILL;
+  newer ones that fail it are skipped with a warning naming them and why, and set aside);
 * SIGTERM or SIGINT (a preemption notice): finishes the step in flight, checkpoints, exits 0;
 * publishes version 0 (the initial weights) before its first step, then version N after step N;
 * exports the last step as a complete Hugging Face folder (weights, config, tokenizer,
@@ -107,8 +108,7 @@ def train(run_config, stop: threading.Event | None = None):
     startup.mark("trainer_model")
     weights = WeightStore(run_config.weight_store())
     try:
-        # The first rollout groups come after the fleet's start-up: the first wait covers it.
-        trainer = dataclasses.replace(run_config.trainer, startup_wait_s=run_config.loop.startup_budget_s)
+        trainer = run_config.trainer
         if trainer.wandb.enabled and not trainer.wandb.name:
             trainer = dataclasses.replace(trainer, wandb=dataclasses.replace(trainer.wandb, name=run_config.run.name))
         return run_training(
@@ -116,7 +116,9 @@ def train(run_config, stop: threading.Event | None = None):
             config=trainer, store=RolloutStore(run_config.rollout_root(), run_config.run.name),
             weights=weights, checkpoint_dir=f"{output}/checkpoints", metrics_dir=run_config.metrics_dir(), stop=stop,
             export=hf_export(run_config, model.config),
-            rollouts_per_step=trainer.groups_per_step * run_config.loop.samples_per_prompt)
+            rollouts_per_step=run_config.rows_per_step(),
+            # The first rollout groups come after the fleet's start-up: the first wait covers it.
+            startup_wait_s=run_config.loop.startup_budget_s)
     finally:
         weights.close()
 
@@ -125,13 +127,13 @@ def hf_export(run_config, model_config):
     """What the job's Hugging Face folders and model templates hold: the run's tokenizer and sampling settings."""
     from rlax_core.models.export import tokenizer_source_of
     from rlax_core.training.job import HFExport
-    from rlax_core.training.policy_source import MODEL_TEMPLATE
+    from rlax_core.policy.source import MODEL_TEMPLATE
 
     output = run_config.run.output_dir.rstrip("/")
-    loop = run_config.loop
-    stops = [*model_config.eos_token_ids, *(t for t in loop.stop_token_ids if t not in model_config.eos_token_ids)]
-    generation = {"temperature": loop.temperature, "top_p": loop.top_p,
-                  "max_new_tokens": run_config.engine.max_new_tokens, "eos_token_id": stops or None}
+    sampling = run_config.loop.sampling
+    stops = [*model_config.eos_token_ids, *(t for t in sampling.stop_token_ids if t not in model_config.eos_token_ids)]
+    generation = {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                  "max_new_tokens": sampling.budget(run_config.engine), "eos_token_id": stops or None}
     tokenizer = run_config.model.tokenizer or tokenizer_source_of(run_config.model.resolved_path())
     return HFExport(root=f"{output}/hf", tokenizer_source=tokenizer, generation=generation,
                     template_dirs=(f"{run_config.weight_store().root.rstrip('/')}/{MODEL_TEMPLATE}",

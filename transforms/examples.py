@@ -7,7 +7,7 @@ import json
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from rlax_core.data.adapters import AdapterError, to_example
+from rlax_core.data.formats import FormatError, to_example
 from rlax_core.data.curation import InputSpec, dead_letter, parse_json_line
 
 DEAD_LETTER = "dead_letter"
@@ -22,17 +22,19 @@ class _ToExampleFn(beam.DoFn):
 
     def process(self, raw):
         spec = self.spec
-        payload = raw["data"] if "data" in raw else raw["record"]
+        payload = raw["data"] if "data" in raw else raw.get("record")
         try:
+            if "error" in raw:  # the reader could not go on in this file (``transforms.io``)
+                raise FormatError(*raw["error"])
             if "data" in raw:
                 record = parse_json_line(raw["data"], self.max_record_bytes)
             else:
                 record = raw["record"]
                 size = len(json.dumps(record, default=str).encode("utf-8"))
                 if size > self.max_record_bytes:
-                    raise AdapterError("too_large", f"record is {size} bytes, the limit is {self.max_record_bytes}")
+                    raise FormatError("too_large", f"record is {size} bytes, the limit is {self.max_record_bytes}")
             example = to_example(spec.format, record, source=spec.source, split=spec.split, mapping=spec.mapping)
-        except AdapterError as error:
+        except FormatError as error:
             reason, detail = error.reason, error.detail
         except (TypeError, ValueError, KeyError, AttributeError) as error:  # data no adapter foresaw
             reason, detail = "invalid_record", f"{type(error).__name__}: {error}"

@@ -2,9 +2,10 @@
 
 Raw rows leave :class:`ReadRawRecords` as ``{"origin": file, "line": n, "data": bytes}`` (JSON
 Lines, still undecoded so that a bad line can be dead-lettered instead of failing the read; ``line``
-counts from 1 as editors do) or ``{"origin": file, "row": i, "record": dict}`` (JSON arrays,
-parquet and Hugging Face datasets; ``row`` counts from 0 as dataframes do), so a dead letter names
-the file and the line or row a user must look at.
+counts from 1 as editors do), ``{"origin": file, "line": n, "record": dict}`` (CSV, by the line a
+row starts on) or ``{"origin": file, "row": i, "record": dict}`` (JSON arrays, parquet and Hugging
+Face datasets; ``row`` counts from 0 as dataframes do), so a dead letter names the file and the line
+or row a user must look at; a file that cannot be read on gives ``"error": (reason, detail)``.
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ from typing import Any, Iterator
 import apache_beam as beam
 from apache_beam.io import fileio
 
+from rlax_core.data.curation import csv_records
 from rlax_core.data.records import EXAMPLE_SCHEMA
 
 HF_ROWS_PER_SHARD = 1000  # rows of a Hugging Face dataset per work unit
 
 
 def file_kind(path: str) -> str:
-    """How to read ``path``: jsonl, json (one array), parquet or hf (``hf:NAME[:CONFIG]:SPLIT`` or a
-    ``save_to_disk`` folder)."""
+    """How to read ``path``: jsonl, json (one array), parquet, csv (a header line) or hf
+    (``hf:NAME[:CONFIG]:SPLIT`` or a ``save_to_disk`` folder)."""
     if path.startswith("hf:"):
         return "hf"
     lowered = path.lower().rstrip("/")
     for suffix, kind in ((".jsonl", "jsonl"), (".jsonl.gz", "jsonl"), (".ndjson", "jsonl"), (".json", "json"),
-                         (".parquet", "parquet")):
+                         (".parquet", "parquet"), (".csv", "csv"), (".csv.gz", "csv")):
         if lowered.endswith(suffix):
             return kind
     return "hf"  # a folder written by datasets' save_to_disk
@@ -88,8 +90,8 @@ def hf_rows(shard: tuple[str, int, int]) -> Iterator[dict[str, Any]]:
 def _jsonl_lines(readable: fileio.ReadableFile) -> Iterator[dict[str, Any]]:
     """The non-blank lines of one JSON Lines file (gzip too), numbered from 1."""
     path = readable.metadata.path
-    with readable.open() as handle:
-        for number, line in enumerate(handle, 1):
+    with readable.open() as handle:  # readline: Beam's gzip reader is no line iterator
+        for number, line in enumerate(iter(handle.readline, b""), 1):
             line = line.rstrip(b"\r\n")
             if line.strip():
                 yield {"origin": path, "line": number, "data": line}
@@ -99,7 +101,7 @@ def _json_array_items(readable: fileio.ReadableFile) -> Iterator[dict[str, Any]]
     """The items of a file holding one JSON array; a file that is not one becomes one bad raw row."""
     data = readable.read()
     try:
-        items = json.loads(data.decode("utf-8"))
+        items = json.loads(data.decode("utf-8-sig"))  # a byte-order mark is not data
     except (UnicodeDecodeError, json.JSONDecodeError):
         yield {"origin": readable.metadata.path, "line": None, "data": data}
         return
@@ -107,6 +109,13 @@ def _json_array_items(readable: fileio.ReadableFile) -> Iterator[dict[str, Any]]
         items = [items]
     for index, item in enumerate(items):
         yield {"origin": readable.metadata.path, "row": index, "record": item}
+
+
+def _csv_rows(readable: fileio.ReadableFile) -> Iterator[dict[str, Any]]:
+    """The rows of one CSV file, numbered by the line each starts on (``rlax_core.data.curation.csv_records``)."""
+    with readable.open() as handle:
+        for row in csv_records(iter(handle.readline, b"")):
+            yield {"origin": readable.metadata.path, **row}
 
 
 def _parquet_rows(readable: fileio.ReadableFile) -> Iterator[dict[str, Any]]:
@@ -146,7 +155,7 @@ class ReadRawRecords(beam.PTransform):
                     | "PlanShards" >> beam.FlatMap(hf_shards, rows_per_shard)
                     | "SpreadShards" >> beam.Reshuffle()
                     | "ReadShard" >> beam.FlatMap(hf_rows))
-        rows_of_file = {"jsonl": _jsonl_lines, "json": _json_array_items, "parquet": _parquet_rows}[kind]
+        rows_of_file = {"jsonl": _jsonl_lines, "json": _json_array_items, "parquet": _parquet_rows, "csv": _csv_rows}[kind]
         return (pbegin
                 | "Match" >> fileio.MatchFiles(self.path)
                 | "Open" >> fileio.ReadMatches()

@@ -1,18 +1,16 @@
 """The rollout fleet as Beam transforms: schedule -> generate -> score -> assemble -> write.
 
-    ticks --ScheduleSteps--> WorkUnit --Reshuffle--> GenerateRollouts --> group --ScoreRollouts-->
-          --AssembleGroups (dynamic sampling)--> WriteGroups --> rollout store --MarkStepGenerated
+    ticks --ScheduleSteps--> WorkUnit --Reshuffle--> GenerateRollouts --> group --ScoreRollouts (overlong
+      shaping) --AssembleGroups (dynamic sampling)--> WriteGroups --> rollout store --MarkStepGenerated
 
-Each DoFn is a shell over ``rlax_core.rollout`` (spec, schedule, claims held in the store across
-the fleet's processes and VMs, worker, groups, metrics). Work is spread in units of
+Each DoFn is a shell over ``rlax_core.rollout``. Work is spread in units of
 ``loop.groups_per_unit`` prompt groups: pacing allows only steps ``v .. v + k``, so whole steps
 would keep at most ``k + 1`` workers busy; reshuffled units spread every step over every worker.
 
 The newest committed weight version reaches ``ScheduleSteps`` and ``GenerateRollouts`` as a slowly
 updating side input (``transforms.live_side_input``), the same value in both for a window.
 ``GenerateRollouts`` keeps one ``RolloutWorker`` per worker process (``apache_beam.utils.shared``):
-the model compiles once and every DoFn instance and thread of the process shares it; a newer
-version is loaded from the parameter server and swapped in without recompiling. Every rollout
+the model compiles once and every DoFn instance and thread of the process shares it. Every rollout
 carries the version that generated it.
 
 Exactly-once at the store: groups are named by ``(run, step, prompt slot)`` only (a retry rewrites the same file).
@@ -31,9 +29,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 from rlax_core.data.rollout_store import GroupKey
 from rlax_core.rollout.metrics import group_summary, step_metrics
 from rlax_core.rollout.schedule import WorkUnit
-from rlax_core.rollout.scheduler import StepScheduler
+from rlax_core.rollout.pacing import StepPacer
 from rlax_core.rollout.spec import RolloutSpec
-from transforms.worker_heartbeat import Busy
+from rlax_core.rollout.busy import Busy
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +39,16 @@ logger = logging.getLogger(__name__)
 # a streaming runner may fire a window's pane more than once; empty before the first publish.
 SideVersions = list[int]
 
+
 class ScheduleSteps(beam.DoFn):
     """On each tick, the work units of the steps the latest committed version allows and nobody has
-    claimed (``rlax_core.rollout.scheduler``)."""
+    claimed (``rlax_core.rollout.pacing``)."""
 
     def __init__(self, spec: RolloutSpec):
         self._spec = spec
 
     def setup(self):
-        self._scheduler = StepScheduler(self._spec)
+        self._scheduler = StepPacer(self._spec)
 
     def process(self, tick_version: Optional[int], side_versions: SideVersions) -> Iterable[WorkUnit]:
         # A tick carries the version that made it; the side input of its window holds the same once
@@ -68,7 +67,7 @@ def acquire_worker(shared: Shared, spec: RolloutSpec):
 
 
 class GenerateRollouts(beam.DoFn):
-    """Work units -> one group per prompt slot (``loop.samples_per_prompt`` samples), stamped with its version.
+    """Work units -> one group per prompt slot (``loop.sampling.samples_per_prompt`` samples), stamped with its version.
 
     The units of a bundle are generated together, an engine call as soon as they would fill the
     engine's slots (and the rest when the bundle ends): small units spread a step over the fleet
@@ -97,7 +96,7 @@ class GenerateRollouts(beam.DoFn):
     def process(self, unit: WorkUnit, side_versions: SideVersions, window=beam.DoFn.WindowParam,
                 timestamp=beam.DoFn.TimestampParam):
         self._pending.append((unit, max([unit.version, *side_versions]), WindowedValue(None, timestamp, [window])))
-        sequences = sum(len(u.slots) for u, _, _ in self._pending) * self._spec.loop.samples_per_prompt
+        sequences = sum(len(u.slots) for u, _, _ in self._pending) * self._spec.loop.sampling.samples_per_prompt
         if sequences >= self._worker.host.capacity:
             yield from self._generate_pending()
 
@@ -132,11 +131,9 @@ class GenerateRollouts(beam.DoFn):
 
 
 class ScoreRollouts(beam.DoFn):
-    """Scores every sample of a group with the configured reward terms (``loop.rewards``).
-
-    A sample that cannot be scored is reward 0 with its reason in ``reward_info`` (the ``Rewarder``
-    isolates it), counted in ``rewards/samples_failed``; a scorer that cannot work at all raises.
-    """
+    """Scores every sample of a group with ``loop.rewards``, then adds DAPO's overlong penalty when
+    ``algorithm.overlong_max_length`` is set (``rollout.groups``). A sample that cannot be scored is
+    reward 0 with its reason in ``reward_info``, counted in ``rewards/samples_failed``."""
 
     def __init__(self, spec: RolloutSpec):
         self._spec = spec
@@ -144,25 +141,28 @@ class ScoreRollouts(beam.DoFn):
 
     def setup(self):
         from rlax_core.rewards.scorer import Rewarder
+        from rlax_core.rollout.samplers import make_sampler
 
         # Imports the built-in task terms and the config's own reward modules and functions in this
         # worker before building the terms (rlax_core.rewards.custom).
         self._rewarder = Rewarder(self._spec.rewards)
+        self._sampler = make_sampler(self._spec)  # completions or episodes: how their rows are scored
 
     def teardown(self):
         self._rewarder.close()
 
     def process(self, group: dict):
-        from rlax_core.rollout.generation import score_group
+        from rlax_core.rollout.groups import shape_overlong
 
-        scored, failed = score_group(self._rewarder, group, judge_answer=self._spec.loop.judge_answer)
+        scored, failed = self._sampler.score(self._rewarder, group)
+        scored = shape_overlong(self._spec.algorithm, scored)
         self._failed.inc(failed)
         yield {**scored, "timeline": {**group.get("timeline", {}), "scored_t": time.time()}}
 
 
 class AssembleGroups(beam.DoFn):
-    """DAPO dynamic sampling at the group level: with ``loop.drop_uniform_groups``, a group whose
-    rewards are all equal (no learning signal) goes to the ``dropped`` output instead of the store."""
+    """DAPO dynamic sampling at the group level: with ``algorithm.dynamic_sampling``, a group whose
+    task rewards are all equal (no learning signal) goes to the ``dropped`` output instead of the store."""
 
     DROPPED = "dropped"
 
@@ -170,12 +170,12 @@ class AssembleGroups(beam.DoFn):
         self._spec = spec
 
     def process(self, group: dict):
-        from rlax_core.rl.dynamic_sampling import group_rewards, has_reward_variance
+        from rlax_core.rollout.groups import keeps_group
 
-        if self._spec.loop.drop_uniform_groups and not has_reward_variance(group_rewards(group["rows"])):
-            yield beam.pvalue.TaggedOutput(self.DROPPED, group)
-        else:
+        if keeps_group(self._spec.algorithm, group):
             yield group
+        else:
+            yield beam.pvalue.TaggedOutput(self.DROPPED, group)
 
 
 class WriteGroups(beam.DoFn):

@@ -14,26 +14,25 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from rlax_core.inference import programs as inference_programs
 from rlax_core.inference.adapters import abstract_adapted_params
 from rlax_core.inference.config import EngineConfig
-from rlax_core.inference.engine import Engine, SlotState
+from rlax_core.inference.batch import SlotState
 from rlax_core.inference.kv_cache import KVCache, kv_pool_shape
-from rlax_core.inference.pallas_attention import kernel_for_backend
+from rlax_core.inference.placement import kernels_for, lora_mode_for
 from rlax_core.inference.sampling import SamplingMode
 from rlax_core.inference.sharding import decoding_param_shardings, engine_mesh, kv_pool_sharding
-from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import LoraConfig, init_adapters
 from rlax_core.models.transformer import init_params, unstack_layers
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.config import TrainerConfig
 from rlax_core.parallel.mesh import make_mesh
-from rlax_core.training.step import DTYPES, Trainer
+from rlax_core.training.step import Trainer
+from rlax_core.utils.dtypes import dtype as dtype_named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,14 +50,16 @@ def _abstract(tree: Any, shardings: Any, dtype=None) -> Any:
 
 
 def trainer_programs(model: ModelConfig, algorithm: AlgorithmConfig, config: TrainerConfig,
-                     devices: Sequence[jax.Device], rows_per_step: int) -> list[Program]:
-    """The update step of ``rlax train`` for a batch of ``rows_per_step`` rollouts, on ``devices``."""
+                     devices: Sequence[jax.Device], rows_per_step: int, mean_tokens: int | None = None) -> list[Program]:
+    """The update step of ``rlax train`` for a batch of ``rows_per_step`` rollouts, on ``devices``
+    (packed rows: of ``mean_tokens`` tokens per rollout on average; ``Trainer.lower_step``)."""
     trainer = Trainer(model, algorithm, config, make_mesh(config.mesh, devices))
     state = trainer.abstract_state()
     # A LoRA policy's frozen base is an input of the update (and its reference policy: lower_step's default).
     base = trainer.abstract_base() if config.lora.enabled else None
     reference = state.params if algorithm.uses_reference and base is None else None
-    return [Program("trainer", "update step", lambda: trainer.lower_step(state, rows_per_step, reference, base))]
+    return [Program("trainer", "update step", lambda: trainer.lower_step(state, rows_per_step, reference, base,
+                                                                         mean_tokens))]
 
 
 def _replica_mesh(config: EngineConfig, devices: Sequence[jax.Device]):
@@ -75,7 +76,7 @@ def engine_params(model: ModelConfig, config: EngineConfig, dtype: str, devices:
     with their shardings: the decoding layout of ``dtype`` params, and for a LoRA run (``lora``
     enabled) with an adapter version applied as the engine applies it (``Engine.update_adapters``)."""
     mesh = _replica_mesh(config, devices)
-    stacked = jax.eval_shape(lambda: init_params(model, jax.random.key(0), DTYPES[dtype]))
+    stacked = jax.eval_shape(lambda: init_params(model, jax.random.key(0), dtype_named(dtype)))
     if mesh is None:
         params = jax.eval_shape(inference_programs.decoding_layout, stacked)
         params = _abstract(params, jax.tree.map(lambda _: SingleDeviceSharding(devices[0]), params))
@@ -85,7 +86,7 @@ def engine_params(model: ModelConfig, config: EngineConfig, dtype: str, devices:
     if lora is None or not lora.enabled:
         return params
     adapters = jax.eval_shape(lambda: init_adapters(model, lora, jax.random.key(0)))  # an adapter version's tree
-    return abstract_adapted_params(params, adapters, lora, Engine.resolve_lora_mode(config.lora_mode, devices[0].platform),
+    return abstract_adapted_params(params, adapters, lora, lora_mode_for(config.lora_mode, devices[0].platform),
                                    model_config=model, mesh=mesh, device=devices[0])
 
 
@@ -96,11 +97,11 @@ def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, device
     ``tensor_parallel`` devices; decode in the most general sampling ``mode`` the role uses. ``lora``:
     a LoRA run's adapters, which the rollout engine applies to its base (``engine_params``)."""
     params = engine_params(model, config, dtype, devices, lora)
-    platform = devices[0].platform
+    kernels = kernels_for(config, devices[0].platform)  # as the engine picks them
     mesh = _replica_mesh(config, devices)
     place = SingleDeviceSharding(devices[0]) if mesh is None else NamedSharding(mesh, PartitionSpec())
     pool = kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads, model.head_dim)
-    pool = jax.ShapeDtypeStruct(pool, DTYPES[config.cache_dtype], sharding=place if mesh is None
+    pool = jax.ShapeDtypeStruct(pool, dtype_named(config.cache_dtype), sharding=place if mesh is None
                                 else kv_pool_sharding(pool, mesh))
     cache = KVCache((pool,) * model.num_layers, (pool,) * model.num_layers)
     host = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=place)
@@ -112,12 +113,11 @@ def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, device
         out.append(Program(role, f"prefill {config.prefill_batch}x{bucket}", lambda tokens=tokens, page_table=page_table:
                            inference_programs.prefill.lower(params, cache, tokens, tokens, page_table,
                                                             model_config=model, mesh=mesh,
-                                                            attention=attention_for_platform(platform))))
-    attention = Engine.resolve_attention(config.attention_impl, platform)  # as the engine picks it
-    attention = kernel_for_backend(platform) if attention == "pallas" else attention
+                                                            attention=kernels.prefill_attention)))
     state = {name: host(x) for name, x in SlotState(config.num_slots, config.pages_per_sequence).as_dict().items()}
-    decode = inference_programs.decode_on_cpu if platform == "cpu" else inference_programs.decode
+    attention = kernels.decode_attention
     out.append(Program(role, f"decode {config.num_slots} slots x {config.decode_steps_per_call} steps ({attention})",
-                       lambda: decode.lower(params, cache, state, model_config=model, chunk=config.decode_steps_per_call,
-                                            attention=attention, mode=mode, mesh=mesh, interpret=False), mode))
+                       lambda: kernels.decode.lower(params, cache, state, model_config=model,
+                                                    chunk=config.decode_steps_per_call, attention=attention, mode=mode,
+                                                    mesh=mesh, interpret=False), mode))
     return out

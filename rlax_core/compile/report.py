@@ -5,29 +5,48 @@
 
 Per program: whether it compiled (else the compiler's error, one line); ``memory_analysis()``'s
 bytes per chip (arguments, outputs, temporaries, generated code; the donated buffers that outputs
-alias are counted once); ``cost_analysis()``'s FLOPs, bytes accessed and XLA's own
-``optimal_seconds``; the roofline time ``max(flops / peak FLOP/s, bytes / HBM bandwidth)`` from the
-chip's published peaks (``planning.hardware.CHIP_PEAKS``); and the Pallas kernels lowered through
-Mosaic (``tpu_custom_call``s in the compiled HLO, which Pallas names after the kernel).
-A kernel lowered in interpret mode, or a jnp fallback, leaves no such call: the CI lane checks for it.
+alias are counted once); XLA's FLOPs, bytes accessed and, on TPU, its own ``optimal_seconds``; the
+roofline time ``max(flops / peak FLOP/s, bytes / HBM bandwidth)`` from the chip's published peaks
+(``planning.hardware.CHIP_PEAKS``); and the kernels found in the compiled HLO (``kernels``): on TPU
+the Pallas kernels lowered through Mosaic (``tpu_custom_call``s, which Pallas names after the
+kernel), on GPU cuDNN's fused attention (``__cudnn$fmha...`` calls) and Pallas kernels lowered
+through Triton (``__gpu$xla.gpu.triton`` calls, named in their backend config). A kernel lowered in
+interpret mode, or a jnp fallback, leaves no such call: the CI lanes check for it.
 
-FLOPs and bytes are XLA's count for one chip's program. For programs with loops (the trainer's scan
-over micro-batches, the decode loop) XLA counts a loop body once, so its totals are per iteration.
+FLOPs and bytes are XLA's count for one chip's program, in which a loop body counts once: for
+programs with loops (the trainer's scans over epochs, micro-batches and layers, the windowed einsums
+of sharded matmuls, the decode loop) XLA's totals are one trip of each loop. ``loop_factor``
+(``compile.loops``) weighs each computation by its loops' trip counts, read from the compiled HLO:
+``flops_per_run``, ``bytes_per_run`` and ``roofline_per_run_s`` are XLA's figures times it, what one
+run of the program costs; ``unknown_loops`` names the loops without a known trip count (counted once).
+On GPU, XLA's compile-only client gives no cost analysis; the figures are then XLA's ``HloCostAnalysis``
+run over the optimised per-device module, which counts a custom call (cuDNN's attention, a Triton
+kernel) as no FLOPs, and no optimal time is given.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import time
 from typing import Any
 
+from rlax_core.compile.loops import loop_factor
 from rlax_core.compile.programs import Program
 from rlax_core.planning.hardware import CHIP_PEAKS
 from rlax_core.planning.memory import gib
 
+log = logging.getLogger(__name__)
+
 # Pallas names a kernel's custom call after the kernel: "%paged_attention.3 = ... tpu_custom_call".
 _MOSAIC_CALL = re.compile(r'^\s*(?:ROOT )?%([\w\-]+?)(?:\.\d+)* = .*custom_call_target="tpu_custom_call"', re.MULTILINE)
+# cuDNN's fused attention: custom_call_target="__cudnn$fmhaScaleBiasSoftmax" (and ...Backward).
+_CUDNN_CALL = re.compile(r'custom_call_target="__cudnn\$(fmha\w*)"')
+# A Pallas kernel lowered through Triton: one line holds the call and, in its backend config, the
+# kernel's name ("name = \"paged_attention_block_h_16_...\"").
+_TRITON_CALL = re.compile(r'^.*custom_call_target="__gpu\$xla\.gpu\.triton".*$', re.MULTILINE)
+_TRITON_NAME = re.compile(r'\bname = \\?"([\w\-]+)\\?"')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +67,22 @@ class ProgramReport:
     bytes_accessed: float = 0.0
     optimal_s: float | None = None  # XLA's own estimate; None where it gives none (or a negative one)
     roofline_s: float | None = None
-    pallas_kernels: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()  # see ``compiled_kernels``
+    loop_factor: float = 1.0  # one run's FLOPs over XLA's (compile.loops): each loop at its trip count
+    loops: int = 0  # while loops with a known trip count
+    unknown_loops: tuple[str, ...] = ()  # while loops XLA gives no trip count for (counted once)
+
+    @property
+    def flops_per_run(self) -> float:
+        return self.flops * self.loop_factor
+
+    @property
+    def bytes_per_run(self) -> float:
+        return self.bytes_accessed * self.loop_factor
+
+    @property
+    def roofline_per_run_s(self) -> float | None:
+        return None if self.roofline_s is None else self.roofline_s * self.loop_factor
 
     @property
     def peak_bytes(self) -> int:
@@ -56,12 +90,47 @@ class ProgramReport:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes}
+        return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes, "flops_per_run": self.flops_per_run,
+                "bytes_per_run": self.bytes_per_run, "roofline_per_run_s": self.roofline_per_run_s}
 
 
 def mosaic_kernels(hlo_text: str) -> tuple[str, ...]:
     """The Pallas kernels compiled through Mosaic in an optimised HLO module, by name, each once."""
     return tuple(dict.fromkeys(_MOSAIC_CALL.findall(hlo_text)))
+
+
+def compiled_kernels(hlo_text: str) -> tuple[str, ...]:
+    """The kernels of an optimised HLO module, by name, each once: Mosaic (TPU) Pallas kernels,
+    ``cudnn:fmha...`` for cuDNN's fused attention, and Triton-lowered Pallas kernels (GPU)."""
+    cudnn = [f"cudnn:{name}" for name in _CUDNN_CALL.findall(hlo_text)]
+    triton = [m.group(1) for line in _TRITON_CALL.findall(hlo_text) if (m := _TRITON_NAME.search(line))]
+    return tuple(dict.fromkeys([*mosaic_kernels(hlo_text), *cudnn, *triton]))
+
+
+def xla_cost(compiled) -> dict[str, float]:
+    """XLA's cost analysis of a compiled program: its own where the client gives one (TPU, CPU);
+    else (a GPU's compile-only client) ``HloCostAnalysis`` over the optimised per-device module."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - "GetCostAnalysis is not supported" on some clients
+        cost = None
+    if isinstance(cost, list):  # older JAX: one dict per partition
+        cost = cost[0] if cost else None
+    if cost:
+        return cost
+    import jax
+    from jax._src.lib import xla_client
+
+    totals: dict[str, float] = {}
+    try:
+        analysis = xla_client._xla.hlo_module_cost_analysis  # jaxlib's binding of HloCostAnalysis
+        for module in compiled.runtime_executable().hlo_modules():
+            for key, value in analysis(jax.devices("cpu")[0].client, module).items():
+                totals[key] = totals.get(key, 0.0) + value
+    except Exception as error:  # noqa: BLE001 - a jaxlib without the binding
+        log.warning("no cost analysis from XLA here (%s): the report's FLOPs and bytes are 0", error)
+        return {}
+    return totals
 
 
 def roofline_seconds(chip: str, flops: float, bytes_accessed: float) -> float | None:
@@ -80,20 +149,25 @@ def compile_program(program: Program, chip: str, topology: str) -> ProgramReport
         message = " ".join(str(error).split())
         return ProgramReport(program.role, program.name, chip, topology, compiled=False,
                              error=f"{type(error).__name__}: {message[:500]}", compile_s=time.monotonic() - started)
-    elapsed = time.monotonic() - started
+    return report_compiled(program, chip, topology, compiled, time.monotonic() - started)
+
+
+def report_compiled(program: Program, chip: str, topology: str, compiled, compile_s: float) -> ProgramReport:
+    """What XLA says about ``program`` compiled (``compiled``: its ``jax.stages.Compiled``)."""
     memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis() or {}
-    if isinstance(cost, list):  # older JAX: one dict per partition
-        cost = cost[0] if cost else {}
+    cost = xla_cost(compiled)
     flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
     optimal = cost.get("optimal_seconds")
+    text = compiled.as_text()
+    loops = loop_factor(text)
     return ProgramReport(
-        program.role, program.name, chip, topology, compiled=True, compile_s=elapsed,
+        program.role, program.name, chip, topology, compiled=True, compile_s=compile_s,
         argument_bytes=memory.argument_size_in_bytes, output_bytes=memory.output_size_in_bytes,
         alias_bytes=memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
         code_bytes=memory.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
         optimal_s=float(optimal) if optimal is not None and optimal >= 0 else None,
-        roofline_s=roofline_seconds(chip, flops, accessed), pallas_kernels=mosaic_kernels(compiled.as_text()))
+        roofline_s=roofline_seconds(chip, flops, accessed), kernels=compiled_kernels(text),
+        loop_factor=loops.factor, loops=len(loops.loops), unknown_loops=loops.unknown_loops)
 
 
 def _seconds(value: float | None) -> str:
@@ -105,11 +179,11 @@ def _seconds(value: float | None) -> str:
 def format_table(reports: list[ProgramReport], hbm_bytes: dict[str, int], planned: dict[str, int]) -> str:
     """A Markdown table: one row per program; ``hbm_bytes`` and ``planned`` per role (bytes per chip)."""
     lines = ["| role | program | topology | compiled | XLA bytes per chip (args + out + temp + code) | planner | HBM "
-             "| GFLOP | GB accessed | XLA optimal | roofline | Pallas (Mosaic) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| GFLOP | GB accessed | XLA optimal | roofline | loops x | roofline per run | kernels |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         if not r.compiled:
-            lines.append(f"| {r.role} | {r.program} | {r.topology} | error: {r.error} | | | | | | | | |")
+            lines.append(f"| {r.role} | {r.program} | {r.topology} | error: {r.error} | | | | | | | | | | |")
             continue
         parts = f"{gib(r.peak_bytes)} ({gib(r.argument_bytes)} + {gib(r.output_bytes - r.alias_bytes)} + " \
                 f"{gib(r.temp_bytes)} + {gib(r.code_bytes)})"
@@ -117,5 +191,6 @@ def format_table(reports: list[ProgramReport], hbm_bytes: dict[str, int], planne
         hbm = gib(hbm_bytes[r.role]) if r.role in hbm_bytes else "-"
         lines.append(f"| {r.role} | {r.program} | {r.topology} | yes ({r.compile_s:.0f} s) | {parts} | {plan} | {hbm} | "
                      f"{r.flops / 1e9:.4g} | {r.bytes_accessed / 1e9:.4g} | {_seconds(r.optimal_s)} | "
-                     f"{_seconds(r.roofline_s)} | {', '.join(r.pallas_kernels) or '-'} |")
+                     f"{_seconds(r.roofline_s)} | {r.loop_factor:.3g} | {_seconds(r.roofline_per_run_s)} | "
+                     f"{', '.join(r.kernels) or '-'} |")
     return "\n".join(lines)

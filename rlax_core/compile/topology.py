@@ -1,6 +1,10 @@
-"""TPU topologies without a TPU: the devices of a named slice, from libtpu's own description.
+"""Accelerators without the accelerator: the devices of a role's chips, to compile programs for.
 
     devices = slice_devices("v5e", chips=4, chips_per_host=4)     # the 4 chips of a v5e 2x2 host
+    devices = slice_devices("h100", chips=8, chips_per_host=8)    # one 8 x H100 host (``compile.gpu``)
+
+TPU slices come from libtpu's own description; GPUs from XLA's target description of the chip
+(``rlax_core.compile.gpu``). A chip that is neither gets one line that says so.
 
 ``jax.experimental.topologies.get_topology_desc`` describes a slice to the TPU compiler on any host
 with libtpu installed (the lock-tpu environment); programs lowered with shardings over its devices
@@ -14,8 +18,9 @@ import functools
 import math
 import os
 
+from rlax_core.compile import gpu
 from rlax_core.config import ConfigError
-from rlax_core.planning.hardware import TPU_CHIPS
+from rlax_core.planning.hardware import TPU_CHIPS, platform_of
 
 # Host shapes (chips per host) Cloud TPU sells, per chip and chips per host.
 _HOST_BOUNDS = {("v5e", 1): (1, 1, 1), ("v5e", 4): (2, 2, 1), ("v5e", 8): (2, 4, 1),
@@ -35,11 +40,29 @@ def _grid(chips: int, dims: int) -> tuple[int, ...]:
     return tuple(grid[1:] + grid[:1]) if dims == 3 and chips <= 4 else tuple(grid)
 
 
-def topology_name(chip: str, chips: int) -> str:
-    """The slice name ``get_topology_desc`` takes: ``v5e:2x2``, ``v5p:2x2x4``."""
-    if chip not in TPU_CHIPS:
-        raise ConfigError("hardware", f"chip {chip!r} is not a TPU ({', '.join(TPU_CHIPS)}): "
-                                      "libtpu compiles only for those")
+def compiled_ahead(chip: str) -> bool:
+    """Whether ``rlax compile`` compiles for ``chip`` ahead of time: TPU slices and NVIDIA GPUs do; a
+    CPU device compiles its programs as it starts."""
+    return chip in TPU_CHIPS or platform_of(chip) == "gpu"
+
+
+def not_compiled_ahead(chip: str) -> str:
+    """Why a role on ``chip`` is not compiled ahead of time, in one line."""
+    return (f"rlax compile compiles for TPU slices ({', '.join(TPU_CHIPS)}) and NVIDIA GPUs "
+            f"({', '.join(gpu.GPU_TARGETS)}); a {chip} role compiles as it starts, on its own devices")
+
+
+def _unsupported(chip: str) -> ConfigError:
+    return ConfigError("hardware", f"chip {chip!r}: {not_compiled_ahead(chip)}")
+
+
+def topology_name(chip: str, chips: int, chips_per_host: int | None = None) -> str:
+    """The slice's name: ``v5e:2x2`` and ``v5p:2x2x4`` as ``get_topology_desc`` takes them; for GPUs
+    ``h100:1x1x8`` (slices x hosts x GPUs per host; ``chips_per_host`` defaults to all on one host)."""
+    if not compiled_ahead(chip):
+        raise _unsupported(chip)
+    if platform_of(chip) == "gpu":
+        return gpu.topology_name(chip, chips, chips_per_host or chips)
     return f"{chip}:{'x'.join(map(str, _grid(chips, 3 if chip in ('v4', 'v5p') else 2)))}"
 
 
@@ -56,6 +79,11 @@ def host_bounds(chip: str, chips_per_host: int) -> tuple[int, int, int]:
 def slice_devices(chip: str, chips: int, chips_per_host: int) -> tuple:
     """The devices of a ``chips``-chip slice of ``chip``, to lower and compile programs for."""
     from jax.experimental import topologies
+
+    if not compiled_ahead(chip):
+        raise _unsupported(chip)
+    if platform_of(chip) == "gpu":
+        return gpu.gpu_devices(chip, chips, chips_per_host)
 
     # libtpu looks for the TPU VM's metadata when it loads; there is none on a compile-only host.
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{chip}-{chips}")

@@ -7,13 +7,14 @@ a rejected row as a dead-letter record.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from rlax_core.config import require
-from rlax_core.data.adapters import FORMATS, AdapterError, FieldMapping
+from rlax_core.data.formats import FORMATS, FormatError, FieldMapping
 
 # Dead-letter reasons grouped into the categories that ``stats.json`` counts; every other reason
 # (malformed input) counts as ``dead_lettered``.
@@ -29,7 +30,7 @@ class InputSpec:
     """One raw dataset: a path or glob (local or gs://), its layout and how to label its rows."""
 
     path: str
-    format: str = "auto"  # a layout from rlax_core.data.adapters.FORMATS
+    format: str = "auto"  # a layout from rlax_core.data.formats.FORMATS
     source: str | None = None  # defaults to the layout name (auto: the detected one)
     split: str | None = None
     mapping: FieldMapping = FieldMapping()  # the ``generic`` layout only
@@ -74,17 +75,44 @@ def eval_set_name(spec: InputSpec) -> str:
 
 
 def parse_json_line(data: bytes, max_bytes: int) -> Any:
-    """One JSON Lines record from raw bytes; failures raise AdapterError with the dead-letter reason."""
+    """One JSON Lines record from raw bytes; failures raise FormatError with the dead-letter reason."""
     if len(data) > max_bytes:
-        raise AdapterError("too_large", f"record is {len(data)} bytes, the limit is {max_bytes}")
+        raise FormatError("too_large", f"record is {len(data)} bytes, the limit is {max_bytes}")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (editors, spreadsheet exports) is not data
     except UnicodeDecodeError as error:
-        raise AdapterError("non_utf8", f"not UTF-8 at byte {error.start}") from None
+        raise FormatError("non_utf8", f"not UTF-8 at byte {error.start}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise AdapterError("malformed_json", f"{error.msg} at line {error.lineno} column {error.colno}") from None
+        raise FormatError("malformed_json", f"{error.msg} at line {error.lineno} column {error.colno}") from None
+
+
+def csv_records(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The rows of a CSV file with a header line, from its lines as bytes (a spreadsheet export: a
+    byte-order mark and CRLF line ends taken as they come), as ``{"line": the line the row starts on,
+    "record": {column: text}}``. A file that stops being readable (not UTF-8, a NUL byte, a broken
+    quote) ends with one ``{"line": ..., "error": (reason, detail)}`` for the line where it did."""
+    def text_lines():
+        for number, line in enumerate(lines):
+            yield line.decode("utf-8-sig" if number == 0 else "utf-8")
+
+    reader = csv.DictReader(text_lines())
+    line = 2  # the header is line 1
+    try:
+        for record in reader:
+            extra = record.pop(None, None)  # values past the header's columns
+            if extra is not None:
+                yield {"line": line, "error": ("malformed_csv", f"{len(record) + len(extra)} fields; the header "
+                                                                  f"names {len(record)}")}
+            else:
+                yield {"line": line, "record": record}
+            line = reader.line_num + 1
+    except UnicodeDecodeError as error:
+        yield {"line": line, "error": ("non_utf8", f"not UTF-8 at byte {error.start} of the line; the file is "
+                                                    "read up to here")}
+    except csv.Error as error:
+        yield {"line": line, "error": ("malformed_csv", f"{error}; the file is read up to here")}
 
 
 def raw_text(raw: Any) -> str:
@@ -105,7 +133,7 @@ def dead_letter(reason: str, detail: str, raw: Any, *, source: str | None, origi
     """The dead-letter record: why a row was rejected, where it came from, and the row itself.
 
     ``origin`` is the file (or ``hf:`` dataset) it was read from; ``line`` its line in a JSON Lines
-    file (from 1), ``row`` its index in a JSON array, parquet file or dataset (from 0); None where
+    or CSV file (from 1), ``row`` its index in a JSON array, parquet file or dataset (from 0); None where
     the row has no such place (a duplicate found after adaptation names its ``id`` instead).
     """
     return {"reason": reason, "detail": detail, "source": source, "origin": origin, "line": line, "row": row,

@@ -41,23 +41,27 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("example_id", pa.string(), nullable=False),
         pa.field("group_id", pa.string(), nullable=False),  # (run, step, prompt): the G samples of one prompt
         pa.field("sample_idx", pa.int32(), nullable=False),
-        pa.field("policy_version", pa.int64(), nullable=False),  # weight version (trainer step) that generated it
+        pa.field("policy_version", pa.int64(), nullable=False),  # weight version (trainer step) of its oldest token
         pa.field("seed", pa.int64(), nullable=False),
         pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("behavior_logprobs", pa.list_(pa.float32()), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),  # "stop", "length" or "abort"
+        pa.field("finish_reason", pa.string(), nullable=False),  # "stop" or "length" (an episode: also "error")
         pa.field("reward", pa.float32()),
         pa.field("reward_info", pa.string()),  # JSON object from the verifier
         # Multi-turn episodes; null for a single-turn rollout (every completion token is the policy's).
         pa.field("policy_mask", pa.list_(pa.int8())),  # per completion token: 1 sampled, 0 observation
         pa.field("turn_versions", pa.list_(pa.int64())),  # weight version of each turn (policy_version: the oldest)
         pa.field("episode", pa.string()),  # JSON: per turn its token span, reward, observation and tool calls
+        # Per completion token, the weight version that sampled it: a weight swap that does not drain
+        # the engine (engine.on_new_version) moves a running sample on to the new version. Null: all
+        # of them policy_version.
+        pa.field("token_versions", pa.list_(pa.int64())),
     ]
 )
 # Fields a row may leave out (they are null then): rollouts written before episodes existed, and
 # every single-turn rollout, need not name them.
-OPTIONAL_ROLLOUT_FIELDS = ("policy_mask", "turn_versions", "episode")
+OPTIONAL_ROLLOUT_FIELDS = ("policy_mask", "turn_versions", "episode", "token_versions")
 
 EXAMPLE_FIELDS = tuple(EXAMPLE_SCHEMA.names)
 ROLLOUT_FIELDS = tuple(ROLLOUT_SCHEMA.names)
@@ -106,7 +110,18 @@ def rollout_row(completion: Any, *, example_id: str, group_id: str) -> dict[str,
         "finish_reason": completion.finish_reason,
         "reward": None,
         "reward_info": None,
+        "token_versions": list(completion.token_versions) if len(set(completion.token_versions)) > 1 else None,
     }
+
+
+def oldest_policy_version(table: pa.Table) -> int:
+    """The oldest weight version any token of these rollouts was sampled under: what the trainer's
+    staleness bound reads (``rlax_core.weights.is_fresh_enough``)."""
+    oldest = min(table.column("policy_version").to_pylist())
+    if "token_versions" in table.column_names:
+        oldest = min([oldest, *(v for versions in table.column("token_versions").to_pylist() if versions
+                                for v in versions)])
+    return int(oldest)
 
 
 def scored_row(row: dict[str, Any], reward: float, info: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ Reader (the trainer)::
 The rollout side's own files sit beside the groups, under ``ROOT/RUN-metrics/``
 (``rlax_core.utils.paths.rollout_metrics_dir``): each step's metrics (``step_00000012.json``,
 ``write_step_metrics`` / ``read_step_metrics``), the workers' start-up stamps (``startup/``,
-``rlax_core.utils.startup``) and their busy notices (``busy/``, ``transforms.worker_heartbeat``).
+``rlax_core.utils.startup``) and their busy notices (``busy/``, ``rlax_core.rollout.busy``).
 """
 
 from __future__ import annotations

@@ -25,13 +25,17 @@ def read_examples(path: str) -> list[dict[str, Any]]:
     """Example rows from a parquet file, a folder or glob of parquet shards or a JSON-lines file (local or gs://).
 
     Rows come back sorted by ``id``: the prompt schedule indexes rows, so their order must not depend
-    on how shards were written. Rows without the Example schema's required fields raise ``InputError``.
+    on how shards were written. Rows without the Example schema's required fields raise ``InputError``,
+    and so does a folder a batch command did not finish writing (``rlax_core.data.completion``).
     """
     import fsspec
     import pyarrow.parquet as pq
 
+    from rlax_core.data.completion import require_complete
+
+    require_complete(path, "train set")  # the folder of a batch command that did not finish: refused
     if path.endswith(".jsonl"):
-        with fsspec.open(path, "r", encoding="utf-8") as handle:
+        with fsspec.open(path, "r", encoding="utf-8-sig") as handle:  # a byte-order mark is not a row
             rows = [json.loads(line) for line in handle if line.strip()]
     else:
         fs, root = fsspec.core.url_to_fs(path)

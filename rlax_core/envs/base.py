@@ -19,8 +19,10 @@ its config names. Users register both as they register reward terms: a module na
 
 Budgets (``EnvConfig``): ``max_turns`` policy turns, ``max_turn_tokens`` per turn and ``max_tokens``
 for the whole transcript (prompt, turns and observations). The episode runner enforces them, not the
-environment: a turn is cut to what the budget has left, and an observation that no longer fits ends
-the episode with finish reason "length".
+environment: a turn is cut to what the budget has left, an observation that no longer fits ends
+the episode with finish reason "length", and the episode ends after ``max_turns`` turns whatever the
+environment answered (so an environment reports its verdict, ``info["pass"]``, on every turn).
+``step_timeout_s`` bounds the wait for an environment's answer.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import dataclasses
 from typing import Any, Callable, Mapping, TypeVar
 
 from rlax_core.config import ConfigError, require
-from rlax_core.rewards.custom import RewardImportError, import_reward_module
-from rlax_core.rewards.sandbox import SandboxLimits
+from rlax_core.sandbox.run import SandboxLimits
+from rlax_core.utils.registry import Registry
+from rlax_core.utils.user_modules import UserModuleError, import_user_module
 
 # Packages of this repository whose import registers environments and tools.
 BUILTIN_MODULES = ("rlax_core.envs.tools", "rlax_core.envs.tool_use", "rlax_core.envs.word_chain")
@@ -83,7 +86,10 @@ class EnvConfig:
     tools: tuple[str, ...] = ("python",)
     tool_format: str = "hermes"
     max_calls_per_turn: int = 4
-    tool_workers: int = 4  # tool calls running at once per engine host
+    tool_workers: int = 4  # environment steps (tool calls) running at once per engine replica
+    # How long the episode runner waits for an environment's answer to a turn (its tool calls
+    # included) before it fails loudly: a step that hangs must not hang the rollout worker.
+    step_timeout_s: float = 60.0
     # In the loop: add the run's reward terms (loop.rewards), scored on the policy's text of the whole
     # episode, to the environment's turn rewards (tool_use: the verifier judges the answer). False:
     # the turn rewards are the whole reward (word_chain).
@@ -96,7 +102,7 @@ class EnvConfig:
 
         try:
             import_env_modules(self.modules)
-        except RewardImportError as error:
+        except UserModuleError as error:
             raise ConfigError("modules", str(error)) from None
         require(self.name in ENVIRONMENTS, "name", f"unknown environment; known: {', '.join(sorted(ENVIRONMENTS))}")
         for tool in self.tools:
@@ -107,6 +113,11 @@ class EnvConfig:
         require(self.max_tokens > self.max_turn_tokens, "max_tokens", "must exceed max_turn_tokens (it holds the prompt too)")
         require(self.max_calls_per_turn >= 1, "max_calls_per_turn", "must be >= 1")
         require(self.tool_workers >= 1, "tool_workers", "must be >= 1")
+        require(self.step_timeout_s > 0, "step_timeout_s", "must be > 0")
+        calls_s = self.python.limits.wall_seconds * self.max_calls_per_turn
+        require("python" not in self.tools or self.step_timeout_s > calls_s, "step_timeout_s",
+                f"must exceed what a turn's python calls may take: max_calls_per_turn x python.limits.wall_seconds "
+                f"= {calls_s:g} s")
 
 
 class Environment:
@@ -162,33 +173,30 @@ class Tool:
 
 E = TypeVar("E", bound=type[Environment])
 T = TypeVar("T", bound=type[Tool])
-ENVIRONMENTS: dict[str, type[Environment]] = {}
-TOOLS: dict[str, type[Tool]] = {}
+ENVIRONMENTS: Registry = Registry("environment")
+TOOLS: Registry = Registry("tool")
 
 
-def _registrar(registry: dict, kind: str) -> Callable[[str], Callable]:
-    def register(name: str):
-        def decorate(cls):
-            if name in registry and registry[name] is not cls:
-                raise ValueError(f"{kind} {name!r} is already registered by {registry[name].__qualname__}")
-            registry[name] = cls
-            if kind == "tool":
-                cls.name = name
-            return cls
-
-        return decorate
-
-    return register
+def register_environment(name: str) -> Callable[[E], E]:
+    """Class decorator: make an :class:`Environment` selectable as ``env.name``."""
+    return ENVIRONMENTS.register(name)
 
 
-register_environment: Callable[[str], Callable[[E], E]] = _registrar(ENVIRONMENTS, "environment")
-register_tool: Callable[[str], Callable[[T], T]] = _registrar(TOOLS, "tool")
+def register_tool(name: str) -> Callable[[T], T]:
+    """Class decorator: make a :class:`Tool` selectable in ``env.tools``; the tool takes the name."""
+
+    def decorate(cls: T) -> T:
+        TOOLS.add(name, cls)
+        cls.name = name
+        return cls
+
+    return decorate
 
 
 def import_env_modules(modules: tuple[str, ...] = ()) -> None:
     """The built-in environments and tools, then a user's ``modules`` (names or .py files, once per process)."""
     for spec in (*BUILTIN_MODULES, *modules):
-        import_reward_module(spec)
+        import_user_module(spec, "environment")
 
 
 def make_environment(config: EnvConfig, row: Mapping[str, Any], tokenizer=None) -> Environment:

@@ -17,8 +17,8 @@ tool calls and outputs) is kept in ``turns``: given those, ``replay_episodes`` r
 tokens from the same seeds without calling a tool.
 
 Nothing is lost: an environment that raises ends its episode with finish reason "error" and the
-message; an observation that no longer fits the token budget ends it with "length"; a wait on
-tools has a deadline and fails loudly past it.
+message; an observation that no longer fits the token budget ends it with "length"; a wait for an
+environment's answer has a deadline (``env.step_timeout_s``) and fails loudly past it.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rlax_core.envs.base import Environment, EnvConfig, TurnResult, make_environment
 from rlax_core.inference.config import SamplingParams
-
-TOOL_WAIT_MARGIN_S = 30.0
-
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeStart:
@@ -57,7 +54,7 @@ class Episode:
     behavior_logprobs: list[float] = dataclasses.field(default_factory=list)  # 0 at observation tokens
     turn_versions: list[int] = dataclasses.field(default_factory=list)
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    finish_reason: str = ""  # the last turn's ("stop", "length"), or "length" (budget), "error", "abort"
+    finish_reason: str = ""  # the last turn's ("stop", "length"), or "length" (budget), "error"
     error: str = ""
 
     @property
@@ -94,25 +91,15 @@ class _Live:
 def run_episodes(engine, tokenizer, config: EnvConfig, starts: Sequence[EpisodeStart], sampling: SamplingParams,
                  environment: Callable[[Mapping[str, Any], int], Environment] | None = None,
                  tool_pool: concurrent.futures.Executor | None = None) -> list[Episode]:
-    """Run every start's episodes to their end; results in start order, then sample index.
+    """Run every start's episodes to their end on one ``Engine``; results in start order, then sample index.
 
-    ``engine``: an ``Engine``, or a ``ReplicatedEngine`` whose replicas each run their share of the
-    starts (an episode stays on the replica that holds its pages). ``sampling`` gives temperature,
-    top-k/p and stop settings; each turn's ``max_new_tokens`` is the smaller of
-    ``config.max_turn_tokens`` and what the episode's budget has left. ``environment`` (row, sample
-    index) -> Environment overrides the config's (a replay passes ``RecordedEnvironment`` ones).
+    ``sampling`` gives temperature, top-k/p and stop settings; each turn's ``max_new_tokens`` is the
+    smaller of ``config.max_turn_tokens`` and what the episode's budget has left. ``environment``
+    (row, sample index) -> Environment overrides the config's (a replay passes ``RecordedEnvironment``
+    ones). Over a replicated engine, ``rlax_core.rollout.host.EngineHost.run_episodes`` gives each
+    replica its share of the starts.
     """
-    replicas = getattr(engine, "engines", None)
-    if replicas is not None:
-        shares = [list(range(i, len(starts), len(replicas))) for i in range(len(replicas))]
-        with concurrent.futures.ThreadPoolExecutor(len(replicas), thread_name_prefix="episodes") as threads:
-            results = list(threads.map(
-                lambda pair: run_episodes(pair[0], tokenizer, config, [starts[i] for i in pair[1]], sampling,
-                                          environment, tool_pool), zip(replicas, shares)))
-        by_start = {i: episodes for share, result in zip(shares, results) for i, episodes in
-                    zip(share, _per_start(result, [starts[i] for i in share]))}
-        return [episode for i in range(len(starts)) for episode in by_start[i]]
-    from rlax_core.inference.engine import Request
+    from rlax_core.inference.sequences import Request
 
     make = environment or (lambda row, _: make_environment(config, row, tokenizer))
     budget = min(config.max_tokens, engine.config.max_seq_len)
@@ -136,21 +123,20 @@ def run_episodes(engine, tokenizer, config: EnvConfig, starts: Sequence[EpisodeS
     own_pool = tool_pool is None
     pool = tool_pool or concurrent.futures.ThreadPoolExecutor(config.tool_workers, thread_name_prefix="env-tools")
     waiting: dict[concurrent.futures.Future, tuple[_Live, Any]] = {}  # the future of a turn's answer
-    deadline_s = config.python.limits.wall_seconds + TOOL_WAIT_MARGIN_S
     try:
         while engine.has_unfinished() or waiting:
             if engine.has_unfinished():
                 for _, completion in engine.step():
                     state = live[(completion.prompt_id, completion.sample_index)]
-                    if _record_turn(state, completion, tokenizer):
-                        future = pool.submit(state.environment.step, state.episode.turns[-1]["text"],
-                                             completion.finish_reason)
-                        waiting[future] = (state, completion)
+                    _record_turn(state, completion, tokenizer)
+                    future = pool.submit(state.environment.step, state.episode.turns[-1]["text"],
+                                         completion.finish_reason)
+                    waiting[future] = (state, completion)
             else:
-                done, _ = concurrent.futures.wait(waiting, timeout=deadline_s, return_when="FIRST_COMPLETED")
+                done, _ = concurrent.futures.wait(waiting, timeout=config.step_timeout_s, return_when="FIRST_COMPLETED")
                 if not done:
-                    raise TimeoutError(f"no environment answered within {deadline_s:.0f} s "
-                                       f"({len(waiting)} episodes waiting on tools)")
+                    raise TimeoutError(f"no environment answered within env.step_timeout_s={config.step_timeout_s:g} s "
+                                       f"({len(waiting)} episodes waiting on their environment)")
             for future in [f for f in waiting if f.done()]:
                 state, completion = waiting.pop(future)
                 _answer(engine, tokenizer, config, sampling, state, completion, future)
@@ -162,22 +148,14 @@ def run_episodes(engine, tokenizer, config: EnvConfig, starts: Sequence[EpisodeS
     return [live[key].episode for key in order]
 
 
-def _per_start(episodes: list[Episode], starts: Sequence[EpisodeStart]) -> list[list[Episode]]:
-    out, at = [], 0
-    for start in starts:
-        out.append(episodes[at:at + start.samples])
-        at += start.samples
-    return out
-
-
 def _turn(sampling: SamplingParams, env: Environment, max_new: int, samples_per_prompt: int = 1) -> SamplingParams:
     stops = tuple(dict.fromkeys((*sampling.stop_strings, *env.stop_strings)))
     return dataclasses.replace(sampling, max_new_tokens=max_new, samples_per_prompt=samples_per_prompt,
                                stop_strings=stops)
 
 
-def _record_turn(state: _Live, completion, tokenizer) -> bool:
-    """Append the turn to the transcript; whether the environment should answer it."""
+def _record_turn(state: _Live, completion, tokenizer) -> None:
+    """Append the turn to the transcript."""
     episode = state.episode
     start = len(episode.completion_ids)
     episode.completion_ids += completion.completion_ids
@@ -190,7 +168,6 @@ def _record_turn(state: _Live, completion, tokenizer) -> bool:
                           "finish_reason": completion.finish_reason, "text": text, "reward": 0.0,
                           "observation": "", "info": {}})
     episode.finish_reason = completion.finish_reason
-    return completion.finish_reason != "abort"
 
 
 def _answer(engine, tokenizer, config: EnvConfig, sampling: SamplingParams, state: _Live, completion,
@@ -204,7 +181,8 @@ def _answer(engine, tokenizer, config: EnvConfig, sampling: SamplingParams, stat
         engine.end_episode(state.handle)
         return
     turn.update(reward=float(result.reward), observation=result.observation, info=dict(result.info))
-    if result.done or len(episode.turns) >= config.max_turns:
+    if result.done or len(episode.turns) >= config.max_turns:  # the turn budget is the runner's to keep
+        turn["observation"] = ""  # the episode ends without it
         engine.end_episode(state.handle)
         return
     observation = list(tokenizer.encode(result.observation, add_bos=False)) if result.observation else []

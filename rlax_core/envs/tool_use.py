@@ -1,7 +1,7 @@
 """``tool_use``: a task prompt, then turns in which the policy may call tools until it answers.
 
 A turn with tool calls is answered with their outputs; a turn without one is the answer and ends the
-episode (as does ``max_turns``). The answer is judged by the run's reward terms on the policy's text
+episode (the runner ends it after ``max_turns`` turns too). The answer is judged by the run's reward terms on the policy's text
 of all turns (the math verifier reads the last ``\\boxed{}``), so the environment's own turn rewards
 are 0 unless ``options.call_penalty`` charges for each failed call.
 
@@ -63,9 +63,7 @@ class ToolUseEnvironment(Environment):
             outputs.append(output)
             infos.append(info)
         penalty = float(self.config.options.get("call_penalty", 0.0)) * sum(not info["ok"] for info in infos)
-        done = self.turn >= self.config.max_turns
-        return TurnResult(observation="" if done else self._observation(outputs), reward=-penalty, done=done,
-                          info={"calls": infos})
+        return TurnResult(observation=self._observation(outputs), reward=-penalty, info={"calls": infos})
 
     def _observation(self, outputs: list[str]) -> str:
         if self.config.tool_format == "python_block":

@@ -4,7 +4,7 @@
 arguments, an exception, a timeout, a crashed interpreter) it returns the text the policy sees and an
 info record; it never raises. So a policy's mistake is an observation, never a lost episode.
 
-The interpreter runs each cell with ``rewards.sandbox.run_sandboxed``, the sandbox that runs code
+The interpreter runs each cell with ``sandbox.run.run_sandboxed``, the sandbox that runs code
 under test for the code reward, with its containment unchanged and the limits of
 ``EnvConfig.python``. State between cells is kept by replay, never by a live process: the episode
 remembers the cells that ran without error, and each new cell runs after them in one fresh sandbox
@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from rlax_core.envs.base import EnvConfig, Tool, register_tool
 from rlax_core.envs.tool_calls import ToolCall
-from rlax_core.rewards.sandbox import run_sandboxed
+from rlax_core.sandbox.run import run_sandboxed
 
 
 def call_tool(tools: Mapping[str, Tool], call: ToolCall, state: dict) -> tuple[str, dict[str, Any]]:

@@ -7,7 +7,8 @@ environment then starts the next paragraph with ``options.bridge`` ("The next da
 turn ended at its newline)
 and asks for the next word. stories260K cannot read instructions, so, as in the single-turn story
 task, the request lives in the reward. The reward of a turn is its ``score_story`` reward; the
-episode's return is their sum, and it passes when every turn passed.
+episode's return is their sum, and it passes when every turn passed. The episode has a turn per word;
+the runner ends it sooner at ``max_turns``, and every turn reports whether the episode so far passes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class WordChain(Environment):
 
     def __init__(self, config, row, tokenizer=None):
         super().__init__(config, row, tokenizer)
-        self.words = tuple(config.options.get("words", DEFAULT_WORDS))[:config.max_turns]
+        self.words = tuple(config.options.get("words", DEFAULT_WORDS))
         self.bridge = str(config.options.get("bridge", "The next day, "))
         self.passes: list[bool] = []
 
@@ -37,6 +38,6 @@ class WordChain(Environment):
                                    StoryTaskConfig(target_word=word, max_new_tokens=self.config.max_turn_tokens))
         self.passes.append(bool(info["pass"]))
         done = self.turn >= len(self.words)
-        # The episode passes when every turn did: its last turn says so (the loop's pass@k reads it).
+        # The episode passes when every turn did; its last turn, wherever it ends, says so (the loop's pass@k reads it).
         return TurnResult(observation="" if done else self.bridge, reward=reward, done=done,
-                          info={"word": word, "turn_pass": bool(info["pass"]), **({"pass": all(self.passes)} if done else {})})
+                          info={"word": word, "turn_pass": bool(info["pass"]), "pass": all(self.passes)})

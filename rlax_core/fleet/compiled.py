@@ -8,19 +8,22 @@ chip's compiled program (``rlax_core.compile.report``); the chips of one engine 
 trainer slice run their programs in step, so a program's time per chip is the replica's time.
 
 * Decode: XLA counts a loop body once, so the decode program's figure is one decode step of every
-  slot. The engine reserves a sequence's pages for its whole budget (prompt + ``max_new_tokens``)
-  when it admits it, so the sequences decoding at once are ``min(num_slots, num_pages // pages per
-  budget)``; one step yields a token for each of them.
+  slot. How many sequences decode at once is the pool's (``planning.memory.concurrent_sequences``):
+  reserving whole budgets (``engine.admission: reserve``), ``num_pages`` over pages per budget;
+  with pages on demand, over what a running sequence holds on average, its prompt and
+  E[L^2] / 2 E[L] of the response lengths (``loop.response_lengths``). One step yields a token for
+  each of them.
 * Prefill: the samples of one prompt share one prefill (the engine copies the first sample's pages),
   so a group costs one row of the prefill program at the smallest compiled bucket holding its prompt
   (left out, and said so, when the report holds no prefill).
-* Update: the trainer's step loops over PPO epochs, mini-batches and micro-batches, and its layers
-  are one scanned block (``trainer.scan_layers``): XLA counts each loop body once, so its figure
-  is one micro-batch through one layer plus what lies outside the layer scan (embedding, logits,
-  loss, optimizer). The step is ``update_iterations x layer_loop_factor`` times the figure, where
-  ``layer_loop_factor`` is the model's forward FLOPs per token over those of the same model with one
-  layer (1 with unrolled layers): it scales the whole figure, the outside part included, so it
-  leans high.
+* Update: the trainer's step loops over PPO epochs, mini-batches and micro-batches, its layers
+  are one scanned block (``trainer.scan_layers``), and on TPU XLA turns sharded matmuls into
+  windowed-einsum loops: XLA counts each loop body once. A report that carries
+  ``roofline_per_run_s`` (``compile.loops``: each loop weighed by its trip count in the compiled
+  HLO) gives the whole step. An older report gives one trip of each loop; the step is then
+  ``update_iterations x layer_loop_factor`` times it, where ``layer_loop_factor`` is the model's
+  forward FLOPs per token over those of the same model with one layer (1 with unrolled layers),
+  which misses the windowed einsums' trips.
 * Weight sync: the published weights' bytes over the host network, written by the trainer's hosts
   together and read whole by each rollout host: ``bytes / (trainer_hosts x bandwidth) + bytes /
   bandwidth``.
@@ -36,6 +39,7 @@ import re
 from typing import Any
 
 from rlax_core.fleet.simulate import FleetParams, simulate
+from rlax_core.planning.memory import concurrent_sequences
 
 # The program names ``rlax_core.compile.programs`` gives: "prefill 8x1024", "decode 256 slots x 16 steps (tpu)".
 _PREFILL = re.compile(r"^prefill (\d+)x(\d+)$")
@@ -56,7 +60,8 @@ class CompiledCosts:
     decode_step_s: float  # one decode step of every slot of one engine replica
     decode_slots: int
     prefill_s: dict[int, tuple[int, float]]  # prompt bucket -> (rows per call, seconds per call)
-    update_micro_batch_s: float | None  # one micro-batch of the trainer's update step
+    update_micro_batch_s: float | None  # one trip of each loop of the trainer's update step (XLA's count)
+    update_step_s: float | None = None  # the whole step, each loop at its trip count (None: an older report)
 
     def prefill_for(self, prompt_tokens: int) -> tuple[int, int, float] | None:
         """(bucket, rows per call, seconds per call) of the smallest compiled bucket that holds the
@@ -101,7 +106,9 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_u
     return CompiledCosts(
         rollout_chip=decode[0]["chip"], trainer_chip=update[0]["chip"] if update else None,
         decode_step_s=float(decode[0]["roofline_s"]), decode_slots=int(_DECODE.match(decode[0]["program"]).group(1)),
-        prefill_s=prefill, update_micro_batch_s=float(update[0]["roofline_s"]) if update else None)
+        prefill_s=prefill, update_micro_batch_s=float(update[0]["roofline_s"]) if update else None,
+        update_step_s=float(update[0]["roofline_per_run_s"]) if update and update[0].get("roofline_per_run_s")
+        else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +130,8 @@ class FleetShape:
     weight_bytes: int  # the published weights
     layer_loop_factor: float = 1.0  # the update's layers over the one XLA counts (module docstring)
     host_network_bytes_per_s: float = HOST_NETWORK_BYTES_PER_S
+    admission: str = "reserve"  # engine.admission
+    occupancy_tokens: float = 0.0  # on_demand: completion tokens a running sequence holds on average
 
     def __post_init__(self):
         positive = ("rollout_workers", "trainer_hosts", "groups_per_step", "samples_per_prompt",
@@ -140,10 +149,11 @@ class FleetShape:
 
     @property
     def concurrent_sequences(self) -> int:
-        """Sequences an engine decodes at once: its slots, or fewer when the KV pool cannot reserve
-        every slot's budget (prompt + max_new_tokens, whole pages)."""
-        pages_per_sequence = -(-(self.prompt_tokens + self.max_new_tokens) // self.page_size)
-        return max(1, min(self.num_slots, self.num_pages // pages_per_sequence))
+        """Sequences an engine decodes at once: its slots, or fewer when the KV pool cannot hold
+        them (whole budgets under ``reserve``, what they hold on average under ``on_demand``)."""
+        return concurrent_sequences(self.num_pages, self.page_size, self.num_slots, self.prompt_tokens,
+                                    self.max_new_tokens, self.occupancy_tokens or self.max_new_tokens,
+                                    self.admission)
 
 
 def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
@@ -160,11 +170,17 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
         workers=shape.rollout_workers, max_staleness=shape.max_staleness, groups_per_step=shape.groups_per_step,
         seconds_per_token=costs.decode_step_s / concurrent,
         tokens_per_group=shape.samples_per_prompt * shape.completion_tokens,
-        trainer_step_s=(shape.update_iterations * shape.layer_loop_factor * costs.update_micro_batch_s
-                        if trainer_step_s is None else trainer_step_s),
+        trainer_step_s=trainer_step_s if trainer_step_s is not None else compiled_trainer_step_s(costs, shape),
         weight_sync_s=sync_s,
         groups_per_call=max(1, shape.num_slots // shape.samples_per_prompt),
         group_overhead_s=costs.prefill_per_group_s(shape.prompt_tokens), steps=steps, warmup_steps=steps // 5)
+
+
+def compiled_trainer_step_s(costs: CompiledCosts, shape: FleetShape) -> float:
+    """The update step's seconds: the loop-corrected figure, or an older report's scaled by the shape."""
+    if costs.update_step_s is not None:
+        return costs.update_step_s
+    return shape.update_iterations * shape.layer_loop_factor * costs.update_micro_batch_s
 
 
 def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
@@ -180,7 +196,7 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
             "decode_step_s": {"value": costs.decode_step_s, "from": f"compiled: decode of {costs.decode_slots} slots "
                                                                        f"on {costs.rollout_chip}, roofline"},
             "concurrent_sequences": {"value": min(shape.concurrent_sequences, costs.decode_slots),
-                                     "from": "recipe: slots, and pages reserved per prompt + max_new_tokens"},
+                                     "from": f"recipe: slots and pages, engine.admission={shape.admission}"},
             "prefill_per_group_s": {"value": params.group_overhead_s, "from": (
                 f"compiled: prefill {prefill[1]}x{prefill[0]} on {costs.rollout_chip}, one row" if prefill
                 else "assumed: 0, no prefill program was compiled")},
@@ -188,8 +204,10 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
                                      "from": f"compiled: update step on {costs.trainer_chip}, roofline"
                                      if costs.update_micro_batch_s is not None else "not compiled"},
             "trainer_step_s": {"value": params.trainer_step_s, "from": (
+                "assumed: given" if trainer_step_s is not None else
+                "compiled: the update's roofline, each loop at its trip count" if costs.update_step_s is not None else
                 f"compiled: the update's roofline x {shape.update_iterations} micro-batches"
-                f" x {shape.layer_loop_factor:.2f} (layers)" if trainer_step_s is None else "assumed: given")},
+                f" x {shape.layer_loop_factor:.2f} (layers)")},
             "weight_sync_s": {"value": params.weight_sync_s, "from": f"recipe: {shape.weight_bytes} bytes; assumed: "
                               f"{shape.host_network_bytes_per_s * 8 / 1e9:g} Gbps per host"},
             "prompt_tokens": {"value": shape.prompt_tokens, "from": "assumed"},

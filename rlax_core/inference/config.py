@@ -1,21 +1,25 @@
-"""The engine's configuration types: how the engine is built, how one request samples, and a model with
-its sampling settings (``GenerationSpec``, the batch pipelines' ``generation:`` section).
+"""The engine's configuration types: how the engine is built, how one request samples, how a run
+samples (``SamplingConfig``: the ``sampling:`` block of ``loop:`` and of every ``generation:``), and a
+model with its sampling settings (``GenerationSpec``, the batch pipelines' ``generation:`` section).
 
 ``EngineConfig`` fixes every compiled shape (slots, pages, prompt buckets, steps per call), so an
 engine built from it compiles a bounded set of programs and then never again. ``SamplingParams``
-travels with each request and changes nothing that is compiled.
+travels with each request and changes nothing that is compiled; ``SamplingConfig.params`` makes it
+from a config and the engine it runs on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import PurePosixPath
-from typing import Literal
+from typing import ClassVar, Literal
 
 from rlax_core.config import require
 
 AttentionImpl = Literal["auto", "pallas", "window", "reference"]
 LoraMode = Literal["auto", "merged", "on_the_fly"]
+Admission = Literal["on_demand", "reserve"]
+OnNewVersion = Literal["continue", "recompute", "drain"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +29,9 @@ class EngineConfig:
     num_slots: sequences decoded together (the decode batch).
     page_size / num_pages: the paged KV cache; a sequence holds ceil(len / page_size) pages. Page 0
       is reserved as a write sink for padding and idle slots, so num_pages - 1 pages hold sequences.
+      "auto": what the chip holds after everything else (``planning.memory.plan_rollout``: the chip's
+      memory less the stated headroom, the weights, the incoming version where swaps drain, the
+      programs' temporaries), resolved when a run config with ``hardware.rollout`` is loaded.
     max_prompt_len / max_new_tokens: the longest prompt and completion a request may ask for.
     prefill_buckets: prompt lengths are padded up to the next bucket, so prefill compiles once per
       bucket (and per power-of-two prefill batch) and never for a new length.
@@ -49,13 +56,24 @@ class EngineConfig:
     lora_mode: how ``Engine.update_adapters`` applies an adapter version to the held base. "merged":
       W + alpha / rank * A @ B once per version (a decode step costs the base model's; the base's
       adapted kernels are held twice). "on_the_fly": x @ W + (x @ A) @ B in every adapted projection
-      of every step (no merge at the swap, one copy of the weights). "auto": the faster one as
-      measured by ``benchmarks/adapter_serving.py`` (``Engine.resolve_lora_mode``).
+      of every step (no merge at the swap, one copy of the weights). "auto": "merged" on every
+      platform, the faster on CPU as ``benchmarks/adapter_serving.py`` measured it; TPU and GPU are
+      not measured yet (``placement.lora_mode_for``).
+    admission: how a sequence takes pages (``pages``). "on_demand": its prompt's pages plus one
+      decode call's look-ahead when admitted, a page more as it crosses each page boundary; when the
+      pool runs out the engine preempts the most recently queued running sequence (its pages freed,
+      its prompt and tokens so far recomputed when it resumes; outputs unchanged). "reserve": its
+      whole budget (prompt + max_new_tokens, or an episode's tokens) up front, nothing preempted.
+    on_new_version: what ``update_weights`` does to running sequences. "continue": the new version is
+      installed before the next decode call and they go on under it (their cache from the old one);
+      "recompute": their prompts and tokens so far are recomputed under it first; "drain": admission
+      pauses until they finish on their version (two versions resident meanwhile). Completions record
+      the version of every token (``Completion.token_versions``).
     """
 
     num_slots: int = 16
     page_size: int = 16
-    num_pages: int = 512
+    num_pages: int | Literal["auto"] = 512
     max_prompt_len: int = 256
     max_new_tokens: int = 256
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
@@ -66,8 +84,13 @@ class EngineConfig:
     tensor_parallel: int = 1
     max_prefill_batch: int = 0
     lora_mode: LoraMode = "auto"
+    admission: Admission = "on_demand"
+    on_new_version: OnNewVersion = "continue"
 
     def __post_init__(self):
+        require(self.admission in ("on_demand", "reserve"), "admission", "must be on_demand or reserve")
+        require(self.on_new_version in ("continue", "recompute", "drain"), "on_new_version",
+                "must be continue, recompute or drain")
         require(self.lora_mode in ("auto", "merged", "on_the_fly"), "lora_mode",
                 "must be auto, merged or on_the_fly")
         require(self.replicas >= 0, "replicas", "must be >= 0 (0: as many as the local devices hold)")
@@ -90,7 +113,7 @@ class EngineConfig:
             f"the largest bucket must hold max_prompt_len={self.max_prompt_len}",
         )
         require(
-            self.num_pages >= self.pages_per_sequence + 1,
+            self.num_pages == "auto" or self.num_pages >= self.pages_per_sequence + 1,
             "num_pages",
             f"must hold the reserved sink page plus one longest sequence ({self.pages_per_sequence} pages of {self.page_size})",
         )
@@ -103,6 +126,15 @@ class EngineConfig:
     def prefill_batch(self) -> int:
         """The most prompts one prefill call takes."""
         return min(self.num_slots, self.max_prefill_batch or self.num_slots)
+
+    @property
+    def prefill_batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes prefill compiles for: powers of two up to ``prefill_batch``."""
+        sizes, size = [], 1
+        while size < self.prefill_batch:
+            sizes.append(size)
+            size *= 2
+        return (*sizes, self.prefill_batch)
 
     @property
     def pages_per_sequence(self) -> int:
@@ -161,30 +193,65 @@ class SamplingParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class GenerationSpec:
-    """A model and how to sample it; picklable, so Beam ships it to every worker."""
+class SamplingConfig:
+    """How a run samples its model: the ``sampling:`` block of ``loop:`` (the rollouts) and of every
+    ``generation:`` (filtering, evaluation). ``max_new_tokens`` 0 is the engine's budget
+    (``engine.max_new_tokens``); ``stop_token_ids`` and ``stop_strings`` end a sample besides EOS."""
 
-    # Hugging Face folder, llama2.c .bin or a folder holding one (local or gs://), a weight-store
-    # version (weights:ROOT[@VERSION]) or an orbax checkpoint (checkpoint:DIR[@STEP]); see
-    # rlax_core.training.policy_source
-    model: str = ""
-    tokenizer: str | None = None  # default: the model's folder
-    name: str | None = None  # label in reports; default: the model folder's name
-    samples: int = 8  # completions per prompt
+    samples_per_prompt: int = 8  # a group: GRPO-like advantages compare a prompt's samples; pass@k's n
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    max_new_tokens: int = 64
+    max_new_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
+        require(self.temperature >= 0, "temperature", ">= 0 (0 is greedy)")
+        require(0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        require(self.top_k >= 0, "top_k", ">= 0 (0: no top-k filter)")
+        require(self.max_new_tokens >= 0, "max_new_tokens", ">= 0 (0: the engine's max_new_tokens)")
+        require(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids >= 0")
+        require(all(self.stop_strings), "stop_strings", "non-empty strings")
+
+    def budget(self, engine: EngineConfig) -> int:
+        """New tokens a sample may take on ``engine``."""
+        return self.max_new_tokens or engine.max_new_tokens
+
+    def params(self, engine: EngineConfig) -> SamplingParams:
+        """The engine's per-request settings for a sample on ``engine``."""
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.budget(engine), samples_per_prompt=self.samples_per_prompt,
+                              stop_token_ids=self.stop_token_ids, stop_strings=self.stop_strings)
+
+
+# The keys a section held before its sampling settings moved into its ``sampling:`` block.
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "stop_strings")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSpec:
+    """A model and how to sample it; picklable, so Beam ships it to every worker."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"samples": "sampling.samples_per_prompt",
+                                         **{key: f"sampling.{key}" for key in SAMPLING_KEYS}}
+
+    # Hugging Face folder, llama2.c .bin or a folder holding one (local or gs://), a weight-store
+    # version (weights:ROOT[@VERSION]) or an orbax checkpoint (checkpoint:DIR[@STEP]); see
+    # rlax_core.policy.source
+    model: str = ""
+    tokenizer: str | None = None  # default: the model's folder
+    name: str | None = None  # label in reports; default: the model folder's name
+    sampling: SamplingConfig = SamplingConfig()
     seed: int = 0
     batch_size: int = 8  # prompts per engine call
     dtype: Literal["float32", "bfloat16"] = "float32"
     engine: EngineConfig = EngineConfig(max_prompt_len=256, max_new_tokens=256)
 
     def __post_init__(self):
-        require(self.samples >= 1, "samples", "at least 1")
         require(self.batch_size >= 1, "batch_size", "at least 1")
-        require(self.max_new_tokens <= self.engine.max_new_tokens, "max_new_tokens",
+        require(self.sampling.max_new_tokens <= self.engine.max_new_tokens, "sampling.max_new_tokens",
                 f"at most engine.max_new_tokens={self.engine.max_new_tokens}")
         require(0 <= self.seed < 2**31, "seed", "in [0, 2**31)")
 
@@ -192,7 +259,6 @@ class GenerationSpec:
     def label(self) -> str:
         return self.name or PurePosixPath(self.model.rstrip("/")).name
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.max_new_tokens, samples_per_prompt=self.samples,
-                              stop_strings=self.stop_strings)
+    def params(self) -> SamplingParams:
+        """Each request's sampling settings on this spec's engine."""
+        return self.sampling.params(self.engine)

@@ -8,18 +8,23 @@ every cached token at or before it. The history before them is never computed ag
 makes a turn cost its own tokens instead of the whole transcript's (``benchmarks/multi_turn.py``).
 
 A prompt prefill (``programs.prefill``) attends only within the call; here the keys come from the
-pages, so the same program also serves a sequence re-prefilled from position 0 in chunks (the
-engine does that after a weight swap, so that a turn's log-probs come from one version).
+pages, so the same program also serves a sequence re-prefilled from position 0 in chunks: a turn
+whose cache other weights computed, and a sequence resuming after a preemption (its prompt and the
+tokens it had sampled, ``feed_uncached``).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.kv_cache import KVCache, gather_pages, write_pages
+from rlax_core.inference.sequences import SequenceState
 from rlax_core.inference.sharding import kv_pool_sharding
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward_with_cache
@@ -69,3 +74,36 @@ def extend(params, cache: KVCache, tokens, positions, page_table, *, model_confi
     # A tensor-parallel replica's cache keeps its KV-head sharding through the donation (as ``programs``).
     pin = lambda pool: jax.lax.with_sharding_constraint(pool, kv_pool_sharding(pool.shape, mesh))
     return KVCache(tuple(map(pin, cache.k)), tuple(map(pin, cache.v)))
+
+
+# Feeds tokens [B, T] at positions [B, T] (-1: padding) into the pages of page table [B, P]
+# (``extend`` on an engine's weights and cache).
+Extend = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def feed_uncached(sequences: list[SequenceState], config: EngineConfig, extend: Extend) -> None:
+    """Compute each sequence's tokens from ``cached`` up to, not including, its last (which the
+    decode loop feeds) into its pages, in calls of at most one prefill batch and the largest prefill
+    bucket: a long history takes several."""
+    chunk = config.prefill_buckets[-1]
+    pending = {id(seq): seq.cached for seq in sequences}
+    while True:
+        rows = [seq for seq in sequences if pending[id(seq)] < seq.length - 1]
+        if not rows:
+            return
+        for start in range(0, len(rows), config.prefill_batch):
+            group = rows[start:start + config.prefill_batch]
+            batch = next(b for b in config.prefill_batch_sizes if b >= len(group))
+            spans = [(pending[id(seq)], min(pending[id(seq)] + chunk, seq.length - 1)) for seq in group]
+            length = config.bucket_for(max(end - begin for begin, end in spans))
+            tokens = np.zeros((batch, length), np.int32)
+            positions = np.full((batch, length), -1, np.int32)
+            page_table = np.zeros((batch, config.pages_per_sequence), np.int32)
+            for row, (seq, (begin, end)) in enumerate(zip(group, spans)):
+                tokens[row, :end - begin] = seq.fed_tokens(begin, end)
+                positions[row, :end - begin] = np.arange(begin, end)
+                page_table[row, :len(seq.pages)] = seq.pages
+                pending[id(seq)] = end
+            extend(tokens, positions, page_table)
+        for seq in sequences:
+            seq.cached = pending[id(seq)]

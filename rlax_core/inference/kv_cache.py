@@ -1,4 +1,5 @@
-"""The paged KV cache: fixed-size pages on the device, a page table per slot, a free list on the host.
+"""The paged KV cache: fixed-size pages on the device and a page table per slot (the host's side of
+the pages, which sequence holds which, is ``pages``).
 
 A sequence's keys and values live in ``ceil(len / page_size)`` pages anywhere in one shared pool;
 row ``s`` of the page table lists slot ``s``'s pages in order, so token ``p`` of that sequence sits
@@ -6,8 +7,7 @@ at ``(page_table[s, p // page_size], p % page_size)``. Memory follows each reque
 budget (prompt + its max_new_tokens) instead of the engine-wide maximum.
 
 Page 0 is never handed out: it is the sink for writes that must go nowhere (prompt padding, idle
-slots), which keeps every write a fixed-shape scatter with no branch. Admission control reserves a
-request's worst-case pages before it starts, so a running sequence never runs out of pages.
+slots), which keeps every write a fixed-shape scatter with no branch.
 
 The pools are per layer and KV-heads-major, ``[num_kv_heads, num_pages, page_size, head_dim]``:
 the layout JAX's paged-attention kernels (TPU and GPU) read in place, and the one a tensor-parallel
@@ -162,35 +162,3 @@ def scatter_window(cache: KVCache, window: DecodeWindow, page_table: jax.Array) 
     v_pools = tuple(put(pool, values.transpose(0, 1, 3, 2) if minor else values)
                     for pool, values in zip(cache.v, window.v))
     return KVCache(k_pools, v_pools)
-
-
-class PageAllocator:
-    """Host-side free list of pages 1..num_pages-1 (page 0 is the sink)."""
-
-    def __init__(self, num_pages: int):
-        if num_pages < 2:
-            raise ValueError("a paged cache needs the sink page plus at least one page")
-        self.num_pages = num_pages
-        # Hand out low page numbers first: a fresh engine then touches a compact prefix of the pool.
-        self._free = list(range(num_pages - 1, SINK_PAGE, -1))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, count: int) -> list[int] | None:
-        """``count`` pages, or None (and nothing taken) when fewer are free."""
-        if count > len(self._free):
-            return None
-        return [self._free.pop() for _ in range(count)]
-
-    def free(self, pages: list[int]) -> None:
-        if any(p == SINK_PAGE or not 0 < p < self.num_pages for p in pages):
-            raise ValueError(f"cannot free pages {pages}: outside 1..{self.num_pages - 1}")
-        self._free.extend(reversed(pages))
-        if len(self._free) > self.num_pages - 1:
-            raise RuntimeError("page freed twice: the free list holds more pages than the pool")
-
-
-def pages_needed(num_tokens: int, page_size: int) -> int:
-    return -(-num_tokens // page_size)

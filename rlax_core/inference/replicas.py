@@ -33,7 +33,8 @@ from rlax_core.models.config import ModelConfig
 
 
 class ReplicatedEngine:
-    """``Engine``'s ``generate`` / ``update_weights`` / ``update_adapters`` / ``warm_up`` over one engine per device.
+    """``Engine``'s ``generate`` / ``update_weights`` / ``update_adapters`` / ``warm_up`` over one engine per
+    device, and ``each_replica`` for work that drives one engine itself (multi-turn episodes).
 
     ``devices`` default to the first ``config.replicas * config.tensor_parallel`` local devices
     (all of them for 0); consecutive groups of ``tensor_parallel`` form one replica.
@@ -50,6 +51,10 @@ class ReplicatedEngine:
         else:
             self.engines = [Engine(one, model_config, params, version, detokenize, devices=group) for group in groups]
         self._threads = ThreadPoolExecutor(len(groups), thread_name_prefix="engine-replica")
+
+    @property
+    def replicas(self) -> int:
+        return len(self.engines)
 
     @property
     def version(self) -> int:
@@ -72,6 +77,15 @@ class ReplicatedEngine:
                 by_request[i] = completions[position:position + requests[i].sampling.samples_per_prompt]
                 position += requests[i].sampling.samples_per_prompt
         return [completion for completions in by_request for completion in completions]
+
+    def each_replica(self, items: Sequence[Any], work: Callable[[Engine, list], list]) -> list:
+        """``work(engine, share)`` on every replica at once, the items dealt round-robin; ``work``
+        returns one result per item of its share, and the results come back in item order. For work
+        that must stay on one replica from start to end (an episode keeps its pages there)."""
+        shares = [list(range(i, len(items), len(self.engines))) for i in range(len(self.engines))]
+        results = self._on_every_replica(lambda engine, share: work(engine, [items[i] for i in share]), shares)
+        by_item = {i: result for share, share_results in zip(shares, results) for i, result in zip(share, share_results)}
+        return [by_item[i] for i in range(len(items))]
 
     def update_weights(self, params: Any, version: int) -> None:
         for engine in self.engines:

@@ -15,9 +15,13 @@ unspecified (no loss reads it); every real query's output is the softmax average
   not partitioned by XLA, so on a mesh it runs under ``shard_map``: rows over the batch axes, heads
   over ``tensor`` where it divides the KV heads.
 - ``"cudnn"``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN's fused attention)
-  with the same-segment mask (the GPU path).
+  with the same-segment mask (the GPU path). JAX's partitioner for it wants q, k and v sharded
+  alike, which a GQA model's projections are not (its fewer KV heads shard differently from the
+  query heads, and under FSDP XLA places each as it likes): on a mesh it runs under ``shard_map``
+  too, each device attending over its own rows and heads, as splash does.
 
-``interpret=True`` runs the splash kernel on CPU (tests compare it with the dense path there).
+``interpret=True`` runs the splash kernel on CPU, and the cuDNN call as XLA's implementation of the
+same call (tests compare both with the dense path there).
 """
 
 from __future__ import annotations
@@ -92,22 +96,33 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     """See the module docstring. Returns [B, T, Hq, D] in v's dtype."""
     if impl == "dense":
         return masked_attention(q, k, v, same_segment_mask(segment_ids))
-    if impl == "cudnn":
-        mask = same_segment_mask(segment_ids)[:, None]
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, scale=q.shape[-1] ** -0.5,
-                                            implementation="xla" if interpret else "cudnn").astype(v.dtype)
-    if impl != "splash":
+    if impl not in IMPLS:
         raise ValueError(f"unknown attention implementation {impl!r}; expected one of {IMPLS}")
     if not fits(impl, q.shape[1]):
         raise ValueError(f"splash attention needs rows of a multiple of {_SPLASH_MIN_BLOCK} tokens, not {q.shape[1]}")
-    kernel = functools.partial(_splash, interpret=interpret)
+    kernel = functools.partial(_splash if impl == "splash" else _cudnn, interpret=interpret)
     if mesh is None:
         return kernel(q, k, v, segment_ids)
-    batch_axes = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1 and q.shape[0] % mesh.shape[a] == 0)
+    batch_axes = row_axes(mesh, q.shape[0])
     heads = "tensor" if k.shape[2] % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
     qkv = PartitionSpec(batch_axes or None, None, heads, None)
     return jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, PartitionSpec(batch_axes or None, None)),
                          out_specs=qkv, check_vma=False)(q, k, v, segment_ids)
+
+
+def row_axes(mesh: Mesh, rows: int) -> tuple[str, ...]:
+    """The batch axes of ``mesh`` whose product divides ``rows``: what a kernel's rows split over."""
+    axes, shards = (), 1
+    for axis in BATCH_AXES:
+        if mesh.shape[axis] > 1 and rows % (shards * mesh.shape[axis]) == 0:
+            axes, shards = axes + (axis,), shards * mesh.shape[axis]
+    return axes
+
+
+def _cudnn(q, k, v, segment_ids, *, interpret: bool):
+    mask = same_segment_mask(segment_ids)[:, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, scale=q.shape[-1] ** -0.5,
+                                        implementation="xla" if interpret else "cudnn").astype(v.dtype)
 
 
 def _block(steps: int) -> int:

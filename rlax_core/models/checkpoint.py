@@ -32,8 +32,6 @@ from typing import Callable, Iterator, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from rlax_core.config import InputError
 from rlax_core.models.config import PUBLISHED_CONFIGS, ModelConfig
@@ -236,6 +234,10 @@ def load_safetensors_folder(folder: Path, config: ModelConfig, dtype=jnp.float32
         files = [SAFETENSORS_SINGLE]
     else:
         raise CheckpointError(f"{folder}: no {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX}")
+    # safetensors is imported where it is read or written: the engine and the trainer import this
+    # package on hosts that hold JAX alone (benchmarks/device_check.py's device machine).
+    from safetensors import safe_open
+
     with contextlib.ExitStack() as stack:
         handles = {}
         for file in files:
@@ -477,6 +479,8 @@ def save_pretrained(model: Model, path: str | os.PathLike, max_shard_size: int |
         hf_config = config.to_hf()
         hf_config["torch_dtype"] = np.dtype(model.dtype).name
         (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        from safetensors.numpy import save_file
+
         weight_map = {}
         for shard, file in zip(shards, names):
             # One shard in host memory at a time.

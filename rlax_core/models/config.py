@@ -403,6 +403,11 @@ PUBLISHED_CONFIGS: dict[str, ModelConfig] = {
                                          num_kv_heads=2, max_position_embeddings=32768,
                                          **{**_QWEN25, "vocab_size": 151936, "tie_word_embeddings": True,
                                             "eos_token_ids": (151645,)}),
+    # The device check's model (benchmarks/device_check.py: random weights of this shape).
+    "Qwen2.5-0.5B-Instruct": ModelConfig(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                                         num_kv_heads=2, max_position_embeddings=32768,
+                                         **{**_QWEN25, "head_dim": 64, "vocab_size": 151936,
+                                            "tie_word_embeddings": True, "eos_token_ids": (151645,)}),
     "QwQ-32B": ModelConfig(hidden_size=5120, intermediate_size=27648, num_layers=64, num_heads=40, num_kv_heads=8,
                            max_position_embeddings=40960, **{**_QWEN25, "eos_token_ids": (151645,)}),
 }

@@ -54,7 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from rlax_core.models.attention import AttentionImpl, causal_attention, masked_attention
+from rlax_core.models.attention import AttentionImpl, causal_attention, masked_attention, same_segment_mask
+from rlax_core.models.context import balanced_order, context_attention, context_shards, shard_tokens
 from rlax_core.models.config import INIT_STDDEV, ModelConfig, rope_inverse_frequencies
 from rlax_core.models.lora import FUSED_PROJECTIONS, low_rank_term
 from rlax_core.models.moe import Routing, SparseMoe
@@ -287,6 +288,13 @@ def _full_sequence_attend(mask: jax.Array) -> Attend:
     return attend
 
 
+def _context_attend(segment_ids: jax.Array, token_index: jax.Array, mesh) -> Attend:
+    def attend(layer, q, k, v, cache):
+        return context_attention(q, k, v, segment_ids, token_index, mesh), cache
+
+    return attend
+
+
 def _kernel_attend(segment_ids: jax.Array, impl: AttentionImpl, mesh) -> Attend:
     def attend(layer, q, k, v, cache):
         return causal_attention(q, k, v, segment_ids, impl=impl, mesh=mesh), cache
@@ -326,7 +334,7 @@ def default_positions(attention_mask: jax.Array) -> jax.Array:
 def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
             attention_mask: jax.Array | None = None, remat: bool = False, attention: AttentionImpl = "dense",
             mesh=None, lora_dropout: float = 0.0, lora_dropout_rng: jax.Array | None = None,
-            expert_ids: jax.Array | None = None) -> jax.Array:
+            expert_ids: jax.Array | None = None, segment_ids: jax.Array | None = None) -> jax.Array:
     """Full-sequence forward for training and scoring: float32 logits [B, S, V].
 
     Token i sees tokens j <= i whose ``attention_mask`` is 1. ``positions`` default to the count of
@@ -341,10 +349,13 @@ def forward(params: Params, config: ModelConfig, input_ids: jax.Array, *, positi
     at that rate, with masks drawn from ``lora_dropout_rng`` (none given: no dropout).
     ``expert_ids`` [moe_layers, B, S, k] (a mixture of experts): run those experts instead of each
     router's top k, weighted by the router's probabilities of them (router replay).
+    ``segment_ids`` [B, S] int32 (packed rows: 1, 2, ... per sequence, 0 padding) replace
+    ``attention_mask``: token i sees tokens j <= i of its own segment only; give each segment's
+    ``positions`` too (they restart at 0 in each).
     """
     logits, _ = _full_sequence(params, config, input_ids, positions=positions, attention_mask=attention_mask,
                                remat=remat, attention=attention, mesh=mesh, lora_dropout=lora_dropout,
-                               lora_dropout_rng=lora_dropout_rng, expert_ids=expert_ids)
+                               lora_dropout_rng=lora_dropout_rng, expert_ids=expert_ids, segment_ids=segment_ids)
     return logits
 
 
@@ -359,31 +370,49 @@ def forward_with_routing(params: Params, config: ModelConfig, input_ids: jax.Arr
 
 def hidden_states(params: Params, config: ModelConfig, input_ids: jax.Array, *, positions: jax.Array | None = None,
                   attention_mask: jax.Array | None = None, remat: bool = False, attention: AttentionImpl = "dense",
-                  mesh=None) -> jax.Array:
+                  mesh=None, segment_ids: jax.Array | None = None) -> jax.Array:
     """As :func:`forward`, but the last layer's normalised hidden states [B, S, hidden] (compute dtype)
     instead of logits: the input of a value or reward head. ``params`` need no ``lm_head``."""
     hidden, _ = _full_sequence(params, config, input_ids, positions=positions, attention_mask=attention_mask,
-                               remat=remat, attention=attention, mesh=mesh, hidden_only=True)
+                               remat=remat, attention=attention, mesh=mesh, hidden_only=True, segment_ids=segment_ids)
     return hidden
 
 
 def _full_sequence(params, config, input_ids, *, positions=None, attention_mask=None, remat=False, attention="dense",
-                   mesh=None, hidden_only=False, lora_dropout=0.0, lora_dropout_rng=None, expert_ids=None):
+                   mesh=None, hidden_only=False, lora_dropout=0.0, lora_dropout_rng=None, expert_ids=None,
+                   segment_ids=None):
     batch, steps = input_ids.shape
-    if attention_mask is None:
+    if segment_ids is not None:  # packed rows: the segments are the mask
+        attention_mask = segment_ids > 0
+    elif attention_mask is None:
         attention_mask = jnp.ones((batch, steps), jnp.int32)
     if positions is None:
         positions = default_positions(attention_mask)
-    if attention == "dense":
+    context = context_shards(mesh)
+    if context > 1:  # context parallelism (models.context): the row's tokens over the context axis
+        if config.moe is not None:
+            raise ValueError("context parallelism (trainer.mesh.context > 1) does not yet run a mixture of experts")
+        order = balanced_order(steps, context)
+        segments = attention_mask.astype(jnp.int32) if segment_ids is None else segment_ids
+        input_ids, positions, attention_mask, segments = (shard_tokens(x[:, order], mesh) for x in
+                                                          (input_ids, positions, attention_mask, segments))
+        token_index = jnp.asarray(order, jnp.int32)
+        attend = _context_attend(segments, token_index, mesh)
+    elif attention == "dense" and segment_ids is not None:
+        attend = _full_sequence_attend(same_segment_mask(segment_ids))
+    elif attention == "dense":
         causal = jnp.tril(jnp.ones((steps, steps), bool))
         attend = _full_sequence_attend(causal[None] & attention_mask.astype(bool)[:, None, :])
-    else:  # real tokens form segment 1, padding segment 0
-        attend = _kernel_attend(attention_mask.astype(jnp.int32), attention, mesh)
+    else:  # a padded row's real tokens form segment 1, its padding segment 0
+        attend = _kernel_attend(attention_mask.astype(jnp.int32) if segment_ids is None else segment_ids,
+                                attention, mesh)
     dtype = params["embed_tokens"]["embedding"].dtype
     model = Transformer(config, attend, dtype, remat=remat, lora_dropout=lora_dropout, mesh=mesh, **_layout(params))
     rngs = {} if lora_dropout_rng is None else {LORA_DROPOUT_RNG: lora_dropout_rng}
     out, _, routing = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only,
                                   real=attention_mask.astype(bool), expert_ids=expert_ids, rngs=rngs)
+    if context > 1:
+        out = out[:, np.argsort(order)]
     return out, routing
 
 

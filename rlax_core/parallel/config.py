@@ -12,7 +12,7 @@ from rlax_core.config import require
 
 @dataclass(frozen=True)
 class MeshConfig:
-    """Device mesh: ``data x fsdp x expert x tensor``; -1 on one axis takes the devices left over.
+    """Device mesh: ``data x fsdp x expert x context x tensor``; -1 on one axis takes the devices left over.
 
     ``expert`` splits a mixture of experts' experts (and, like ``data``, the batch); a dense model
     treats it as more data parallelism.
@@ -26,6 +26,7 @@ class MeshConfig:
     data: int = 1
     fsdp: int = -1
     expert: int = 1
+    context: int = 1  # splits each row's tokens (context parallelism: models.context)
     tensor: int = 1
     distributed: bool = False
     coordinator_address: str | None = None
@@ -33,7 +34,7 @@ class MeshConfig:
     process_id: int | None = None
 
     def __post_init__(self):
-        sizes = (self.data, self.fsdp, self.expert, self.tensor)
+        sizes = (self.data, self.fsdp, self.expert, self.context, self.tensor)
         require(all(s == -1 or s >= 1 for s in sizes), "fsdp", "mesh axis sizes must be >= 1 or -1")
         require(sum(s == -1 for s in sizes) <= 1, "fsdp", "at most one mesh axis may be -1")
         explicit = (self.coordinator_address, self.num_processes, self.process_id)

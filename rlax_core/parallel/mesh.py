@@ -1,4 +1,4 @@
-"""The device mesh (``data x fsdp x expert x tensor``) and the rules that place parameters and batches on it.
+"""The device mesh (``data x fsdp x expert x context x tensor``) and the rules that place parameters and batches on it.
 
 Parameters carry *logical* axis names (``rlax_core.models.param_logical_axes``: ``"embed"``,
 ``"vocab"``, ``"heads"``, ...). ``PARTITION_RULES`` maps each name to a mesh axis; a dimension whose
@@ -7,6 +7,8 @@ model on 8 simulated CPU devices and a 7B model on a TPU slice. Batches are spli
 ``fsdp`` and ``expert`` together (FSDP is data parallelism whose parameters are sharded too; expert
 parallelism is data parallelism whose experts are split too: a sparse layer's tokens travel to the
 devices holding their experts, ``models.moe``). A dense model on ``expert`` > 1 is data parallel there.
+``context`` splits each row's tokens (context parallelism, ``models.context``): parameters are
+replicated over it, the batch is not split over it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 
 # Tensor-parallel neighbours should be the closest devices, then the experts' all-gathers: the last
 # mesh axes vary fastest.
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")
 
 # logical axis name -> mesh axis (or None: replicated). Names not listed are replicated.
@@ -65,22 +67,22 @@ def initialize_distributed(config: MeshConfig) -> None:
              jax.process_count(), jax.device_count())
 
 
-def mesh_shape(config: MeshConfig, num_devices: int) -> tuple[int, int, int, int]:
-    """The sizes of ``MESH_AXES`` (data, fsdp, expert, tensor) over ``num_devices``."""
-    sizes = [config.data, config.fsdp, config.expert, config.tensor]
+def mesh_shape(config: MeshConfig, num_devices: int) -> tuple[int, int, int, int, int]:
+    """The sizes of ``MESH_AXES`` (data, fsdp, expert, context, tensor) over ``num_devices``."""
+    sizes = [config.data, config.fsdp, config.expert, config.context, config.tensor]
     if -1 in sizes:
         known = math.prod(s for s in sizes if s != -1)
         if num_devices % known:
             raise ValueError(f"mesh {tuple(sizes)} does not fit {num_devices} devices")
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ValueError(f"mesh data x fsdp x expert x tensor = {tuple(sizes)} needs {math.prod(sizes)} devices, "
+        raise ValueError(f"mesh data x fsdp x expert x context x tensor = {tuple(sizes)} needs {math.prod(sizes)} devices, "
                          f"{num_devices} available")
     return tuple(sizes)
 
 
 def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A ``data x fsdp x expert x tensor`` mesh over ``devices`` (default: every device of every process)."""
+    """A ``data x fsdp x expert x context x tensor`` mesh over ``devices`` (default: every device of every process)."""
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(config, len(devices))
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)

@@ -59,6 +59,23 @@ CHIP_PEAKS: dict[str, ChipPeak] = {
 TPU_CHIPS = ("v4", "v5e", "v5p", "v6e")  # the chips JAX compiles for ahead of time with libtpu
 
 
+# The chip of a device, from the kind JAX reports (``jax.Device.device_kind``), in table order: the
+# first pattern that matches names it ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "TPU v5 lite").
+_DEVICE_KINDS = (("h200", r"\bH200\b"), ("h100", r"\bH100\b"), ("a100-80gb", r"\bA100\b.*80GB"),
+                 ("a100-40gb", r"\bA100\b"), ("l4", r"\bL4\b"), ("v5e", r"^TPU v5 ?lite"), ("v5p", r"^TPU v5p?$"),
+                 ("v6e", r"^TPU v6 ?lite"), ("v4", r"^TPU v4"))
+
+
+def chip_of_device_kind(kind: str) -> Optional[str]:
+    """The table's chip for a device kind JAX reports, or None (a CPU, or a chip the table lacks: the
+    table's GPUs are the SXM parts and the L4, so a PCIe card, of other peaks, is not one of them)."""
+    import re
+
+    if "PCIe" in kind:
+        return None
+    return next((chip for chip, pattern in _DEVICE_KINDS if re.search(pattern, kind)), None)
+
+
 def platform_of(chip: str) -> str:
     """JAX's platform name for a chip of the table: tpu, gpu or cpu."""
     return "tpu" if chip in TPU_CHIPS else CPU if chip == CPU else "gpu"

@@ -18,13 +18,12 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig
-from rlax_core.inference.engine import Engine
+from rlax_core.inference.placement import lora_mode_for
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.attention import fits as attention_fits
 from rlax_core.models.config import ModelConfig
@@ -34,16 +33,18 @@ from rlax_core.models.transformer import init_params, param_logical_axes
 from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
 from rlax_core.planning.hardware import CPU, GIB, SliceSpec, platform_of
 from rlax_core.training.config import TrainerConfig
+from rlax_core.utils.dtypes import dtype as dtype_named
+from rlax_core.utils.dtypes import itemsize
 
 USABLE_FRACTION = 0.9
 # XLA's generated code per chip, as `rlax compile` measured it for the small Qwen2 recipe
-# (tests/fixtures/compile): 1.4-1.9 MiB per engine program, 19-25 MiB for the trainer's update on
-# v5e and v5p. A small model's programs are mostly code; a large one's, weights and activations.
-ENGINE_CODE_BYTES = 2 * 2**20
+# (tests/fixtures/compile): 1.4-2.6 MiB per engine program, 19-25 MiB for the trainer's update on
+# v5e and v5p. An engine program's fixed scratch counts with its code: that recipe's decode on v5p
+# held 3.7 MiB of temporaries beside 2.0 MiB of code, its logits a few KiB. A small model's programs
+# are mostly code and scratch; a large one's, weights and activations.
+ENGINE_CODE_BYTES = 4 * 2**20
 TRAINER_CODE_BYTES = 24 * 2**20
-_BYTES = {"float32": 4, "bfloat16": 2}
-_JNP = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-_F32 = 4
+_F32 = itemsize("float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,8 @@ class MemoryPlan:
     bytes_per_chip: int
     parts: dict[str, int]
     knobs: dict[str, str]
+    num_pages: int = 0  # a rollout plan's KV pages (``engine.num_pages: auto`` resolved) and their size
+    page_size: int = 0
 
     @property
     def total(self) -> int:
@@ -92,7 +95,7 @@ def gib(size: int) -> str:
     return f"{size / GIB:.2f} GiB" if abs(size) >= GIB else f"{size / 2**20:.1f} MiB"
 
 
-def _sharded_bytes(model: ModelConfig, dtype: str, mesh_sizes: tuple[int, int, int, int]) -> int:
+def _sharded_bytes(model: ModelConfig, dtype: str, mesh_sizes: tuple[int, ...]) -> int:
     """Bytes per chip of the model's parameters in ``dtype`` on a data x fsdp x expert x tensor mesh
     (a mixture of experts' experts split over ``expert``, by the same rules)."""
     shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
@@ -107,7 +110,7 @@ def _targeted_kernels(model: ModelConfig, lora) -> tuple[dict, dict]:
     return ({p: shapes[m][p]["kernel"] for m, p in picked}, {p: axes[m][p]["kernel"] for m, p in picked})
 
 
-def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, int, int, int]) -> int:
+def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, ...]) -> int:
     """Bytes per chip of a tree of ``shapes`` in ``dtype`` (None: each leaf's own), each leaf placed by
     its logical ``axes``."""
     mesh = AbstractMesh(mesh_sizes, MESH_AXES)
@@ -115,7 +118,7 @@ def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, int, int
     for names, leaf in zip(jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)), jax.tree.leaves(shapes)):
         spec = spec_for(names, leaf.shape, mesh)
         split = math.prod(mesh.shape[a] for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry))
-        total += int(np.prod(leaf.shape)) * (_BYTES[dtype] if dtype else leaf.dtype.itemsize) // split
+        total += int(np.prod(leaf.shape)) * (itemsize(dtype) if dtype else leaf.dtype.itemsize) // split
     return total
 
 
@@ -130,13 +133,12 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     if hardware.chips_per_host % tp:
         raise ConfigError("engine.tensor_parallel", f"{tp} does not divide hardware.rollout.chips_per_host="
                           f"{hardware.chips_per_host}: a replica spans chips of one host")
-    weights = _sharded_bytes(model, dtype, (1, 1, 1, tp))
+    weights = _sharded_bytes(model, dtype, (1, 1, 1, 1, tp))
     kv_split = tp if model.num_kv_heads % tp == 0 else 1
     heads_split = tp if model.num_heads % tp == 0 else 1
-    cache_bytes = _BYTES[engine.cache_dtype]
-    act_bytes = _BYTES[dtype]
+    cache_bytes = itemsize(engine.cache_dtype)
+    act_bytes = itemsize(dtype)
     kv_per_token = 2 * model.num_layers * model.num_kv_heads // kv_split * model.head_dim * cache_bytes
-    kv_pool = kv_per_token * engine.num_pages * engine.page_size
     # Prefill, one layer at a time: the residual, its norm and the attention output [B, T, E]; q, k, v;
     # the MLP's gate, up and product [B, T, F]; with dense attention (the CPU's, or a bucket the flash
     # kernel cannot tile) the float32 scores and their exponentials [B, Hq, T, T]. B is the largest
@@ -154,12 +156,20 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
         decode += kv_per_token * engine.num_slots * engine.pages_per_sequence * engine.page_size
     replicas = hardware.chips // tp
     lora_parts = {} if lora is None or not lora.enabled else _engine_lora_parts(model, engine, hardware, dtype, lora)
+    # Only a drained swap holds the next version beside the current one for long; continue and
+    # recompute install it at once, the current one dropped first (``Engine.update_weights``).
+    parts = {"weights": weights, **({"incoming weights": weights} if engine.on_new_version == "drain" else {}),
+             "KV pool": 0, "activations": max(prefill, decode), **lora_parts,
+             **({"compiled code": ENGINE_CODE_BYTES} if hardware.chip != CPU else {})}
+    page_bytes = kv_per_token * engine.page_size
+    usable = int(hardware.bytes_per_chip * USABLE_FRACTION)
+    num_pages = (max(0, (usable - sum(parts.values())) // page_bytes) if engine.num_pages == "auto"
+                 else engine.num_pages)
+    parts["KV pool"] = num_pages * page_bytes
     return MemoryPlan(
         role="rollout", model=name, chip=hardware.chip, chips=hardware.chips,
         layout=f"{replicas} replica(s) x tensor_parallel {tp}", bytes_per_chip=hardware.bytes_per_chip,
-        parts={"weights": weights, "incoming weights": weights, "KV pool": kv_pool,
-               "activations": max(prefill, decode), **lora_parts,
-               **({"compiled code": ENGINE_CODE_BYTES} if hardware.chip != CPU else {})},
+        parts=parts, num_pages=num_pages, page_size=engine.page_size,
         knobs={"weights": "raise engine.tensor_parallel (chips per replica)",
                "incoming weights": "raise engine.tensor_parallel (a swap holds the next version beside the current)",
                "KV pool": "lower engine.num_pages (or page_size), or raise engine.tensor_parallel",
@@ -202,19 +212,19 @@ def _engine_lora_parts(model: ModelConfig, engine: EngineConfig, hardware: Slice
     [num_slots, rank] is smaller).
     """
     tp = engine.tensor_parallel
-    if Engine.resolve_lora_mode(engine.lora_mode, platform_of(hardware.chip)) == "merged":
+    if lora_mode_for(engine.lora_mode, platform_of(hardware.chip)) == "merged":
         targets = set(lora.targets)
         if tp == 1:  # one device fuses q/k/v and gate/up: adapting one part merges the whole fused kernel
             for fused in ({"q", "k", "v"}, {"gate", "up"}):
                 targets |= fused if targets & fused else set()
         kernels = _targeted_kernels(model, dataclasses.replace(lora, targets=tuple(sorted(targets))))
-        return {"merged kernels": _tree_bytes(*kernels, dtype, (1, 1, 1, tp))}
+        return {"merged kernels": _tree_bytes(*kernels, dtype, (1, 1, 1, 1, tp))}
     stacked = lambda: init_adapters(model, lora, jax.random.key(0))
     if tp == 1:
         fused = jax.eval_shape(lambda: decoding_adapters(stacked(), model, lora, fuse=True))
         adapters = sum(leaf.size * _F32 for leaf in jax.tree.leaves(fused))
     else:
-        adapters = _tree_bytes(jax.eval_shape(stacked), adapter_logical_axes(lora), "float32", (1, 1, 1, tp))
+        adapters = _tree_bytes(jax.eval_shape(stacked), adapter_logical_axes(lora), "float32", (1, 1, 1, 1, tp))
     low_rank = engine.prefill_batch * engine.prefill_buckets[-1] * lora.rank * len(lora.targets) * _F32
     return {"adapters": 2 * adapters, "adapter activations": low_rank}
 
@@ -229,13 +239,13 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
         sizes = mesh_shape(trainer.mesh, hardware.chips)
     except ValueError as error:
         raise ConfigError("trainer.mesh", f"{error} (hardware.trainer declares {hardware.chips} chips)") from None
-    data, fsdp, expert, tensor = sizes
+    data, fsdp, expert, context, tensor = sizes
     dtype = trainer.param_dtype
     params = _sharded_bytes(model, dtype, sizes)
-    count_share = params // _BYTES[dtype]  # parameters held per chip
+    count_share = params // itemsize(dtype)  # parameters held per chip
     # The float32 accumulator of micro-batch gradients, one micro-batch's gradient in the param dtype,
     # and the float32 update AdamW makes of them.
-    gradients = count_share * (2 * _F32 + _BYTES[dtype])
+    gradients = count_share * (2 * _F32 + itemsize(dtype))
     optimizer = 2 * count_share * _F32  # AdamW's two moments, float32 whatever the parameters' dtype (step.py)
     parts = {"parameters": params, "gradients": gradients, "optimizer state": optimizer}
     if trainer.lora.enabled:
@@ -245,23 +255,49 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
     if uses_value_model:  # a critic of the policy's size, with its own gradients and optimizer
         parts["value model"] = params + gradients + optimizer
     rows = math.ceil(rows_per_step / (trainer.mini_batches * trainer.micro_batches * data * fsdp * expert))
-    length = trainer.max_seq_len
+    length = trainer.row_tokens or trainer.max_seq_len  # packed rows (training.packing) hold row_tokens
+    if trainer.micro_batch_tokens:  # micro-batches by tokens: each chip's share is fixed
+        rows = trainer.micro_batch_tokens // trainer.row_tokens
+    # Context parallelism (models.context) splits each row's tokens over ``context`` chips: every
+    # token-wise activation is local, attention is a local query chunk against the gathered keys.
+    local = length // context
     heads = model.num_heads // tensor if model.num_heads % tensor == 0 else model.num_heads
-    act = _BYTES[dtype]
+    act = itemsize(dtype)
     # Per micro-batch on one chip: the layers' saved inputs [rows, T, E] (all of each layer's
-    # activations without remat), one layer's backward: with dense attention its float32 scores,
-    # probabilities and their gradient [rows, heads, T, T], with a flash kernel (models.attention)
-    # the output, its gradient and the softmax statistics [rows, heads, T, D]; and the float32
-    # logits, log-softmax and their gradient [rows, T, V / tensor].
-    per_layer = rows * length * act * (model.hidden_size if trainer.remat else
-                                       4 * model.hidden_size + _feed_forward_width(model, tensor, expert))
+    # activations without remat; with remat, besides, the activations of the one layer the backward
+    # recomputes at a time, and with a flash kernel each layer's kernel residuals, its output
+    # [rows, T, heads x D] and softmax statistics [rows, heads, T]); one layer's backward: with dense
+    # attention its float32 scores, probabilities and their gradient [rows, heads, T, T], with a
+    # flash kernel (models.attention) the output, its gradient and the softmax statistics
+    # [rows, heads, T, D]; and the float32 logits, log-softmax and their gradient [rows, T, V / tensor] (on GPU, see below).
+    # The remat terms are what the QwQ-32B trainer's plan lacked against XLA (docs/memory.md): 12%
+    # under it before, on the safe side since.
+    whole_layer = rows * local * act * (4 * model.hidden_size + _feed_forward_width(model, tensor, expert))
+    per_layer = rows * local * act * model.hidden_size if trainer.remat else whole_layer
     impl = attention_for_platform(platform_of(hardware.chip)) if trainer.attention == "auto" else trainer.attention
-    if impl == "dense":
+    if context > 1:  # the chunk's dense scores against every key, and the gathered keys and values
+        attention = 3 * rows * heads * local * length * _F32 + 2 * rows * length * model.num_kv_heads * model.head_dim * act
+        impl = "dense"
+    elif impl == "dense":
         attention = 3 * rows * heads * length * length * _F32
     else:
         attention = rows * heads * length * (2 * model.head_dim * act + 2 * _F32)
+    if trainer.remat and platform_of(hardware.chip) != "gpu":
+        # XLA:TPU holds these (the QwQ-32B compile); XLA:GPU's programs stayed under the plan without
+        # them (the GPU recipes' trainers at 1.05-1.11x XLA:GPU, docs/memory.md), and counting them
+        # there would overstate its trainers by a fifth.
+        residuals = rows * heads * length * (model.head_dim * act + _F32) if impl != "dense" else 0
+        per_layer += residuals
+        attention += whole_layer
     vocab = model.vocab_size // tensor if model.vocab_size % tensor == 0 else model.vocab_size
-    logits = 3 * rows * length * vocab * _F32
+    if platform_of(hardware.chip) == "gpu":
+        # XLA:GPU writes the float32 logits once and reuses the buffer for their gradient; beside it
+        # stands a micro-batch's float32 gradient of the whole LM head (not yet reduce-scattered over
+        # fsdp). Read from the buffer assignments of the 1.5B (8 x A100) and 7B (8 x H100) GPU
+        # recipes' update steps (docs/compile.md); XLA:TPU's programs hold three such logits buffers.
+        logits = rows * local * vocab * _F32 + vocab * model.hidden_size * _F32
+    else:
+        logits = 3 * rows * local * vocab * _F32
     parts["activations"] = model.num_layers * per_layer + attention + logits
     if trainer.lora.on_the_fly:
         # Each adapted projection's x @ A, float32 [rows, T, rank] whole on every chip (the rank axis is
@@ -273,7 +309,8 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
         parts["compiled code"] = TRAINER_CODE_BYTES
     return MemoryPlan(
         role="trainer", model=name, chip=hardware.chip, chips=hardware.chips,
-        layout=f"mesh data {data} x fsdp {fsdp} x tensor {tensor}, {rows} row(s) per chip per micro-batch",
+        layout=f"mesh data {data} x fsdp {fsdp}{f' x context {context}' if context > 1 else ''} x tensor {tensor}, "
+               f"{rows} row(s) per chip per micro-batch",
         bytes_per_chip=hardware.bytes_per_chip, parts=parts,
         knobs={"parameters": "raise trainer.mesh.fsdp or trainer.mesh.tensor (or the chips)",
                "gradients": "raise trainer.mesh.fsdp or trainer.mesh.tensor",
@@ -297,7 +334,7 @@ def _lora_parts(model: ModelConfig, trainer: TrainerConfig, dtype: str, sizes, b
     adapters = _tree_bytes(jax.eval_shape(lambda: init_adapters(model, trainer.lora, jax.random.key(0))),
                            adapter_logical_axes(trainer.lora), "float32", sizes)
     if trainer.lora.base_dtype == "int8":
-        shapes = jax.eval_shape(lambda: quantize_kernels(init_params(model, jax.random.key(0), _JNP[dtype])))
+        shapes = jax.eval_shape(lambda: quantize_kernels(init_params(model, jax.random.key(0), dtype_named(dtype))))
         base = _tree_bytes(shapes, quantized_logical_axes(param_logical_axes(model)), None, sizes)
     parts = {"parameters": base, "adapters": adapters, "gradients": 2 * adapters, "optimizer state": 2 * adapters}
     if not trainer.lora.on_the_fly:
@@ -312,3 +349,36 @@ def refuse_unless_fits(plans: list[MemoryPlan]) -> None:
     if failing:
         raise ConfigError("hardware", " | ".join(
             f"{plan.describe()} -- does not fit; turn: {plan.advice()}" for plan in failing))
+
+
+def auto_num_pages(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
+                   lora: LoraConfig | None = None) -> EngineConfig:
+    """``engine`` with ``num_pages: auto`` replaced by the pages its chips hold beside everything
+    else (``plan_rollout``); a ``ConfigError`` when they do not hold the sink and one whole budget."""
+    if engine.num_pages != "auto":
+        return engine
+    pages = plan_rollout(model, engine, hardware, dtype, lora=lora).num_pages
+    if pages < engine.pages_per_sequence + 1:
+        raise ConfigError("engine.num_pages", f"auto: {hardware.chip}'s memory left beside the weights and "
+                          f"programs holds {pages} pages of {engine.page_size}, under one sequence's "
+                          f"{engine.pages_per_sequence} and the sink; raise engine.tensor_parallel")
+    return dataclasses.replace(engine, num_pages=pages)
+
+
+def mean_occupancy(lengths: list[int]) -> float:
+    """Completion tokens a running sequence holds on average over the engine's running time: a
+    sequence of length L runs L steps holding 0..L of them, so longer ones weigh more, E[L^2] / 2 E[L]."""
+    return sum(n * n for n in lengths) / (2 * sum(lengths))
+
+
+def concurrent_sequences(num_pages: int, page_size: int, num_slots: int, prompt_tokens: int, budget_tokens: int,
+                         occupancy_tokens: float, admission: str) -> int:
+    """Sequences an engine decodes at once with this pool (its sink page aside). ``reserve``: the pool
+    over whole budgets (prompt + ``budget_tokens``, whole pages). ``on_demand``: over what a running
+    sequence holds on average, its prompt and ``occupancy_tokens`` (``mean_occupancy``) plus its
+    look-ahead page; the cost of preemptions, which a full pool makes, is not counted."""
+    if admission == "reserve":
+        per_sequence = -(-(prompt_tokens + budget_tokens) // page_size) * page_size
+    else:
+        per_sequence = prompt_tokens + occupancy_tokens + page_size
+    return max(1, min(num_slots, int((num_pages - 1) * page_size // per_sequence)))

@@ -1,4 +1,4 @@
-"""Verifiers: math answers, sandboxed code, format, and length shaping, selected by name in config.
+"""Verifiers: math answers, sandboxed code and format, selected by name in config.
 
     from rlax_core.rewards import Rewarder, RewardConfig, math_equal
 
@@ -8,30 +8,28 @@
         reward, info = rewarder(example, completion_text)    # example: an Example row (answer / tests / task)
 
 Modules: ``answers`` (final-answer extraction), ``math_verifier`` (equivalence in a killable process
-pool), ``sandbox`` + ``sandbox_launcher`` (untrusted Python in namespaces with limits),
-``code_verifier`` (HumanEval / MBPP / assert tests, per-test verdicts, parallel pool) with
+pool), ``code_verifier`` (HumanEval / MBPP / assert tests, per-test verdicts, parallel pool) with
 ``code_driver`` (the program's side), ``code_judge`` (the tests' side, which decides) and
 ``plain_data`` (the only values that cross between them), ``terms``
-(the built-in reward terms), ``registry`` (names -> terms), ``config``, ``scorer`` (``Rewarder``).
+(the built-in reward terms), ``registry`` (names -> terms), ``config``, ``scorer`` (``Rewarder``),
+``custom`` (a user's terms and functions). The sandbox that runs code is ``rlax_core.sandbox``.
 """
 
 from rlax_core.rewards.answers import EXTRACTION_METHODS, ExtractedAnswer, extract_answer, last_boxed
 from rlax_core.rewards.code_verifier import CodeResult, CodeTests, CodeVerifier, TestVerdict, run_tests
-from rlax_core.rewards.config import CodeRewardConfig, FormatConfig, OverlongConfig, RewardConfig
+from rlax_core.rewards.config import CodeRewardConfig, FormatConfig, RewardConfig
 from rlax_core.rewards.math_verifier import MathResult, MathVerifier, MathVerifierConfig, math_equal
 from rlax_core.rewards.registry import (REWARDS, RewardResult, RewardTerm, RewardUnavailable, Sample, register_reward,
                                        reward_names, scoring_failure)
-from rlax_core.rewards.sandbox import SandboxLimits, SandboxReport, SandboxUnavailable, run_sandboxed
 import rlax_core.rewards.terms  # noqa: F401,E402 - registers the built-in terms before any RewardConfig is made
 from rlax_core.rewards.scorer import Rewarder, failed_samples
 
 __all__ = [
     "EXTRACTION_METHODS", "ExtractedAnswer", "extract_answer", "last_boxed",
     "CodeResult", "CodeTests", "CodeVerifier", "TestVerdict", "run_tests",
-    "CodeRewardConfig", "FormatConfig", "OverlongConfig", "RewardConfig",
+    "CodeRewardConfig", "FormatConfig", "RewardConfig",
     "MathResult", "MathVerifier", "MathVerifierConfig", "math_equal",
     "REWARDS", "RewardResult", "RewardTerm", "RewardUnavailable", "Sample", "register_reward", "reward_names",
     "scoring_failure",
-    "SandboxLimits", "SandboxReport", "SandboxUnavailable", "run_sandboxed",
     "Rewarder", "failed_samples",
 ]

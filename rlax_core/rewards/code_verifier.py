@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rlax_core.config import require
-from rlax_core.rewards.sandbox import (SANDBOX_UID_BASE, SANDBOX_UID_COUNT, PreparedSandbox, SandboxLimits,
+from rlax_core.sandbox.run import (SANDBOX_UID_BASE, SANDBOX_UID_COUNT, PreparedSandbox, SandboxLimits,
                                       SandboxReport, StaleSandbox)
 
 DRIVER = Path(__file__).with_name("code_driver.py")

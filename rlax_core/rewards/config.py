@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 from rlax_core.config import ConfigError, require
 from rlax_core.rewards.answers import EXTRACTION_METHODS
 from rlax_core.rewards.custom import RewardImportError, function_reward, import_reward_module, register_function_reward
 from rlax_core.rewards.math_verifier import MathVerifierConfig
 from rlax_core.rewards.registry import reward_names
-from rlax_core.rewards.sandbox import SandboxLimits
+from rlax_core.sandbox.run import SandboxLimits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,25 +48,14 @@ class FormatConfig:
         require(bool(self.think_open) and bool(self.think_close), "think_open", "tags must be non-empty")
 
 
-@dataclasses.dataclass(frozen=True)
-class OverlongConfig:
-    """DAPO's soft overlong punishment at reward time (``rlax_core.rl.reward_shaping`` computes it).
-
-    The trainer can apply the same shaping from ``AlgorithmConfig.overlong_*``; use one of the two.
-    """
-
-    max_length: int = 0  # L_max in tokens
-    cache_length: int = 0  # L_cache: the band below L_max where the penalty grows linearly
-    penalty: float = 1.0
-
-    def __post_init__(self):
-        require(self.max_length >= 0, "max_length", "must be >= 0")
-        require(0 <= self.cache_length <= self.max_length, "cache_length", "must be in [0, max_length]")
-        require(self.penalty >= 0, "penalty", "must be >= 0")
+OVERLONG_MOVED = ("moved: DAPO's overlong shaping is algorithm.overlong_max_length, overlong_cache_length and "
+                  "overlong_penalty (the rollout stream applies it to every reward; the dapo preset sets it)")
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
+    REMOVED: ClassVar[dict[str, str]] = {"overlong": OVERLONG_MOVED}
+
     terms: dict[str, float] = dataclasses.field(default_factory=lambda: {"task": 1.0})
     # A user's own rewards (rlax_core.rewards.custom): modules or .py files that register terms, and
     # functions registered under a name, {NAME: "MODULE_OR_FILE:FUNCTION"}; both may then be named in terms.
@@ -75,7 +65,6 @@ class RewardConfig:
     math: MathVerifierConfig = dataclasses.field(default_factory=MathVerifierConfig)
     code: CodeRewardConfig = dataclasses.field(default_factory=CodeRewardConfig)
     format: FormatConfig = dataclasses.field(default_factory=FormatConfig)
-    overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)
 
     def __post_init__(self):
         for index, spec in enumerate(self.modules):
@@ -91,9 +80,8 @@ class RewardConfig:
         known = reward_names()
         require(len(self.terms) > 0, "terms", f"at least one reward term; known: {', '.join(known)}")
         for name, weight in self.terms.items():
+            require(name != "overlong" or name in known, "terms.overlong", OVERLONG_MOVED)
             require(name in known, f"terms.{name}", f"unknown reward; known: {', '.join(known)}")
             require(math.isfinite(weight), f"terms.{name}", "weight must be a finite number")
         require(len(self.extraction) > 0 and all(m in EXTRACTION_METHODS for m in self.extraction), "extraction",
                 f"a non-empty list of {', '.join(EXTRACTION_METHODS)}")
-        require("overlong" not in self.terms or self.overlong.max_length > 0, "overlong.max_length",
-                "must be > 0 when the overlong term is used")

@@ -16,23 +16,18 @@ term is refused.
 ``import_reward_modules`` is what every place that scores calls before building its terms (the
 ``Rewarder`` does, so a Beam worker's ``DoFn.setup``, the quickstart and evaluation all do), as seqio
 imports ``modules_to_import`` in its workers: a config pickled to a worker carries names, not code.
-A file is imported once per process under a name derived from its path, so importing it again
-registers nothing twice.
+Modules and files are imported as every user module is (``rlax_core.utils.user_modules``: once per
+process), so importing one again registers nothing twice.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import os
-import sys
 import threading
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
 from rlax_core.rewards.registry import REWARDS, RewardResult, RewardTerm, Sample, register_reward
-from rlax_core.utils.paths import is_remote
+from rlax_core.utils.user_modules import UserModuleError, import_user_module
 
 # Packages of this repository whose import registers reward terms (the tasks' terms, e.g. story_word).
 BUILTIN_MODULES = ("rlax_core.rewards.terms", "rlax_core.tasks")
@@ -45,32 +40,12 @@ class RewardImportError(ImportError):
     """A configured reward module, file or function cannot be loaded; says which and why."""
 
 
-def is_file_spec(spec: str) -> bool:
-    return spec.endswith(".py") or "/" in spec or "\\" in spec
-
-
 def import_reward_module(spec: str) -> ModuleType:
     """A dotted module name or a ``.py`` file (local or fsspec URL), imported once per process."""
-    if not is_file_spec(spec):
-        try:
-            return importlib.import_module(spec)
-        except Exception as error:  # noqa: BLE001 - whatever the user's module raised, named
-            raise RewardImportError(f"reward module {spec}: {type(error).__name__}: {error}") from error
-    where = spec if is_remote(spec) else os.path.abspath(spec.removeprefix("file://"))
-    name = "rlax_user_rewards_" + hashlib.sha1(where.encode("utf-8")).hexdigest()[:12]
-    with _lock:
-        if name in sys.modules:
-            return sys.modules[name]
-        source = _read_source(spec)
-        module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None, origin=spec))
-        module.__file__ = spec
-        sys.modules[name] = module
-        try:
-            exec(compile(source, spec, "exec"), module.__dict__)
-        except BaseException as error:
-            del sys.modules[name]
-            raise RewardImportError(f"reward file {spec}: {type(error).__name__}: {error}") from error
-        return module
+    try:
+        return import_user_module(spec, "reward")
+    except UserModuleError as error:
+        raise RewardImportError(str(error)) from error.__cause__
 
 
 def function_reward(spec: str) -> Callable[..., Any]:
@@ -121,23 +96,6 @@ class _FunctionReward(RewardTerm):
         except (TypeError, ValueError):
             raise TypeError(f"reward function {type(self).__qualname__} returned {type(value).__name__}; "
                             "expected a number, a bool or (score, info dict)") from None
-
-
-def _read_source(spec: str) -> str:
-    if is_remote(spec):
-        import fsspec
-
-        try:
-            with fsspec.open(spec, "r", encoding="utf-8") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            raise RewardImportError(f"reward file {spec}: not found") from None
-    path = spec.removeprefix("file://")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError as error:
-        raise RewardImportError(f"reward file {spec}: {error.strerror or error}") from None
 
 
 __all__ = ["BUILTIN_MODULES", "REWARDS", "RewardImportError", "function_reward", "import_reward_module",

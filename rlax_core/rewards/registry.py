@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, TypeVar
 
+from rlax_core.sandbox.run import SandboxUnavailable
+from rlax_core.utils.registry import Registry
+
 
 class RewardResult(NamedTuple):
     """A score and a JSON-friendly info record; unpacks as ``reward, info = ...``."""
@@ -29,15 +32,20 @@ class Sample:
 
     example: Mapping[str, Any]
     completion: str
-    finish_reason: str = "stop"  # "stop", "length" or "abort"
+    finish_reason: str = "stop"  # "stop" or "length"
     num_tokens: int | None = None  # completion length in tokens, for length shaping
 
 
 class RewardUnavailable(RuntimeError):
-    """The scorer itself cannot work (its sandbox cannot start at all): the job stops, loudly, once.
+    """The scorer itself cannot work: the job stops, loudly, once.
 
     Anything else a term raises is the failure of one sample, scored 0 with its reason (``Rewarder``).
     """
+
+
+# What stops a job rather than failing one sample: a term that cannot work, or the sandbox under the
+# code verifier that cannot start at all.
+SCORER_UNAVAILABLE = (RewardUnavailable, SandboxUnavailable)
 
 
 def scoring_failure(reason: str) -> RewardResult:
@@ -62,19 +70,12 @@ class RewardTerm:
 
 
 T = TypeVar("T", bound=type[RewardTerm])
-REWARDS: dict[str, type[RewardTerm]] = {}
+REWARDS: Registry = Registry("reward")
 
 
 def register_reward(name: str) -> Callable[[T], T]:
     """Class decorator: make a :class:`RewardTerm` selectable as ``rewards.terms.<name>`` in config."""
-
-    def decorate(cls: T) -> T:
-        if name in REWARDS and REWARDS[name] is not cls:
-            raise ValueError(f"reward {name!r} is already registered by {REWARDS[name].__qualname__}")
-        REWARDS[name] = cls
-        return cls
-
-    return decorate
+    return REWARDS.register(name)
 
 
 def reward_names() -> list[str]:

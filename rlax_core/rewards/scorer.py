@@ -2,8 +2,9 @@
 
 One sample never fails a batch: whatever a term raises for it (a verifier's bug, a user function's
 exception, a malformed example, a non-finite score) is that sample's reward 0, with the reason under
-``reward_info["scoring_error"]`` and a count in ``Rewarder.failures``. Only ``RewardUnavailable`` (the
-scorer itself cannot work, e.g. no sandbox can start) goes up, once, and stops the job.
+``reward_info["scoring_error"]`` and a count in ``Rewarder.failures``. Only a scorer that cannot
+work at all (``registry.SCORER_UNAVAILABLE``: a term's ``RewardUnavailable``, a sandbox that cannot
+start) goes up, once, and stops the job.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from rlax_core.rewards.config import RewardConfig
 from rlax_core.rewards.custom import import_reward_modules
-from rlax_core.rewards.registry import REWARDS, RewardResult, RewardTerm, RewardUnavailable, Sample, scoring_failure
+from rlax_core.rewards.registry import REWARDS, SCORER_UNAVAILABLE, RewardResult, RewardTerm, Sample, scoring_failure
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 20  # per Rewarder; later ones are counted, not logged
@@ -62,7 +63,7 @@ class Rewarder:
         costs only its own reward."""
         try:
             return [self._checked(name, result) for result in self._run(term, samples)]
-        except RewardUnavailable:
+        except SCORER_UNAVAILABLE:
             raise
         except Exception as error:  # noqa: BLE001 - find the sample(s) at fault below
             if len(samples) == 1:
@@ -71,7 +72,7 @@ class Rewarder:
         for sample in samples:
             try:
                 results.append(self._checked(name, self._run(term, [sample])[0]))
-            except RewardUnavailable:
+            except SCORER_UNAVAILABLE:
                 raise
             except Exception as error:  # noqa: BLE001 - any failure of this sample is its own
                 results.append(self._failed(name, sample, f"{type(error).__name__}: {error}"))

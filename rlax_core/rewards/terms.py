@@ -1,4 +1,4 @@
-"""The built-in reward terms: correctness (math, code, task), format, and DAPO's overlong shaping.
+"""The built-in reward terms: correctness (math, code, task) and format.
 
 Correctness terms put ``pass`` in their info: the verifiable outcome that pass@k counts.
 """
@@ -11,7 +11,7 @@ from typing import Sequence
 from rlax_core.rewards.answers import extract_answer, last_boxed
 from rlax_core.rewards.code_verifier import CodeTests, CodeVerifier
 from rlax_core.rewards.math_verifier import MathVerifier
-from rlax_core.rewards.registry import (RewardResult, RewardTerm, RewardUnavailable, Sample, register_reward,
+from rlax_core.rewards.registry import (SCORER_UNAVAILABLE, RewardResult, RewardTerm, Sample, register_reward,
                                        scoring_failure)
 
 
@@ -77,7 +77,7 @@ class CodeTestsPass(RewardTerm):
             return check
         try:
             result = check.result()
-        except RewardUnavailable:
+        except SCORER_UNAVAILABLE:
             raise
         except Exception as error:  # noqa: BLE001 - the check of this sample broke: its reward alone is 0
             return scoring_failure(f"{type(error).__name__}: {error}")
@@ -160,17 +160,3 @@ class FencedCode(RewardTerm):
     def score(self, sample: Sample) -> RewardResult:
         ok = _FENCED_PYTHON.search(sample.completion) is not None
         return RewardResult(float(ok), {"matched": ok})
-
-
-@register_reward("overlong")
-class OverlongPenalty(RewardTerm):
-    """DAPO's soft overlong punishment (0 down to ``-penalty``) from the completion's token count."""
-
-    def score(self, sample: Sample) -> RewardResult:
-        from rlax_core.rl.reward_shaping import overlong_penalty  # the one implementation in the repo
-
-        if sample.num_tokens is None:
-            raise ValueError("the 'overlong' reward needs each sample's num_tokens")
-        shaping = self.config.overlong
-        value = float(overlong_penalty(sample.num_tokens, shaping.max_length, shaping.cache_length, shaping.penalty))
-        return RewardResult(value, {"num_tokens": sample.num_tokens})

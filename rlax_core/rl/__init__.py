@@ -7,7 +7,6 @@ their group layout, and (PPO) values. A train step looks like::
     from rlax_core import rl
 
     config = rl.get_preset("dapo")                       # or rl.algorithm_from_dict(yaml["algorithm"])
-    rewards = rl.shape_rewards(config, rewards, lengths)  # DAPO overlong shaping (identity when off)
     advantages = rl.compute_advantages(config, rewards, mask, group_ids=group_ids)
 
     def loss_fn(params):
@@ -18,8 +17,10 @@ their group layout, and (PPO) values. A train step looks like::
 
 Modules: ``config`` (AlgorithmConfig), ``advantages`` (estimator registry, GAE), ``objective``
 (policy_loss, value_loss, TIS/MIS weights), ``aggregation`` (token weighting), ``kl`` (k1/k2/k3),
-``group_filter`` (GFPO), ``dynamic_sampling`` (DAPO's group accumulator), ``reward_shaping``
-(DAPO's overlong penalty), ``presets`` (named published defaults).
+``group_filter`` (GFPO), ``dynamic_sampling`` (DAPO's rule for a group worth training on),
+``reward_shaping`` (DAPO's overlong penalty), ``presets`` (named published defaults). The rewards
+arrive shaped: the rollout stream applies DAPO's overlong shaping and dynamic sampling to each
+scored group as ``AlgorithmConfig`` says (``rlax_core.rollout.groups``).
 """
 
 from rlax_core.rl.advantages import (
@@ -34,19 +35,17 @@ from rlax_core.rl.advantages import (
 )
 from rlax_core.rl.aggregation import aggregate, masked_mean, token_weights
 from rlax_core.rl.config import AlgorithmConfig
-from rlax_core.rl.dynamic_sampling import DynamicSamplingExhausted, GroupAccumulator, has_reward_variance
+from rlax_core.rl.dynamic_sampling import has_reward_variance, is_informative
 from rlax_core.rl.group_filter import group_filter_mask
 from rlax_core.rl.kl import kl_estimate
 from rlax_core.rl.objective import log_importance_ratio, mismatch_weights, policy_loss, value_loss
 from rlax_core.rl.presets import PRESETS, algorithm_from_dict, get_preset, register_preset
-from rlax_core.rl.reward_shaping import overlong_penalty, shape_rewards
+from rlax_core.rl.reward_shaping import overlong_penalty
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdvantageBatch",
     "AlgorithmConfig",
-    "DynamicSamplingExhausted",
-    "GroupAccumulator",
     "PRESETS",
     "aggregate",
     "algorithm_from_dict",
@@ -57,6 +56,7 @@ __all__ = [
     "get_preset",
     "group_filter_mask",
     "has_reward_variance",
+    "is_informative",
     "kl_estimate",
     "log_importance_ratio",
     "masked_mean",
@@ -65,7 +65,6 @@ __all__ = [
     "policy_loss",
     "register_advantage_estimator",
     "register_preset",
-    "shape_rewards",
     "token_weights",
     "value_loss",
     "value_targets",

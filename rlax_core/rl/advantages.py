@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from rlax_core.rl.aggregation import masked_whiten
 from rlax_core.rl.group_filter import group_filter_mask, same_group_matrix
+from rlax_core.utils.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,16 +65,16 @@ class Estimator(NamedTuple):
     needs_groups: bool
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")  # name -> Estimator
 
 
 def register_advantage_estimator(name: str, *, needs_values: bool = False, needs_groups: bool = False):
     """Decorator: make ``fn(config, batch: AdvantageBatch) -> [B, T]`` selectable as ``advantage_estimator``."""
 
     def register(fn):
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = Estimator(fn, needs_values, needs_groups)
+        held = ADVANTAGE_ESTIMATORS.get(name)
+        ADVANTAGE_ESTIMATORS.add(name, held if held is not None and held.fn is fn else Estimator(fn, needs_values,
+                                                                                                 needs_groups))
         return fn
 
     return register

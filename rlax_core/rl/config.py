@@ -40,9 +40,12 @@ class AlgorithmConfig:
     group_filter: GroupFilter = "none"  # rank the samples of a group by this ...
     group_filter_keep: int = 0  # ... and keep the best k; the others get advantage 0
 
-    # --- DAPO dynamic sampling and overlong shaping (the streaming loop / reward stage) ---------
-    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, keep sampling until full
-    overlong_max_length: int = 0  # L_max of DAPO's soft overlong punishment; 0 turns it off
+    # --- DAPO dynamic sampling and overlong shaping (the rollout stream: rollout.groups) --------
+    # Drop groups whose task rewards are all equal; the trainer fills its batch from later groups.
+    dynamic_sampling: bool = False
+    # Add DAPO's soft overlong punishment of each completion's length to its reward: 0 up to
+    # L_max - L_cache tokens, down to -overlong_penalty at L_max, and -overlong_penalty past it.
+    overlong_max_length: int = 0  # L_max; 0 turns the shaping off
     overlong_cache_length: int = 0  # L_cache: the soft-penalty band just below L_max
     overlong_penalty: float = 1.0  # the penalty reached at L_max (DAPO: 1)
 
@@ -89,7 +92,7 @@ class AlgorithmConfig:
         )
         require(self.overlong_max_length >= 0, "overlong_max_length", "an integer >= 0 (0: off)")
         require(
-            0 <= self.overlong_cache_length <= self.overlong_max_length,
+            0 <= self.overlong_cache_length <= self.overlong_max_length or self.overlong_max_length == 0,
             "overlong_cache_length",
             "an integer in [0, overlong_max_length]",
         )

@@ -21,20 +21,14 @@ from typing import Any, Callable, Mapping
 
 from rlax_core.config import ConfigError, from_dict, to_dict
 from rlax_core.rl.config import AlgorithmConfig
+from rlax_core.utils.registry import Registry
 
-PRESETS: dict[str, Callable[[], AlgorithmConfig]] = {}
+PRESETS: Registry = Registry("preset")  # name -> zero-argument function returning an AlgorithmConfig
 
 
-def register_preset(name: str):
+def register_preset(name: str) -> Callable[[Callable[[], AlgorithmConfig]], Callable[[], AlgorithmConfig]]:
     """Decorator: make a zero-argument function returning an ``AlgorithmConfig`` selectable by ``name``."""
-
-    def register(fn: Callable[[], AlgorithmConfig]):
-        if name in PRESETS:
-            raise ValueError(f"preset {name!r} is already registered")
-        PRESETS[name] = fn
-        return fn
-
-    return register
+    return PRESETS.register(name)
 
 
 def get_preset(name: str, **overrides: Any) -> AlgorithmConfig:

@@ -1,4 +1,6 @@
-"""DAPO's overlong reward shaping (Yu et al. 2025, §3.4, eq. 13): the one implementation in the repo.
+"""DAPO's overlong reward shaping (Yu et al. 2025, §3.4, eq. 13): the one implementation in the repo,
+applied by the rollout stream to every scored group as ``algorithm.overlong_*`` say
+(``rlax_core.rollout.groups.shape_overlong``).
 
 A completion longer than ``max_length - cache_length`` is penalised linearly, reaching
 ``-penalty`` at ``max_length``; beyond ``max_length`` the penalty stays ``-penalty``::
@@ -26,9 +28,3 @@ def overlong_penalty(lengths, max_length: int, cache_length: int, penalty: float
     expected = max_length - cache_length
     inside_cache = penalty * (expected - lengths) / max(cache_length, 1)
     return jnp.where(lengths <= expected, 0.0, jnp.where(lengths <= max_length, inside_cache, -penalty))
-
-
-def shape_rewards(config, rewards, lengths):
-    """``rewards`` plus the overlong penalty configured in ``AlgorithmConfig`` (identity when off)."""
-    penalty = overlong_penalty(lengths, config.overlong_max_length, config.overlong_cache_length, config.overlong_penalty)
-    return jnp.asarray(rewards, jnp.float32) + penalty

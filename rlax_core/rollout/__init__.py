@@ -4,7 +4,7 @@
     spec.py        RolloutSpec: the run's sections a worker needs, picklable (holds them, copies none)
     schedule.py    the prompt schedule (pure functions of run seed and step) and its work units
     claims.py      claims on steps in flight, held in the run's store across processes and VMs
-    scheduler.py   StepScheduler: a tick's work units (pacing, the store, the claims)
+    scheduler.py   StepPacer: a tick's work units (pacing, the store, the claims)
     host.py        EngineHost: the one engine of a process, shared by its threads (rollouts and RunInference)
     worker.py      RolloutWorker: a host that follows the weight store and combines its threads' calls
     generation.py  work units -> rollout groups (rows through rlax_core.data.records), scoring

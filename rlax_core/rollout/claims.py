@@ -23,12 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from rlax_core.utils.identity import process_identity
 
 LIFETIME_STEPS = 2.0  # a claim lasts this many expected step times (queueing, then generation)
 
@@ -46,7 +47,7 @@ class StepClaims:
         if lifetime_s <= 0:
             raise ValueError(f"lifetime_s must be > 0, got {lifetime_s}")
         self.root, self.lifetime_s, self.job = root.rstrip("/"), lifetime_s, job
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.owner = process_identity()
         self._backend = _GcsClaims() if self.root.startswith("gs://") else _LocalClaims()
 
     def path(self, run: str, step: int) -> str:

@@ -1,32 +1,71 @@
 """``LoopConfig``: the rollout side of the online loop (YAML section ``loop:``, ``loop.KEY=VALUE``).
 
 The trainer's section owns what both halves share (``trainer.groups_per_step`` prompts per step,
-``trainer.total_steps``, ``trainer.max_staleness``); the engine's owns ``engine.max_new_tokens``.
+``trainer.total_steps``, ``trainer.max_staleness``); the algorithm's owns what the stream does to
+a scored group (DAPO's overlong shaping and dynamic sampling); the engine's owns the compiled
+budget ``engine.max_new_tokens``, which ``loop.sampling.max_new_tokens`` defaults to.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import math
+from typing import ClassVar, Optional
 
 import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before a config names them: story_word)
 from rlax_core.config import require
 from rlax_core.envs.base import EnvConfig
+from rlax_core.inference.config import SAMPLING_KEYS, SamplingConfig
 from rlax_core.rewards.config import RewardConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponseLengths:
+    """The completion lengths a recipe expects, for sizing (``rlax plan``, the fleet simulator), not
+    for running: ``measured`` lengths (from an earlier run's rollouts), else a ``mean`` and a ``cap``
+    (0: half the sampling budget, and the budget), lengths then taken as exponential about the mean
+    and cut at the cap (reasoning samples: most stop early, a few run to the budget)."""
+
+    mean: int = 0
+    cap: int = 0
+    measured: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        require(self.mean >= 0 and self.cap >= 0, "response_lengths", "mean and cap must be >= 0 (0: from the budget)")
+        require(all(n >= 1 for n in self.measured), "response_lengths.measured", "lengths of at least 1 token")
+        require(not self.cap or self.mean <= self.cap, "response_lengths.mean", f"at most the cap {self.cap}")
+
+    def sample(self, budget: int, points: int = 512) -> list[int]:
+        """Lengths that stand for the distribution: the measured ones cut at the budget, or ``points``
+        quantiles of the cut exponential whose mean is ``mean``."""
+        cap = min(self.cap or budget, budget)
+        if self.measured:
+            return [min(n, cap) for n in self.measured]
+        mean = min(self.mean or budget // 2, cap)
+        quantiles = [(i + 0.5) / points for i in range(points)]
+        cut = lambda scale: [min(cap, max(1, round(-scale * math.log1p(-u)))) for u in quantiles]
+        low, high = 1.0, 64.0 * cap  # the cut lowers the mean: find the scale whose cut mean is ``mean``
+        for _ in range(60):
+            scale = (low + high) / 2
+            low, high = (scale, high) if sum(cut(scale)) / points < mean else (low, scale)
+        return cut((low + high) / 2)
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
     """The rollout side of the online loop (``loop.KEY=VALUE`` on the command line)."""
 
+    RENAMED: ClassVar[dict[str, str]] = {"samples_per_prompt": "sampling.samples_per_prompt",
+                                         **{key: f"sampling.{key}" for key in SAMPLING_KEYS}}
+    REMOVED: ClassVar[dict[str, str]] = {
+        "drop_uniform_groups": "moved: DAPO's dynamic sampling is algorithm.dynamic_sampling (the dapo preset sets it)"}
+
     train_set: str = ""  # parquet file or folder of Example rows (the difficulty filter's output)
-    samples_per_prompt: int = 8  # the group of GRPO-like advantages
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
+    # How the rollouts sample: samples_per_prompt is the group of GRPO-like advantages; stop ids and
+    # strings end a sample besides the tokenizer's EOS.
+    sampling: SamplingConfig = SamplingConfig()
     # No default: what the rollouts are scored by is the recipe's to say (``named_rewards``).
     rewards: Optional[RewardConfig] = None
-    drop_uniform_groups: bool = False  # DAPO dynamic sampling
     # Multi-turn: each sample is an episode of this environment (docs/multi_turn.md); None: one completion.
     env: EnvConfig | None = None
     groups_per_unit: int = 1  # prompt groups per work unit: every worker of the fleet shares every step
@@ -47,11 +86,10 @@ class LoopConfig:
     # lives twice this (renewed while a worker generates it): a slow step is not offered twice, and a
     # lost one (a dropped bundle, a killed worker) is offered again after that long.
     expected_step_s: float = 300.0
+    response_lengths: ResponseLengths = ResponseLengths()
 
     def __post_init__(self):
-        require(self.samples_per_prompt >= 1, "samples_per_prompt", "at least 1")
-        require(self.temperature > 0, "temperature", "> 0 (RL samples; greedy gives identical groups)")
-        require(0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        require(self.sampling.temperature > 0, "sampling.temperature", "> 0 (RL samples; greedy gives identical groups)")
         require(self.groups_per_unit >= 1, "groups_per_unit", "at least 1")
         require(self.poll_interval_s > 0, "poll_interval_s", "> 0")
         require(self.heartbeat_s > 0, "heartbeat_s", "> 0")
@@ -65,12 +103,6 @@ class LoopConfig:
         """``rlax rollout`` and ``rlax launch`` refuse, alike, a loop that names no training prompts."""
         require(bool(self.train_set), "loop.train_set",
                 "say which prompts to train on: --train-set PATH (or loop.train_set=PATH)")
-
-    @property
-    def judge_answer(self) -> bool:
-        """Whether the reward terms score every sample: always for single-turn rollouts, for episodes
-        as ``env.judge_answer`` says."""
-        return self.env is None or self.env.judge_answer
 
     def named_rewards(self) -> RewardConfig:
         """The rollouts' reward; a recipe that names none is refused, with the key to set (a math or code

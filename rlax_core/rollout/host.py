@@ -3,15 +3,15 @@
 Both Beam paths build it once per process and share it between DoFn instances and harness threads:
 the rollout stream through ``apache_beam.utils.shared.Shared`` (``rlax_core.rollout.worker`` adds
 weight following and combined calls), the batch pipelines' ``RunInference`` through its model
-handler (``transforms.inference``). The model loads and compiles once; the engine is not
-re-entrant, so ``generate`` takes the host's lock.
+handler (``transforms.inference``). The model loads and compiles once. Every use of the engine
+goes through the host (``generate``, ``run_episodes``, ``load_weights``), each under the host's
+lock: the engine is not re-entrant. The lock is re-entrant, so that a caller holding it for a
+sequence of uses (the rollout worker: load the newest weights, then generate) calls the same methods.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from typing import Any, Mapping, Sequence
@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from rlax_core.inference.config import EngineConfig, GenerationSpec, SamplingParams
 from rlax_core.tasks.prompts import prompt_ids
 from rlax_core.utils.devices import use_cpu_cores_as_devices
+from rlax_core.utils.identity import process_identity
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 class EngineHost:
     """A (replicated) engine over one model, its tokenizer, and the lock its callers share.
 
-    ``model``: anything ``rlax_core.training.policy_source.load_policy`` reads (a model folder, a
+    ``model``: anything ``rlax_core.policy.source.load_policy`` reads (a model folder, a
     weight-store version, a checkpoint); ``tokenizer``: its folder when not the model's;
     ``compile_modes``: sampling modes compiled now, while the worker starts, rather than in the
     first call, with ``compile_episodes`` the multi-turn continuation too; ``version``: the weight
@@ -41,7 +42,7 @@ class EngineHost:
             use_cpu_cores_as_devices()  # on a CPU worker, a replica per core (if JAX has not started yet)
         from rlax_core.inference.replicas import ReplicatedEngine
         from rlax_core.models.tokenizer import load_tokenizer
-        from rlax_core.training.policy_source import load_policy, tokenizer_path
+        from rlax_core.policy.source import load_policy, tokenizer_path
         from rlax_core.utils import startup
 
         self.config = engine
@@ -49,18 +50,23 @@ class EngineHost:
         loaded = load_policy(model, dtype=dtype)
         self.model_config = loaded.config
         startup.mark("worker_model")
-        self.engine = ReplicatedEngine(engine, loaded.config, loaded.params, version=version,
-                                       detokenize=self.tokenizer.decode)
+        self._engine = ReplicatedEngine(engine, loaded.config, loaded.params, version=version,
+                                        detokenize=self.tokenizer.decode)
         if compile_modes:
-            self.engine.warm_up(modes=tuple(compile_modes), episodes=compile_episodes)
-        self.lock = threading.Lock()  # one generate at a time per process: the engine is not re-entrant
+            self._engine.warm_up(modes=tuple(compile_modes), episodes=compile_episodes)
+        self.lock = threading.RLock()  # one use of the engine at a time per process
         self._prompt_ids: dict[str, tuple[int, ...]] = {}  # by example id, tokenized on first use
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.name = process_identity()
 
     @property
     def capacity(self) -> int:
         """Sequences one engine call decodes together: slots per replica times replicas."""
-        return self.config.num_slots * len(self.engine.engines)
+        return self.config.num_slots * self._engine.replicas
+
+    @property
+    def version(self) -> int:
+        """The weight version the engine generates with."""
+        return self._engine.version
 
     def prompt_ids(self, example: Mapping[str, Any]) -> tuple[int, ...]:
         """The example's prompt in its task's format (``rlax_core.tasks.prompts``), tokenized once."""
@@ -75,13 +81,31 @@ class EngineHost:
     def generate(self, requests: Sequence[Any]) -> list:
         """The engine's completions of ``requests`` (request order, then sample index)."""
         with self.lock:
-            return self.engine.generate(requests) if requests else []
+            return self._engine.generate(requests) if requests else []
+
+    def run_episodes(self, env: Any, starts: Sequence[Any], sampling: SamplingParams) -> list:
+        """Episodes of ``env`` (``rlax_core.envs.EnvConfig``) for ``starts``, each replica running its
+        share (an episode stays on the replica that holds its pages); start order, then sample index."""
+        from rlax_core.envs.runner import run_episodes
+
+        def run(engine, share):
+            episodes = iter(run_episodes(engine, self.tokenizer, env, share, sampling))
+            return [[next(episodes) for _ in range(start.samples)] for start in share]
+
+        with self.lock:
+            per_start = self._engine.each_replica(list(starts), run) if starts else []
+        return [episode for episodes in per_start for episode in episodes]
+
+    def load_weights(self, follower: Any) -> int:
+        """Hand the follower's newest verified version to the engine (``WeightFollower.hand_to``)."""
+        with self.lock:
+            return follower.hand_to(self._engine)
 
     def complete(self, examples: Sequence[Mapping[str, Any]], spec: GenerationSpec) -> list[dict[str, Any]]:
         """Every example with ``spec``'s samples: texts, token lengths and finish reasons (or why it was skipped)."""
         from rlax_core.inference.engine import Request
 
-        sampling: SamplingParams = spec.sampling()
+        sampling: SamplingParams = spec.params()
         results, requests = [], []
         for example in examples:
             ids = self.prompt_ids(example)

@@ -1,7 +1,7 @@
 """``RolloutSpec``: everything a rollout worker needs, picklable so that Beam ships it to every worker.
 
-It holds the run's sections (``loop``, ``engine``, ``trainer``, the weight store) rather than copies
-of their fields: a key read by the fleet has one name, from the YAML file to the engine.
+It holds the run's sections (``loop``, ``engine``, ``trainer``, ``algorithm``, the weight store) rather
+than copies of their fields: a key read by the fleet has one name, from the YAML file to the engine.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.data.training_set import cached_examples
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.rewards.config import RewardConfig
+from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rollout.claims import StepClaims, claim_lifetime_s
 from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
@@ -33,6 +34,8 @@ class RolloutSpec:
     loop: LoopConfig
     # What the trainer consumes: trainer.groups_per_step prompts per step, total_steps, max_staleness.
     trainer: TrainerConfig
+    # What the stream does to a scored group: DAPO's overlong shaping and dynamic sampling (``groups``).
+    algorithm: AlgorithmConfig
     # JAX's persistent compilation cache on the worker (rlax_core.utils.compile_cache): on or off, and
     # its folder ("" = the worker machine's default).
     compilation_cache: bool = True
@@ -63,9 +66,8 @@ class RolloutSpec:
         return self.trainer.max_staleness
 
     def sampling(self) -> SamplingParams:
-        loop = self.loop
-        return SamplingParams(temperature=loop.temperature, top_p=loop.top_p, max_new_tokens=self.engine.max_new_tokens,
-                              samples_per_prompt=loop.samples_per_prompt, stop_token_ids=tuple(loop.stop_token_ids))
+        """Each request's sampling settings (``loop.sampling`` on the run's engine)."""
+        return self.loop.sampling.params(self.engine)
 
     def claims(self) -> StepClaims:
         """This job's claims on steps, in the rollout store, live ``loop.expected_step_s`` twice over."""

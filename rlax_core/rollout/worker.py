@@ -1,5 +1,5 @@
-"""What one rollout worker process holds: its ``EngineHost``, the weight version it follows, and how
-its harness threads share the engine.
+"""What one rollout worker process holds: its ``EngineHost``, its sampler (completions or episodes,
+``samplers``), the weight version it follows, and how its harness threads share the engine.
 
 ``GenerateRollouts`` (``transforms.rollout``) acquires one ``RolloutWorker`` per process through
 ``apache_beam.utils.shared.Shared``: the model loads and compiles once, and every DoFn instance and
@@ -17,7 +17,7 @@ import time
 from typing import Optional
 
 from rlax_core.rollout.host import EngineHost
-from rlax_core.rollout.schedule import rollout_prompt_id, sample_seed
+from rlax_core.rollout.samplers import make_sampler
 from rlax_core.rollout.spec import RolloutSpec
 from rlax_core.utils import startup
 from rlax_core.utils.compile_cache import enable_compilation_cache
@@ -40,13 +40,14 @@ class RolloutWorker:
         startup.mark("worker_start")
         enable_compilation_cache(spec.compilation_cache_dir, enabled=spec.compilation_cache)
         # The engine's modules load after EngineHost has made each CPU core a device (before JAX starts).
-        from rlax_core.inference.engine import sampling_mode
+        from rlax_core.inference.sequences import sampling_mode
         from rlax_core.weights.follower import WeightFollower
         from rlax_core.weights.store import WeightStore
 
+        self.sampler = make_sampler(spec)
         self.host = EngineHost(spec.engine, spec.model_path, dtype=spec.model_dtype, version=-1,
-                               compile_modes=(sampling_mode(spec.sampling()),),
-                               compile_episodes=spec.loop.env is not None)
+                               compile_modes=(sampling_mode(self.sampler.sampling),),
+                               compile_episodes=self.sampler.compiles_episodes)
         startup.mark("engine_compiled")
         self.store = WeightStore(spec.weights)
         # The engine's dtype, not the publisher's. The engine holds the base of a LoRA run's adapter
@@ -63,29 +64,8 @@ class RolloutWorker:
         return self.host.name
 
     def requests(self, step: int, slots: list[tuple[int, dict]]) -> list:
-        """The engine requests of some prompt slots of ``step``: ``slots`` pairs each with its example.
-        With ``loop.env`` they are episode starts (``rlax_core.envs``): each sample is an episode."""
-        from rlax_core.inference.engine import Request
-
-        spec, sampling = self.spec, self.spec.sampling()
-        if spec.loop.env is not None:
-            from rlax_core.envs.runner import EpisodeStart
-
-            return [EpisodeStart(example, rollout_prompt_id(spec.run, step, slot), sample_seed(spec.run_seed, step),
-                                 sampling.samples_per_prompt) for slot, example in slots]
-        return [Request(self.host.prompt_ids(example), sampling, prompt_id=rollout_prompt_id(spec.run, step, slot),
-                        seed=sample_seed(spec.run_seed, step)) for slot, example in slots]
-
-    def _generate(self, requests: list) -> list:
-        """Completions of requests, or episodes of episode starts, in order (then sample index)."""
-        if not requests:
-            return []
-        if self.spec.loop.env is None:
-            return self.host.engine.generate(requests)
-        from rlax_core.envs.runner import run_episodes
-
-        sampling = self.spec.sampling()
-        return run_episodes(self.host.engine, self.host.tokenizer, self.spec.loop.env, requests, sampling)
+        """The sampler's requests for some prompt slots of ``step``: ``slots`` pairs each with its example."""
+        return self.sampler.requests(self.host, step, slots)
 
     def follow(self, version: int) -> tuple[int | None, int]:
         """Bring the engine to the newest version <= ``version`` that verifies (a refused one is skipped:
@@ -94,7 +74,7 @@ class RolloutWorker:
         refused_before = set(self.follower.refused)
         started = time.monotonic()
         if self.follower.refresh(up_to=version):
-            loaded = self.follower.hand_to(self.host.engine)
+            loaded = self.host.load_weights(self.follower)
             logger.info("rollout worker: loaded weights version %d in %.2f s", loaded, time.monotonic() - started)
         # Versions newly refused; one forgotten in the refresh (repaired) is no refusal.
         return self.follower.version, len(set(self.follower.refused) - refused_before)
@@ -124,7 +104,7 @@ class RolloutWorker:
             requests = [r for b, i in usable for r in b.units[i][0]]
             if loaded is not None:
                 startup.mark("worker_first_weights")
-            completions = self._generate(requests)
+            completions = self.sampler.generate(self.host, requests)
             self.engine_calls += bool(requests)
             if self.engine_calls == 1 and requests:
                 startup.mark("worker_first_generated")
@@ -140,18 +120,12 @@ class RolloutWorker:
         for b in combined:
             b.loaded, b.results, b.timeline = loaded, [None] * len(b.units), timeline
         for b, i in usable:  # each unit is charged its share of the call, so per-step sums stay true
-            size = sum(_samples_of(r) for r in b.units[i][0])
+            size = sum(self.sampler.samples_of(r) for r in b.units[i][0])
             b.results[i] = completions[position:position + size]
             b.seconds += seconds * size / len(completions)
             position += size
         for b in combined:
             b.done = True
-
-
-def _samples_of(request) -> int:
-    """Results one request makes: an engine Request's ``sampling.samples_per_prompt``, an EpisodeStart's
-    ``samples``."""
-    return request.samples if hasattr(request, "samples") else request.sampling.samples_per_prompt
 
 
 @dataclasses.dataclass

@@ -11,11 +11,12 @@ devices and micro-batches.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def batch_shapes(rollouts: int, *, max_seq_len: int, row_multiple: int = 1) -> dict[str, tuple[tuple[int, ...], type]]:
@@ -38,6 +39,11 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
     ``benchmarks/batch_assembly.py``). A malformed rollout raises a ``ValueError`` naming it and
     its problem; of several, the first in batch order.
     """
+    # pyarrow is imported by the functions that read tables: the trainer reads batch_shapes on hosts
+    # that hold JAX alone (benchmarks/device_check.py's device machine).
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     tables = [table for table in groups if table.num_rows]
     if not tables:
         raise ValueError("a batch needs at least one rollout")
@@ -76,6 +82,8 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
 
 def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Per row the list's length (-1: null, or no such column) and all rows' values back to back."""
+    import pyarrow.compute as pc
+
     if name not in table.column_names:
         return np.full(table.num_rows, -1, np.int64), np.zeros(0)
     column = table.column(name).combine_chunks()

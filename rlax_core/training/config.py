@@ -8,7 +8,7 @@ construction, loadable from YAML under the ``trainer:`` key with dotted override
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from rlax_core.config import require
 from rlax_core.models.lora import LoraConfig
@@ -55,6 +55,9 @@ class ValueModelConfig:
 class TrainerConfig:
     """The trainer: the update, sharding, checkpoints, and how the job reads rollouts."""
 
+    REMOVED: ClassVar[dict[str, str]] = {
+        "startup_wait_s": "moved: the trainer's first wait covers loop.startup_budget_s, the fleet's start-up; set that"}
+
     seed: int = 0
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -66,7 +69,17 @@ class TrainerConfig:
     ppo_epochs: int = 1
     mini_batches: int = 1
     micro_batches: int = 1
-    max_seq_len: int = 128  # prompt + completion tokens; every batch is padded to it (one compile)
+    max_seq_len: int = 128  # prompt + completion tokens, at most, of one sample
+    # Packed rows (training.packing): > 0 packs samples back to back into rows of this many tokens
+    # (>= max_seq_len), each lane's rows and sample slots rounded up to ``row_buckets_per_octave``
+    # sizes per doubling (a compile per bucket, not per step). 0: one sample per row, padded to
+    # max_seq_len (one compile).
+    row_tokens: int = 0
+    row_buckets_per_octave: int = 8
+    # Micro-batches by tokens (with row_tokens): each device's part of a micro-batch holds this many
+    # tokens (micro_batch_tokens // row_tokens rows) and a slice takes as many micro-batches as its
+    # tokens fill (bucketed); it replaces micro_batches. 0: micro_batches.
+    micro_batch_tokens: int = 0
     remat: bool = False  # recompute activations in the backward pass (less memory, more FLOPs)
     # Whole-row attention: "auto" is the chips' flash kernel (TPU: Pallas splash, GPU: cuDNN) and dense
     # XLA on CPU; "dense" keeps [heads, T, T] scores per layer on any chip (rlax_core.models.attention).
@@ -95,10 +108,9 @@ class TrainerConfig:
     # A Hugging Face folder (OUTPUT/hf/step_XXXXXXXX/) every this many steps; 0: after the last step only.
     export_every: int = 0
     wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases beside TensorBoard (optional extra)
-    wait_timeout_s: float = 600.0  # how long to wait for rollout groups before failing loudly
-    # Added to the wait for the first groups this process reads: the rollout fleet starts up first
-    # (rlax train sets it to loop.startup_budget_s, so the trainer's wait covers the fleet's start-up).
-    startup_wait_s: float = 0.0
+    # How long to wait for rollout groups before failing loudly; the first wait of ``rlax train`` also
+    # covers the fleet's start-up (loop.startup_budget_s).
+    wait_timeout_s: float = 600.0
     poll_s: float = 0.5
 
     def __post_init__(self):
@@ -107,6 +119,13 @@ class TrainerConfig:
         require(self.mini_batches >= 1, "mini_batches", "must be >= 1")
         require(self.micro_batches >= 1, "micro_batches", "must be >= 1")
         require(self.max_seq_len >= 2, "max_seq_len", "must be >= 2")
+        require(self.row_tokens == 0 or self.row_tokens >= self.max_seq_len, "row_tokens",
+                f"must be 0 (padded rows) or >= max_seq_len={self.max_seq_len}, so that every sample fits a row")
+        require(self.row_buckets_per_octave >= 1, "row_buckets_per_octave", "must be >= 1")
+        require(self.micro_batch_tokens == 0 or (self.row_tokens > 0 and self.micro_batch_tokens >= self.row_tokens),
+                "micro_batch_tokens", f"must be 0 or >= row_tokens={self.row_tokens} (> 0: micro-batches of packed rows)")
+        require(self.micro_batch_tokens == 0 or self.micro_batches == 1, "micro_batches",
+                "is set by micro_batch_tokens: leave it at 1")
         require(self.total_steps >= 1, "total_steps", "must be >= 1")
         require(self.max_staleness >= 0, "max_staleness", "must be >= 0")
         require(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
@@ -114,5 +133,4 @@ class TrainerConfig:
         require(self.publish_every >= 1, "publish_every", "must be >= 1")
         require(self.export_every >= 0, "export_every", "must be >= 0 (0: export after the last step only)")
         require(self.wait_timeout_s > 0, "wait_timeout_s", "must be > 0")
-        require(self.startup_wait_s >= 0, "startup_wait_s", "must be >= 0")
         require(self.poll_s > 0, "poll_s", "must be > 0")

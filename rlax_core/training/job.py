@@ -11,7 +11,8 @@ One step::
     -> checkpoint (every ``checkpoint_every`` steps, asynchronously; state + ledger together)
     -> export a Hugging Face folder (every ``export_every`` steps, and after the last step)
 
-On start the loop resumes from the newest complete checkpoint by itself, or else starts from the
+On start the loop resumes from the newest checkpoint that passes verification by itself (newer ones
+that fail it are skipped with a warning and set aside), or else starts from the
 initial parameters and publishes them as version 0 so that the rollout fleet can begin. When
 ``stop`` is set (SIGTERM: a preemption notice) it finishes the step in flight, checkpoints, waits
 for the checkpoint and the publication to land, and returns.
@@ -33,6 +34,7 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 
+from rlax_core.data.records import oldest_policy_version
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.export import MODEL_CONFIG, export_hf
@@ -40,6 +42,7 @@ from rlax_core.models.lora_export import export_peft
 from rlax_core.parallel.mesh import initialize_distributed, make_mesh
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.batching import make_batch
+from rlax_core.training.packing import real_tokens
 from rlax_core.training.checkpoint import Checkpointer
 from rlax_core.training.config import TrainerConfig
 from rlax_core.training.ledger import DataLedger
@@ -79,11 +82,12 @@ class JobResult:
 class BatchReader:
     """Takes the next rollout groups from the store in schedule order, enforcing the staleness bound."""
 
-    def __init__(self, store: RolloutStore, config: TrainerConfig):
+    def __init__(self, store: RolloutStore, config: TrainerConfig, startup_wait_s: float = 0.0):
         self.store = store
         self.config = config
+        self.startup_wait_s = startup_wait_s  # added to the first wait: the rollout fleet starts up first
         self._generated_below = 0  # every schedule step below this one is fully generated
-        self._first_read = True  # its wait also covers the rollout fleet's start-up (config.startup_wait_s)
+        self._first_read = True
 
     def generation_frontier(self, keys: list[GroupKey]) -> int:
         """The first schedule step not fully generated yet; no group past it is taken.
@@ -107,7 +111,7 @@ class BatchReader:
         config = self.config
         chosen: list[tuple[GroupKey, Any]] = []
         started = time.monotonic()
-        budget_s = config.wait_timeout_s + (config.startup_wait_s if self._first_read else 0.0)
+        budget_s = config.wait_timeout_s + (self.startup_wait_s if self._first_read else 0.0)
         deadline, report_at = started + budget_s, started + WAIT_REPORT_S
         while True:
             taken = {key for key, _ in chosen}
@@ -119,7 +123,7 @@ class BatchReader:
                 if key in taken:
                     continue
                 table = self.store.read_group(key)
-                version = int(min(table.column("policy_version").to_pylist()))
+                version = oldest_policy_version(table)
                 if not is_fresh_enough(version, train_step, config.max_staleness):
                     log.info("dropping stale group %s: weight version %d at train step %d (max staleness %d)",
                              key, version, train_step, config.max_staleness)
@@ -148,9 +152,10 @@ class BatchReader:
 def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: AlgorithmConfig,
                  config: TrainerConfig, store: RolloutStore, weights: WeightStore | None, checkpoint_dir: str,
                  metrics_dir: str, stop: threading.Event | None = None, export: HFExport | None = None,
-                 rollouts_per_step: int | None = None) -> JobResult:
+                 rollouts_per_step: int | None = None, startup_wait_s: float = 0.0) -> JobResult:
     """Train until ``config.total_steps`` (or ``stop``); see the module docstring. ``rollouts_per_step``
-    (groups x samples per group), when known, lets the update compile before the first rollouts arrive."""
+    (groups x samples per group), when known, lets the update compile before the first rollouts arrive;
+    ``startup_wait_s`` is added to the wait for the first groups (the rollout fleet's start-up)."""
     stop = stop or threading.Event()
     initialize_distributed(config.mesh)
     mesh = make_mesh(config.mesh)
@@ -158,13 +163,17 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
     checkpointer = Checkpointer(checkpoint_dir, keep=config.keep_checkpoints, async_save=config.async_checkpointing)
     is_chief = jax.process_index() == 0
 
-    resumed_from = checkpointer.latest_step()
-    if config.lora.enabled and resumed_from is not None:
+    # The newest checkpoint that passes verification; newer ones that fail it are set aside, and the
+    # run trains their steps again from the ledger saved with the one chosen (the rollout groups it
+    # has not consumed are still in the store): the same batches, so the same parameters.
+    if config.lora.enabled and checkpointer.all_steps():
         trainer.load_base(initial_params)
-    if resumed_from is None:
-        state, ledger = trainer.init_state(initial_params), DataLedger()
+    resumed = checkpointer.restore_newest(trainer.abstract_state())
+    if resumed is None:
+        resumed_from, state, ledger = None, trainer.init_state(initial_params), DataLedger()
     else:
-        state, ledger = checkpointer.restore(resumed_from, trainer.abstract_state())
+        resumed_from, state, ledger = resumed
+        _check_resumed(resumed_from, state, ledger, config)
         log.info("resumed from checkpoint %d (%d groups consumed, %d dropped)", resumed_from,
                  len(ledger.consumed), len(ledger.dropped))
     ref_params = None
@@ -181,13 +190,14 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         for folder in export.template_dirs:
             export_hf(folder, model_config, None, tokenizer_source=export.tokenizer_source,
                       generation=export.generation)
-    if rollouts_per_step and step < config.total_steps:
+    # Packed rows take their shape from the first batch (a bucket of its tokens): nothing to compile ahead.
+    if rollouts_per_step and step < config.total_steps and not config.row_tokens:
         # While the rollout workers start: the first step then runs at once when its groups land.
         trainer.compile_step(state, rollouts_per_step, ref_params)
         startup.mark("trainer_compiled")
     metrics = MetricsWriter(metrics_dir, resumed_from=step) if is_chief else None
     wandb = WandbLogger(config.wandb, metrics_dir=metrics_dir) if is_chief and config.wandb.enabled else None
-    reader = BatchReader(store, config)
+    reader = BatchReader(store, config, startup_wait_s)
     last_saved = resumed_from
     warned_padding = False
     try:
@@ -202,10 +212,11 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
                 break
             started, read_t = time.monotonic(), time.time()
             startup.mark("trainer_first_read", read_t)
-            batch = make_batch([table for _, table in groups], max_seq_len=config.max_seq_len,
-                               row_multiple=trainer.row_multiple, pad_id=model_config.pad_token_id or 0)
+            padded = make_batch([table for _, table in groups], max_seq_len=config.max_seq_len,
+                                row_multiple=trainer.row_multiple, pad_id=model_config.pad_token_id or 0)
             if not warned_padding:
-                warned_padding = _warn_if_mostly_padding(batch, trainer)
+                warned_padding = _warn_if_mostly_padding(padded, trainer)
+            batch = trainer.pack(padded)
             state, step_metrics = trainer.step(state, batch, ref_params)
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
             startup.mark("trainer_compiled")  # the first step compiled what no warm-up did
@@ -222,7 +233,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             if export is not None and config.export_every and step % config.export_every == 0:
                 _export(export, step, model_config, state.params, trainer)
             if metrics is not None:
-                tokens = float(batch["attention_mask"].sum())
+                tokens = float(real_tokens(batch))
                 versions = batch["policy_versions"][batch["sample_mask"] > 0]
                 row = {
                     **{f"train/{k}": v for k, v in step_metrics.items()},
@@ -255,6 +266,20 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         if wandb is not None:
             wandb.close()
     return JobResult(step=step, preempted=preempted, resumed_from=resumed_from)
+
+
+def _check_resumed(step: int, state: Any, ledger: DataLedger, config: TrainerConfig) -> None:
+    """The state and ledger restored from checkpoint ``step`` tell the same story: the state took
+    ``step`` steps and the ledger holds the groups of exactly those steps (each step trains
+    ``groups_per_step`` groups), so replay from here takes the batches the lost steps took."""
+    from rlax_core.models.checkpoint import CheckpointError
+
+    if int(state.step) != step:
+        raise CheckpointError(f"checkpoint {step} holds the state of step {int(state.step)}")
+    if len(ledger.consumed) != step * config.groups_per_step:
+        raise CheckpointError(f"checkpoint {step}: its data ledger holds {len(ledger.consumed)} consumed groups, "
+                              f"{step} steps of trainer.groups_per_step={config.groups_per_step} take "
+                              f"{step * config.groups_per_step}; was trainer.groups_per_step changed for this run?")
 
 
 def _warn_if_mostly_padding(batch: Mapping[str, np.ndarray], trainer: Trainer) -> bool:

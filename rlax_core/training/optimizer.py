@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from rlax_core.training.config import OptimizerConfig
@@ -27,3 +29,10 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
     if config.max_grad_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
+
+
+def init_float32(optimizer: optax.GradientTransformation, params):
+    """Optimizer state in float32 whatever the parameter dtype: bfloat16 Adam moments lose the small
+    updates, and the float32 gradients would turn them into float32 after one update anyway (a state
+    whose dtypes drift cannot be carried through the update loop or restored exactly)."""
+    return optimizer.init(jax.tree.map(lambda x: x.astype(jnp.float32), params))

@@ -47,9 +47,8 @@ update and micro-batch); the reference policy of a KL term is the base itself, s
 
 from __future__ import annotations
 
-from typing import Any
-
 import functools
+from typing import Any
 
 import flax.struct
 import jax
@@ -58,12 +57,10 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rlax_core.models.attention import AttentionImpl, attention_for_platform
+from rlax_core.models.attention import attention_for_platform, fits
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import (adapter_logical_axes, dequantize_kernels, init_adapters, merge, quantize_kernels,
-                                   quantized_logical_axes, scaled, with_adapters)
-from rlax_core.models.transformer import (forward, fuse_projections, param_logical_axes, stack_layers, unfuse_projections,
-                                          unstack_layers)
+from rlax_core.models.lora import adapter_logical_axes, init_adapters
+from rlax_core.models.transformer import init_params, param_logical_axes
 from rlax_core.parallel.mesh import BATCH_AXES, batch_sharding, replicated, tree_shardings
 from rlax_core.rl.advantages import compute_advantages, trained_mask, value_targets
 from rlax_core.rl.aggregation import masked_mean, token_weights
@@ -71,10 +68,14 @@ from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.kl import kl_estimate
 from rlax_core.rl.objective import policy_loss, value_loss
 from rlax_core.training.config import TrainerConfig
-from rlax_core.training.optimizer import learning_rate_schedule, make_optimizer
+from rlax_core.training.frozen_base import FrozenBase
+from rlax_core.training.layout import ForwardLayout
+from rlax_core.training.logprobs import token_logprobs
+from rlax_core.training.micro_batches import combine_metrics, join_micro_batches, split_micro_batches
+from rlax_core.training.packing import MODEL_INPUTS, LaneShape, lane_shape, pack_batch, row_inputs, rows_to_samples
+from rlax_core.training.optimizer import init_float32, learning_rate_schedule, make_optimizer
 from rlax_core.training.value_model import init_value_params, token_values, value_logical_axes
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+from rlax_core.utils.dtypes import dtype as dtype_named
 
 
 @flax.struct.dataclass
@@ -89,60 +90,6 @@ class TrainState:
     value_opt_state: Any = None
 
 
-def token_logprobs(params, config: ModelConfig, tokens, attention_mask, *, remat: bool = False,
-                   attention: AttentionImpl = "dense", mesh: Mesh | None = None, lora_dropout: float = 0.0,
-                   lora_dropout_rng: jax.Array | None = None):
-    """log pi(token t+1 | tokens <= t) and the entropy of that distribution, both [B, T-1] float32.
-    ``lora_dropout``/``lora_dropout_rng``: see ``models.transformer.forward``."""
-    logits = forward(params, config, tokens, attention_mask=attention_mask, remat=remat, attention=attention, mesh=mesh,
-                     lora_dropout=lora_dropout, lora_dropout_rng=lora_dropout_rng)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    # Every position gets a target (the last one a placeholder) and only the [B, T] results drop the
-    # last column: slicing the [B, T, V] log-probs instead costs a padding copy of them in the backward pass.
-    targets = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
-    # A one-hot contraction rather than a gather: its gradient is a dense multiply, where a gather's
-    # is a scatter into [B, T, V], which XLA runs slowly on CPU.
-    chosen = jnp.einsum("btv,btv->bt", log_probs, jax.nn.one_hot(targets, log_probs.shape[-1], dtype=log_probs.dtype))
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-    return chosen[:, :-1], entropy[:, :-1]
-
-
-def split_micro_batches(batch: dict[str, jax.Array], num: int) -> dict[str, jax.Array]:
-    """[B, ...] -> [num, B / num, ...], micro-batch m holding rows m, m + num, m + 2 num, ...
-
-    Strided rather than contiguous: the rows of a device are contiguous, so each micro-batch keeps
-    rows on every device and no device idles.
-    """
-    return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // num, num, *x.shape[1:]), 0, 1), batch)
-
-
-def join_micro_batches(split: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """The inverse of :func:`split_micro_batches`: [num, B / num, ...] -> [B, ...] in the original row order."""
-    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:]), split)
-
-
-def _combine_metrics(stacked: dict[str, jax.Array], axis=None) -> dict[str, jax.Array]:
-    """Stacked metrics -> one value each along ``axis`` (min of mins, max of maxes, sum of counts, else mean)."""
-    out = {}
-    for name, values in stacked.items():
-        if name.endswith("_min"):
-            out[name] = jnp.min(values, axis=axis)
-        elif name.endswith("_max"):
-            out[name] = jnp.max(values, axis=axis)
-        elif name.startswith("num_"):
-            out[name] = jnp.sum(values, axis=axis)
-        else:
-            out[name] = jnp.mean(values, axis=axis)
-    return out
-
-
-def _init_float32(optimizer: optax.GradientTransformation, params):
-    """Optimizer state in float32 whatever the parameter dtype: bfloat16 Adam moments lose the small
-    updates, and the float32 gradients would turn them into float32 after one update anyway (a state
-    whose dtypes drift cannot be carried through the update loop or restored exactly)."""
-    return optimizer.init(jax.tree.map(lambda x: x.astype(jnp.float32), params))
-
-
 class Trainer:
     """The jitted update for one model, algorithm and mesh, and the state it updates."""
 
@@ -151,11 +98,16 @@ class Trainer:
         self.algorithm = algorithm
         self.config = config
         self.mesh = mesh
-        self.param_dtype = DTYPES[config.param_dtype]
+        self.param_dtype = dtype_named(config.param_dtype)
         self.optimizer = make_optimizer(config.optimizer)
         self.learning_rate = learning_rate_schedule(config.optimizer)
         self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
         self.row_multiple = self.batch_shards * config.mini_batches * config.micro_batches
+        # Each device's part of each micro-batch: a packed batch gives every lane the same rows (packing.py).
+        # With trainer.micro_batch_tokens a lane holds that many tokens' rows and the micro-batches
+        # are as many as a batch's tokens take (bucketed): ``micro_batches_of(batch)``.
+        self.lanes = self.row_multiple
+        self.rows_per_micro_batch = config.micro_batch_tokens // config.row_tokens if config.micro_batch_tokens else None
         self.updates_per_batch = config.ppo_epochs * config.mini_batches
         self.uses_value_model = algorithm.uses_values
         self.kl_in_reward = algorithm.kl_in_reward and algorithm.kl_coef > 0
@@ -169,36 +121,36 @@ class Trainer:
         whole_weights = all(size == 1 for axis, size in mesh.shape.items() if axis != "data")
         self.accumulate_on_device = self.batch_shards > 1 and whole_weights and not config.lora.dropout
         platform = mesh.devices.flat[0].platform
-        # Fused q/k/v and gate/up products (see _unrolled); LoRA's adapters are per projection.
+        # Fused q/k/v and gate/up products (training.layout); LoRA's adapters are per projection.
         fusable = whole_weights and not config.lora.enabled
         if config.projections == "fused" and not fusable:
             raise ValueError("trainer.projections=fused needs whole weights on every device (mesh axes other than "
                              f"data of size 1, here {dict(mesh.shape)}) and no LoRA; use auto or separate")
         self.fuse_projections = fusable and (config.projections == "fused" or
                                              (config.projections == "auto" and platform == "cpu"))
-        self.base = None  # the frozen base of a LoRA policy (load_base / init_state)
+        self.layout = ForwardLayout(model_config, scan_layers=config.scan_layers, fuse=self.fuse_projections)
+        # The frozen base of a LoRA policy (its own object: how it is held and how the policy is made of it).
+        self.frozen_base = FrozenBase(model_config, config, mesh) if config.lora.enabled else None
         # Whole-row attention: the chips' flash kernel (TPU splash, GPU cuDNN), dense XLA on CPU.
         self.attention = attention_for_platform(platform) if config.attention == "auto" else config.attention
+        if config.row_tokens and not fits(self.attention, config.row_tokens):
+            raise ValueError(f"trainer.row_tokens={config.row_tokens}: {self.attention} attention takes rows of a "
+                             "multiple of 128 tokens")
 
         if self.lora.base_dtype == "int8" and self.uses_value_model:
             raise ValueError("trainer.lora.base_dtype=int8 with a value model: the critic would start from an "
                              "int8 backbone; use base_dtype=param")
-        abstract_base = jax.eval_shape(lambda: self._frozen(self._init_base(jax.random.key(0))))
-        base_axes = param_logical_axes(model_config)
-        self._given_base_axes = base_axes
-        if self.lora.base_dtype == "int8":
-            base_axes = quantized_logical_axes(base_axes)
-        self.base_shardings = tree_shardings(abstract_base, base_axes, mesh)
-        self._abstract_base = abstract_base
-        abstract_params = jax.eval_shape(
-            lambda: self._cast_trainable(self._init_params(jax.random.key(0))))
+        # The model's weights in the parameter dtype: the policy of full fine-tuning, and the critic's start.
+        abstract_model = jax.eval_shape(lambda: self._cast_model(self._init_model(jax.random.key(0))))
+        abstract_params = jax.eval_shape(lambda: self._cast_trainable(self._init_params(jax.random.key(0))))
         self.param_shardings = (tree_shardings(abstract_params, adapter_logical_axes(self.lora), mesh)
-                                if self.lora.enabled else self.base_shardings)
+                                if self.lora.enabled else
+                                tree_shardings(abstract_model, param_logical_axes(model_config), mesh))
         opt_shardings = self._optimizer_shardings(self.optimizer, abstract_params, self.param_shardings)
         value_shardings = value_opt_shardings = None
         if self.uses_value_model:
             self.value_optimizer = make_optimizer(config.value_model.optimizer)
-            abstract_value = jax.eval_shape(init_value_params, abstract_base)
+            abstract_value = jax.eval_shape(init_value_params, abstract_model)
             value_shardings = tree_shardings(abstract_value, value_logical_axes(model_config), mesh)
             value_opt_shardings = self._optimizer_shardings(self.value_optimizer, abstract_value, value_shardings)
         self.value_param_shardings = value_shardings
@@ -217,61 +169,50 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
-    def _init_base(self, rng):
-        from rlax_core.models.transformer import init_params
-
+    def _init_model(self, rng):
         return init_params(self.model_config, rng, jnp.float32)
+
+    def _cast_model(self, params):
+        return jax.tree.map(lambda x: x.astype(self.param_dtype), params)
 
     def _init_params(self, rng):
         """Fresh trainable parameters: the whole model, or with LoRA the adapters."""
         if self.lora.enabled:
             return init_adapters(self.model_config, self.lora, rng)
-        return self._init_base(rng)
+        return self._init_model(rng)
 
     def _cast_trainable(self, params):
         # Adapters stay float32 whatever the base's dtype: they are small, and bfloat16 would round
         # away the low-rank updates; the merged kernels take the base's dtype.
-        dtype = jnp.float32 if self.lora.enabled else self.param_dtype
-        return jax.tree.map(lambda x: x.astype(dtype), params)
+        return jax.tree.map(lambda x: x.astype(jnp.float32), params) if self.lora.enabled else self._cast_model(params)
+
+    @property
+    def base(self) -> Any:
+        """A LoRA policy's frozen base as held (None before it is loaded, and without LoRA)."""
+        return None if self.frozen_base is None else self.frozen_base.params
 
     def load_base(self, params: Any) -> None:
-        """Hold ``params`` (host or device arrays) as the frozen base of a LoRA policy, sharded by the
-        model's rules in the trainer's parameter dtype."""
-        if not self.lora.enabled:
+        """Hold ``params`` (host or device arrays) as the frozen base of a LoRA policy (``FrozenBase.load``)."""
+        if self.frozen_base is None:
             raise ValueError("load_base: trainer.lora.rank is 0 (full fine-tuning has no frozen base)")
-        params = jax.device_put(params, tree_shardings(params, self._given_base_axes, self.mesh))
-        self.base = jax.jit(self._frozen, out_shardings=self.base_shardings)(params)
-
-    def _frozen(self, params):
-        """The base as the trainer holds it: in ``param_dtype``, its kernels int8 for QLoRA."""
-        params = jax.tree.map(lambda x: x.astype(self.param_dtype), params)
-        return quantize_kernels(params) if self.lora.base_dtype == "int8" else params
+        self.frozen_base.load(params)
 
     def policy_params(self, params: Any) -> Any:
         """The complete policy for the state's ``params``: with LoRA the base (dequantized when int8)
         with the adapters merged, in ``param_dtype``: what exports and full weight versions hold."""
-        if not self.lora.enabled:
-            return params
-        base = self.base
-        if self.lora.base_dtype == "int8":
-            base = dequantize_kernels(base, self.param_dtype)
-        return merge(base, params, self.lora)
+        return params if self.frozen_base is None else self.frozen_base.complete(params)
 
     def _policy(self, params, base):
         """The policy as the training forward takes it."""
-        if not self.lora.enabled:
-            return params
-        if self.lora.on_the_fly:  # dropout masks the adapters' inputs, which W' cannot; an int8 base stays int8
-            return with_adapters(base, scaled(params, self.lora))
-        return merge(base, params, self.lora)
+        return params if self.frozen_base is None else self.frozen_base.forward_policy(params, base)
 
     def _build_state(self, params, rng, base=None) -> TrainState:
         params = self._cast_trainable(params)
         value_params = value_opt_state = None
         if self.uses_value_model:
             value_params = init_value_params(base if self.lora.enabled else params)
-            value_opt_state = _init_float32(self.value_optimizer, value_params)
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=_init_float32(self.optimizer, params),
+            value_opt_state = init_float32(self.value_optimizer, value_params)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=init_float32(self.optimizer, params),
                           rng=jax.random.key_data(rng), value_params=value_params, value_opt_state=value_opt_state)
 
     def init_state(self, params: Any | None = None, *, seed: int | None = None) -> TrainState:
@@ -284,8 +225,8 @@ class Trainer:
         seed = self.config.seed if seed is None else seed
         rng = jax.random.key(seed)
         init_rng, state_rng = jax.random.split(rng)
-        if self.lora.enabled:
-            self.load_base(self._init_base(init_rng) if params is None else params)
+        if self.frozen_base is not None:
+            self.frozen_base.load(self._init_model(init_rng) if params is None else params)
             return jax.jit(lambda base: self._build_state(self._init_params(init_rng), state_rng, base),
                            out_shardings=self.state_shardings)(self.base)
         if params is None:
@@ -297,27 +238,49 @@ class Trainer:
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and shardings of the state, without materialising it (the restore target)."""
         abstract = jax.eval_shape(lambda: self._build_state(self._init_params(jax.random.key(0)), jax.random.key(0),
-                                                            self._init_base(jax.random.key(0))))
+                                                            self._init_model(jax.random.key(0))))
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             abstract, self.state_shardings)
 
     def abstract_base(self) -> Any:
         """Shapes, dtypes and shardings of a LoRA policy's frozen base as the trainer holds it (int8
         kernels for QLoRA), without materialising it: ``lower_step(base=...)`` for ``rlax compile``."""
-        if not self.lora.enabled:
+        if self.frozen_base is None:
             raise ValueError("abstract_base: trainer.lora.rank is 0 (full fine-tuning has no frozen base)")
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            self._abstract_base, self.base_shardings)
+        return self.frozen_base.abstract()
 
     # ------------------------------------------------------------------ the update
 
+    def pack(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``make_batch``'s padded batch as this trainer steps on it: packed into rows of
+        ``trainer.row_tokens`` (``training.packing``), or as it is when that is 0."""
+        if not self.config.row_tokens:
+            return batch
+        lanes = None if self.rows_per_micro_batch else self.lanes
+        return pack_batch(batch, row_tokens=self.config.row_tokens, lanes=lanes, devices=self.batch_shards,
+                          rows_per_lane=self.rows_per_micro_batch,
+                          lane_multiple=self.batch_shards * self.config.mini_batches,
+                          per_octave=self.config.row_buckets_per_octave, pad_id=self.model_config.pad_token_id or 0)
+
+    def micro_batches_of(self, batch) -> int:
+        """The micro-batches of each slice of ``batch``: ``trainer.micro_batches``, or with
+        ``trainer.micro_batch_tokens`` as many as its packed rows fill."""
+        if self.rows_per_micro_batch and "sample_row" in batch:
+            return batch["tokens"].shape[0] // (self.rows_per_micro_batch * self.batch_shards * self.config.mini_batches)
+        return self.config.micro_batches
+
+    def _lanes_of(self, batch) -> int:
+        return self.batch_shards * self.config.mini_batches * self.micro_batches_of(batch)
+
     def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """Host arrays -> global arrays split over the batch axes (each process supplies its own rows)."""
-        rows = next(iter(batch.values())).shape[0]
-        if rows % self.row_multiple:
-            raise ValueError(f"batch of {rows} rows does not split into {self.batch_shards} device shards x "
-                             f"{self.config.mini_batches} mini-batches x {self.config.micro_batches} micro-batches; "
-                             "pad it with make_batch(row_multiple=...)")
+        multiple = self.batch_shards * self.config.mini_batches * self.micro_batches_of(batch)
+        for name, x in batch.items():
+            if np.shape(x)[0] % multiple:
+                raise ValueError(f"batch array {name} of {np.shape(x)[0]} rows does not split into {self.batch_shards} "
+                                 f"device shards x {self.config.mini_batches} mini-batches x "
+                                 f"{self.config.micro_batches} micro-batches; pad it with make_batch(row_multiple="
+                                 "trainer.row_multiple) or pack it with pack_batch(lanes=trainer.lanes)")
 
         def put(x):
             sharding = batch_sharding(self.mesh, x.ndim)
@@ -337,8 +300,8 @@ class Trainer:
         return ref_params
 
     def _require_base(self):
-        if self.lora.enabled and self.base is None:
-            raise ValueError("LoRA: no frozen base; call init_state(params) or load_base(params) first")
+        if self.frozen_base is not None:
+            self.frozen_base.require()
 
     def _check_inputs(self, batch, ref_params):
         self._require_base()
@@ -354,17 +317,27 @@ class Trainer:
         self.lower_step(state, rollouts, ref_params).compile()
 
     def lower_step(self, state: TrainState, rollouts: int, ref_params: Any | None = None,
-                   base: Any | None = None) -> jax.stages.Lowered:
+                   base: Any | None = None, mean_tokens: int | None = None) -> jax.stages.Lowered:
         """:meth:`step` lowered for a batch of ``rollouts`` rows; ``state``, ``ref_params`` and a LoRA
         policy's ``base`` (default: the loaded one) may be abstract (``abstract_state()``): ``rlax
-        compile`` compiles it for a TPU slice it does not have."""
+        compile`` compiles it for a TPU slice it does not have. With ``trainer.row_tokens`` the batch
+        is packed, its shape that of samples of ``mean_tokens`` (default: half of max_seq_len)."""
         from rlax_core.training.batching import batch_shapes
+        from rlax_core.training.packing import packed_batch_shapes
 
         if base is None:
             self._require_base()
             base = self.base
         ref_params = self._reference(base if ref_params is None and self.lora.enabled else ref_params)
-        shapes = batch_shapes(rollouts, max_seq_len=self.config.max_seq_len, row_multiple=self.row_multiple)
+        config = self.config
+        if config.row_tokens:
+            shapes = packed_batch_shapes(
+                rollouts, mean_tokens or config.max_seq_len // 2, max_seq_len=config.max_seq_len,
+                row_tokens=config.row_tokens, lanes=None if self.rows_per_micro_batch else self.lanes,
+                rows_per_lane=self.rows_per_micro_batch, lane_multiple=self.batch_shards * config.mini_batches,
+                per_octave=config.row_buckets_per_octave)
+        else:
+            shapes = batch_shapes(rollouts, max_seq_len=config.max_seq_len, row_multiple=self.row_multiple)
         batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                  for name, (shape, dtype) in shapes.items()}
         return self._step.lower(state, batch, ref_params, base)
@@ -388,46 +361,25 @@ class Trainer:
         batch, ref_params = self._check_inputs(batch, ref_params)
         return self._prepare(state, batch, ref_params, self.base)
 
-    def _unrolled(self, params):
-        """Weights (policy or critic) in the layout the forward pass runs: unrolled layers when
-        ``scan_layers`` is off, fused projections when ``fuse_projections``. Done once per update,
-        outside the micro-batch loop, so that the gradients are accumulated in that layout and taken
-        back to the state's once (:meth:`_stacked`)."""
-        return self._relayout(params, self._to_forward_layout)
-
-    def _stacked(self, tree):
-        return self._relayout(tree, self._to_state_layout)
-
-    def _to_forward_layout(self, params):
-        params = params if self.config.scan_layers else unstack_layers(params)
-        return fuse_projections(params) if self.fuse_projections else params
-
-    def _to_state_layout(self, tree):
-        tree = unfuse_projections(tree, self.model_config) if self.fuse_projections else tree
-        return tree if self.config.scan_layers else stack_layers(tree)
-
-    def _relayout(self, tree, convert):
-        """``convert`` the layer layout of a policy tree, or of a critic's ``backbone``."""
-        if tree is None:
-            return tree
-        if "backbone" in tree:
-            return {**tree, "backbone": convert(tree["backbone"])}
-        return convert(tree)
-
-    def _logprobs(self, params, micro, remat=False, dropout_key=None, on_device=False):
-        """``dropout_key``: the training forward's LoRA dropout masks (scoring passes give none: no dropout).
+    def _logprobs(self, params, micro, lanes: LaneShape | None, remat=False, dropout_key=None, on_device=False):
+        """Per sample [samples, T-1], however the rows hold them (``lanes``: see ``packing``).
+        ``dropout_key``: the training forward's LoRA dropout masks (scoring passes give none: no dropout).
         ``on_device``: traced per device (``_micro_grads``), where the attention kernels need no mesh."""
-        return token_logprobs(params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat,
-                              attention=self.attention, mesh=None if on_device else self.mesh,
-                              lora_dropout=self.lora.dropout, lora_dropout_rng=dropout_key)
+        logprobs, entropy = token_logprobs(params, self.model_config, micro["tokens"], remat=remat,
+                                           attention=self.attention, mesh=None if on_device else self.mesh,
+                                           lora_dropout=self.lora.dropout, lora_dropout_rng=dropout_key,
+                                           **row_inputs(micro))
+        width = micro["loss_mask"].shape[1]
+        return rows_to_samples(logprobs, micro, lanes, width), rows_to_samples(entropy, micro, lanes, width)
 
-    def _values(self, value_params, micro, remat=False, on_device=False):
-        return token_values(value_params, self.model_config, micro["tokens"], micro["attention_mask"], remat=remat,
-                            attention=self.attention, mesh=None if on_device else self.mesh)
+    def _values(self, value_params, micro, lanes: LaneShape | None, remat=False, on_device=False):
+        values = token_values(value_params, self.model_config, micro["tokens"], remat=remat, attention=self.attention,
+                              mesh=None if on_device else self.mesh, **row_inputs(micro))
+        return rows_to_samples(values, micro, lanes, micro["loss_mask"].shape[1])
 
     def _forward_rows(self, fn, arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """``fn(micro) -> dict of [rows, ...]`` over the batch in update-sized micro-batches (bounded memory)."""
-        chunks = self.config.mini_batches * self.config.micro_batches
+        chunks = self.config.mini_batches * self.micro_batches_of(arrays)
         return join_micro_batches(jax.lax.map(lambda micro: fn(self._constrain(micro)),
                                               split_micro_batches(arrays, chunks)))
 
@@ -437,25 +389,26 @@ class Trainer:
 
     def _prepare_batch(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any,
                        base: Any = None) -> dict[str, jax.Array]:
-        algorithm, config = self.algorithm, self.config
-        mask = batch["loss_mask"]
+        algorithm, mask = self.algorithm, batch["loss_mask"]
+        policy, reference, critic = (self.layout.to_forward(p) for p in (self._policy(state.params, base), ref_params,
+                                                                         state.value_params))
 
-        policy, reference, critic = (self._unrolled(p) for p in (self._policy(state.params, base), ref_params,
-                                                                   state.value_params))
+        lanes = lane_shape(batch, self._lanes_of(batch))
 
         def score(micro):
             out = {}
             if self.needs_old_logprobs:
-                out["old_logprobs"], _ = self._logprobs(policy, micro)
+                out["old_logprobs"], _ = self._logprobs(policy, micro, lanes)
             if reference is not None:
-                out["ref_logprobs"], _ = self._logprobs(reference, micro)
+                out["ref_logprobs"], _ = self._logprobs(reference, micro, lanes)
             if self.uses_value_model:
-                out["old_values"] = self._values(critic, micro)
+                out["old_values"] = self._values(critic, micro, lanes)
             return out
 
         prepared = {}
         if self.needs_old_logprobs or ref_params is not None or self.uses_value_model:
-            prepared = self._forward_rows(score, {"tokens": batch["tokens"], "attention_mask": batch["attention_mask"]})
+            prepared = self._forward_rows(score, {name: batch[name] for name in (*MODEL_INPUTS, "loss_mask")
+                                                  if name in batch})
         prepared = {name: jnp.where(mask > 0, x, 0.0) for name, x in prepared.items()}
         kl = None
         if self.kl_in_reward:
@@ -471,9 +424,9 @@ class Trainer:
             prepared["returns"] = value_targets(algorithm, batch["rewards"], mask, values, kl=kl)
         return prepared
 
-    def _policy_loss(self, params, micro, base=None, dropout_key=None, on_device=False):
+    def _policy_loss(self, params, micro, base=None, dropout_key=None, on_device=False, *, lanes=None):
         algorithm, config = self.algorithm, self.config
-        logprobs, entropy = self._logprobs(self._policy(params, base), micro, remat=config.remat,
+        logprobs, entropy = self._logprobs(self._policy(params, base), micro, lanes, remat=config.remat,
                                            dropout_key=dropout_key, on_device=on_device)
         old_logprobs = micro["old_logprobs"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(logprobs)
         if algorithm.entropy_coef == 0:
@@ -513,33 +466,34 @@ class Trainer:
         return jax.shard_map(on_device, mesh=self.mesh, in_specs=(everywhere, rows, *[everywhere] * len(args)),
                              out_specs=rows, check_vma=False)(params, micro, *args)
 
-    def _value_loss(self, value_params, micro, on_device=False):
-        values = self._values(value_params, micro, remat=self.config.remat, on_device=on_device)
+    def _value_loss(self, value_params, micro, on_device=False, *, lanes=None):
+        values = self._values(value_params, micro, lanes, remat=self.config.remat, on_device=on_device)
         # One update per batch: the old critic is the critic, exactly (as for the policy's ratio).
         old_values = micro["old_values"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(values)
         loss, metrics = value_loss(self.algorithm, values, old_values, micro["returns"], micro["loss_mask"])
         return loss * micro["share"], metrics
 
-    def _update(self, carry, slice_, base=None):
+    def _update(self, carry, slice_, base=None, lanes=None, micro_batches=1):
         """One optimizer update (policy, and critic) on one slice of the batch, over its micro-batches."""
         algorithm, config = self.algorithm, self.config
         params, opt_state, value_params, value_opt_state, dropout_key = carry
         dropout_key, update_key = jax.random.split(dropout_key)
-        forward_params, forward_value_params = self._unrolled(params), self._unrolled(value_params)
-        forward_base = self._unrolled(base)
+        forward_params, forward_value_params = self.layout.to_forward(params), self.layout.to_forward(value_params)
+        forward_base = self.layout.to_forward(base)
         slice_["slice_weights"] = token_weights(slice_["loss_mask"], algorithm.loss_aggregation,
                                                 algorithm.loss_max_length)
 
         def accumulate(grad_sums, micro_and_key):
             micro, micro_key = micro_and_key
             micro = self._constrain(micro)
-            (loss, metrics), grads = self._micro_grads(self._policy_loss, forward_params, micro, forward_base,
-                                                       micro_key)
+            (loss, metrics), grads = self._micro_grads(functools.partial(self._policy_loss, lanes=lanes),
+                                                       forward_params, micro, forward_base, micro_key)
             policy_sum, value_sum = grad_sums
             policy_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), policy_sum, grads)
             metrics = {**metrics, "loss": loss}
             if self.uses_value_model:
-                (loss, value_metrics), value_grads = self._micro_grads(self._value_loss, forward_value_params, micro)
+                (loss, value_metrics), value_grads = self._micro_grads(functools.partial(self._value_loss, lanes=lanes),
+                                                                       forward_value_params, micro)
                 value_sum = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), value_sum, value_grads)
                 metrics.update(value_metrics, value_loss=loss)
             return (policy_sum, value_sum), metrics
@@ -548,13 +502,13 @@ class Trainer:
         zeros = lambda tree: jax.tree.map(lambda p: jnp.zeros(per_device + p.shape, jnp.float32), tree)
         (grads, value_grads), metrics = jax.lax.scan(
             accumulate, (zeros(forward_params), zeros(forward_value_params)),
-            (split_micro_batches(slice_, config.micro_batches), jax.random.split(update_key, config.micro_batches)))
+            (split_micro_batches(slice_, micro_batches), jax.random.split(update_key, micro_batches)))
         if self.accumulate_on_device:  # the update's one reduction across devices
             grads, value_grads = jax.tree.map(lambda g: jnp.sum(g, axis=0), (grads, value_grads))
-        grads, value_grads = self._stacked(grads), self._stacked(value_grads)
+        grads, value_grads = self.layout.to_state(grads), self.layout.to_state(value_grads)
         # Micro-batch losses are already weighted by their shares: their sum is the slice's loss.
         losses = {name: jnp.sum(metrics.pop(name)) for name in ("loss", "value_loss") if name in metrics}
-        metrics = {**_combine_metrics(metrics), **losses}
+        metrics = {**combine_metrics(metrics), **losses}
         grads = jax.lax.with_sharding_constraint(grads, self.param_shardings)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -569,15 +523,17 @@ class Trainer:
     def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any, base: Any):
         config = self.config
         prepared = self._prepare_batch(state, batch, ref_params, base)
-        inputs = dict(tokens=batch["tokens"], attention_mask=batch["attention_mask"], loss_mask=prepared["policy_mask"],
-                      behavior_logprobs=batch["behavior_logprobs"], advantages=prepared["advantages"])
+        inputs = dict(loss_mask=prepared["policy_mask"], behavior_logprobs=batch["behavior_logprobs"],
+                      advantages=prepared["advantages"], **{name: batch[name] for name in MODEL_INPUTS if name in batch})
         for name in ("old_logprobs", "ref_logprobs", "old_values", "returns"):
             if name in prepared:
                 inputs[name] = prepared[name]
         slices = split_micro_batches(inputs, config.mini_batches)
+        micro_batches, lanes = self.micro_batches_of(batch), lane_shape(batch, self._lanes_of(batch))
 
         def epoch(carry, _):
-            return jax.lax.scan(functools.partial(self._update, base=base), carry, slices)
+            return jax.lax.scan(functools.partial(self._update, base=base, lanes=lanes, micro_batches=micro_batches),
+                                carry, slices)
 
         # One draw per step keeps the RNG stream reproducible across restarts; the step's other key
         # draws the LoRA dropout masks (one per update and micro-batch).
@@ -587,7 +543,7 @@ class Trainer:
             epoch, carry, None, length=config.ppo_epochs)
         rng = jax.random.key_data(next_rng)
 
-        metrics = _combine_metrics(per_update)
+        metrics = combine_metrics(per_update)
         mask, sample_mask = batch["loss_mask"], batch["sample_mask"]
         num_samples = jnp.maximum(jnp.sum(sample_mask), 1.0)
         metrics.update(
@@ -605,3 +561,4 @@ class Trainer:
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng,
                                value_params=value_params, value_opt_state=value_opt_state)
         return new_state, metrics, per_update
+

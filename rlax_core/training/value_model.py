@@ -45,11 +45,12 @@ def value_logical_axes(config: ModelConfig) -> Params:
     return {"backbone": backbone, "value_head": {"kernel": ("embed",), "bias": ()}}
 
 
-def token_values(value_params: Params, config: ModelConfig, tokens, attention_mask, *, remat: bool = False,
-                 attention: str = "dense", mesh=None):
-    """V(tokens <= t) for t < T - 1: [B, T-1] float32, aligned with ``token_logprobs`` and ``loss_mask``."""
+def token_values(value_params: Params, config: ModelConfig, tokens, attention_mask=None, *, remat: bool = False,
+                 attention: str = "dense", mesh=None, segment_ids=None, positions=None):
+    """V(tokens <= t) for t < T - 1: [B, T-1] float32, aligned with ``token_logprobs`` and ``loss_mask``
+    (packed rows: ``segment_ids`` and ``positions`` as ``token_logprobs`` takes them)."""
     hidden = hidden_states(value_params["backbone"], config, tokens, attention_mask=attention_mask, remat=remat,
-                           attention=attention, mesh=mesh)[:, :-1]
+                           attention=attention, mesh=mesh, segment_ids=segment_ids, positions=positions)[:, :-1]
     head = value_params["value_head"]
     # float32 like the policy's logits: the values are regression outputs feeding GAE.
     return (jnp.einsum("bte,e->bt", hidden.astype(jnp.float32), head["kernel"].astype(jnp.float32))

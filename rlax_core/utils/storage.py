@@ -45,6 +45,12 @@ class Storage(Protocol):
 
     def delete_tree(self, folder: str) -> None: ...
 
+    def files(self, folder: str) -> dict[str, int]:
+        """Every file under ``folder``, at any depth: its path relative to ``folder`` -> its size in bytes."""
+
+    def move(self, source: str, target: str) -> None:
+        """Rename a file or a folder (on gs://: copy, then delete)."""
+
 
 class LocalStorage:
     """Plain files under a folder (also the fastest path on a local disk or a mounted filesystem)."""
@@ -99,6 +105,19 @@ class LocalStorage:
 
     def delete_tree(self, folder: str) -> None:
         shutil.rmtree(self._path(folder), ignore_errors=True)
+
+    def files(self, folder: str) -> dict[str, int]:
+        top = self._path(folder)
+        found = {}
+        for directory, _, names in os.walk(top):
+            for name in names:
+                path = Path(directory) / name
+                found[path.relative_to(top).as_posix()] = path.stat().st_size
+        return found
+
+    def move(self, source: str, target: str) -> None:
+        self._path(target).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(source), self._path(target))
 
 
 class FsspecStorage:
@@ -168,6 +187,15 @@ class FsspecStorage:
             self.fs.rm(self._path(folder), recursive=True)
         except FileNotFoundError:
             pass
+
+    def files(self, folder: str) -> dict[str, int]:
+        top = self._path(folder).rstrip("/")
+        found = self.fs.find(top, detail=True)
+        return {name[len(top) + 1:]: int(info["size"]) for name, info in found.items()
+                if info.get("type") != "directory" and name.startswith(top + "/")}
+
+    def move(self, source: str, target: str) -> None:
+        self.fs.mv(self._path(source), self._path(target), recursive=True)
 
 
 ALIGNMENT = 64  # jax.device_put on CPU adopts a read-only host buffer without copying only if 64-byte aligned

@@ -2,7 +2,7 @@
 
     store.publish(0, base_params)                                   # the base: an ordinary full version
     publish_adapters(store, 7, adapters, base_version=0, lora=lora) # megabytes, not the whole model
-    params, base = load_policy(store, 7, held_base=base)            # merged; loads only the adapters
+    params, base = load_version(store, 7, held_base=base)            # merged; loads only the adapters
                                                                     # when ``base`` already holds version 0
 
 An adapter version's manifest names its base version and pins it by the checksum of the base's
@@ -11,7 +11,7 @@ were trained with. A reader refuses an adapter version whose base is missing, is
 version, or no longer has the pinned checksum. The collector keeps a base as long as a kept version
 applies to it (``collector.bases_needed``).
 
-``load_policy`` returns merged weights (``lora.merge``): what evaluation, exports and a follower that
+``load_version`` returns merged weights (``lora.merge``): what evaluation, exports and a follower that
 merges take. ``load_parts`` returns what changed instead, for a reader whose engine holds the base
 and applies adapters itself (``WeightFollower(merge_adapters=False)``, ``Engine.update_adapters``):
 an adapter version on the base it holds costs it the adapters' bytes only.
@@ -122,7 +122,7 @@ def load_parts(store: WeightStore, version: int, *, held: BaseKey | None = None,
     return VersionParts(version, key, params=base_params, adapters=store.load(version, as_numpy=True), lora=lora)
 
 
-def load_policy(store: WeightStore, version: int, *, held_base: HeldBase | None = None, dtype: Any = None,
+def load_version(store: WeightStore, version: int, *, held_base: HeldBase | None = None, dtype: Any = None,
                 sharding: ShardingSpec = None, as_numpy: bool = False) -> tuple[Any, HeldBase | None]:
     """The complete policy of ``version`` and the base it was merged into (None for a full version).
 

@@ -8,23 +8,12 @@ import numpy as np
 
 from rlax_core.weights.errors import IntegrityError
 from rlax_core.weights.manifest import TensorRecord
+from rlax_core.utils.dtypes import dtype as dtype_of
+from rlax_core.utils.dtypes import is_float
 from rlax_core.utils.storage import aligned_empty
 
 # Sharding for load(): one for every tensor, a nested dict like the params, or a function of the name.
 ShardingSpec = Any
-
-
-def dtype_of(name: Any) -> np.dtype:
-    """``"bfloat16"`` and every numpy dtype name -> a numpy dtype."""
-    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
-
-    if isinstance(name, str) and name == "bfloat16":
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def target_dtype(stored: np.dtype, requested: Any) -> np.dtype:

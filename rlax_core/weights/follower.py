@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-from rlax_core.weights.adapters import BaseKey, HeldBase, VersionParts, load_parts, load_policy
+from rlax_core.weights.adapters import BaseKey, HeldBase, VersionParts, load_parts, load_version
 from rlax_core.weights.errors import VersionNotCommittedError, WeightStoreError
 from rlax_core.weights.repair import refusal_reported, report_refusal
 from rlax_core.weights.store import ShardingSpec, WeightStore
@@ -56,7 +56,7 @@ class WeightFollower:
             for version in candidates:  # newest first: a refused one falls back to the one before
                 try:
                     if self.merge_adapters:
-                        params, base = load_policy(self.store, version, held_base=self.base, **self._load_options)
+                        params, base = load_version(self.store, version, held_base=self.base, **self._load_options)
                     else:
                         parts = load_parts(self.store, version, held=self.held, **self._load_options)
                 except VersionNotCommittedError:

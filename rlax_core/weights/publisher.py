@@ -15,7 +15,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from rlax_core.weights.arrays import dtype_of, is_float
+from rlax_core.utils.dtypes import dtype as dtype_of
+from rlax_core.utils.dtypes import is_float
 from rlax_core.weights.errors import VersionExistsError
 from rlax_core.weights.store import WeightStore
 

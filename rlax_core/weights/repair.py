@@ -22,7 +22,8 @@ import numpy as np
 import xxhash
 
 from rlax_core.weights import manifest as mf
-from rlax_core.weights.arrays import dtype_of, slices_of
+from rlax_core.utils.dtypes import dtype as dtype_of
+from rlax_core.weights.arrays import slices_of
 from rlax_core.weights.errors import IntegrityError, WeightStoreError
 from rlax_core.weights.shard_io import read_shard
 from rlax_core.weights.tree import flatten_params

@@ -22,31 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for_futures
 from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import numpy as np
 
 from rlax_core.weights import manifest as mf
-from rlax_core.weights.arrays import (
-    ShardingSpec,
-    assemble,
-    cast,
-    check_coverage,
-    dtype_of,
-    is_float,
-    normalize_index,
-    place,
-    slices_of,
-)
+from rlax_core.utils.dtypes import dtype as dtype_of
+from rlax_core.utils.dtypes import is_float
+from rlax_core.utils.identity import process_identity
+from rlax_core.utils.storage import Storage, open_storage
+from rlax_core.weights.arrays import ShardingSpec, assemble, cast, normalize_index, place, slices_of
 from rlax_core.weights.collector import collect, lease
 from rlax_core.weights.config import WeightStoreConfig
 from rlax_core.weights.errors import (
@@ -58,9 +47,10 @@ from rlax_core.weights.errors import (
     VersionNotCommittedError,
     WeightStoreError,
 )
+from rlax_core.weights.host_parts import merge_parts, part_json, part_path
 from rlax_core.weights.manifest import CommitMarker, Manifest, ShardRecord, TensorRecord
 from rlax_core.weights.shard_io import read_shard, write_shard
-from rlax_core.utils.storage import FsspecStorage, Storage, open_storage
+from rlax_core.weights.shard_pool import ShardPool
 from rlax_core.weights.tree import flatten_params, unflatten_params
 
 log = logging.getLogger(__name__)
@@ -85,65 +75,30 @@ class WeightStore:
         self.storage: Storage = open_storage(config.root)
         self.metrics = metrics  # a MetricsWriter (or anything with write(step, scalars)); optional
         self.counters: dict[str, int] = {}
-        self.reader_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # A lease's file name holds it (leases/<reader>-step_N.json): no ":" for the folder's sake.
+        self.reader_id = f"{process_identity().replace(':', '-')}-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Lock()
-        # Object stores are latency-bound and gain from many requests in flight; a local disk is
-        # bandwidth-bound, and more writers than cores only contend (measured: 8 threads on 2 cores
-        # wrote 1 GB 2-3x slower than 1 or 2).
-        self.io_threads = (config.io_threads if isinstance(self.storage, FsspecStorage)
-                           else min(config.io_threads, os.cpu_count() or 1))
-        self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="weights-io")
-        self._io: set[Future] = set()  # shard reads and writes not finished yet (close() waits for them)
+        self._shards = ShardPool(self.storage, config)  # shard reads and writes in flight, each bounded
         # The newest version this process published or loaded, when the config asks to keep one.
         self._held: HeldVersion | None = None
+
+    @property
+    def io_threads(self) -> int:
+        """Shard reads or writes this store runs at once."""
+        return self._shards.threads
 
     def close(self) -> None:
         """Wait up to ``io_timeout_s`` for shard I/O still running, then stop the I/O threads.
 
         Raises ``StorageTimeoutError`` when some shard I/O is still stuck then (its thread is left behind).
         """
-        self._pool.shutdown(wait=False)
-        with self._lock:
-            running = list(self._io)
-        _, stuck = wait_for_futures(running, timeout=self.config.io_timeout_s)
-        if stuck:
-            raise StorageTimeoutError(f"closing the weight store on {self.storage.url}: {len(stuck)} shard read(s) or "
-                                      f"write(s) still running after io_timeout_s={self.config.io_timeout_s:g}s")
+        self._shards.close()
 
     def __enter__(self) -> "WeightStore":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ shard I/O
-
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future = self._pool.submit(fn, *args)
-        with self._lock:
-            self._io.add(future)
-        future.add_done_callback(self._io_done)  # runs at once if it is already done
-        return future
-
-    def _io_done(self, future: Future) -> None:
-        with self._lock:
-            self._io.discard(future)
-
-    def _shard_results(self, futures: list[Future], version: int, tensor: str, what: str) -> list[Any]:
-        """The results of one tensor's shard ``futures``, in order, waiting at most ``io_timeout_s`` in all."""
-        timeout_s = self.config.io_timeout_s
-        deadline = time.monotonic() + timeout_s
-        results = []
-        for future in futures:
-            try:
-                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
-            except TimeoutError as error:
-                if future.done() and future.exception() is error:
-                    raise  # the storage call's own timeout, not ours
-                raise StorageTimeoutError(f"version {version}: shard {what} of tensor {tensor!r} did not finish "
-                                          f"within io_timeout_s={timeout_s:g}s ({self.storage.url} hangs or is "
-                                          "too slow)") from None
-        return results
 
     # ------------------------------------------------------------------ counters
 
@@ -286,7 +241,7 @@ class WeightStore:
         records, kept = [], {}
         try:
             for record, futures in pending:
-                written = self._shard_results(futures, version, record.name, "writes")
+                written = self._shards.results(futures, version, record.name, "writes")
                 record = dataclasses.replace(record, shards=tuple(shard for shard, _ in written))
                 records.append(record)
                 if keep:
@@ -299,10 +254,11 @@ class WeightStore:
                 for future in futures:
                     future.cancel()
         if process_count > 1:
-            self.storage.write(f"{folder}/part-{process_index:05d}.json", _part_json(records), atomic=True)
+            self.storage.write(part_path(folder, process_index), part_json(records), atomic=True)
             if process_index != 0:
                 return None
-            records = self._merge_parts(folder, version, process_count)
+            records = merge_parts(self.storage, folder, version, process_count, timeout_s=self.config.commit_timeout_s,
+                                  poll_interval_s=self.config.poll_interval_s)
         is_delta = any(shard.delta is not None for record in records for shard in record.shards)
         manifest = Manifest(version, self.config.run_id, time.time(), tuple(records),
                             base=base.version if is_delta else None,
@@ -346,7 +302,7 @@ class WeightStore:
         base_tensor = None if base is None else base.arrays.get(name)
         if base_tensor is not None and (base_tensor.shape != shape or base_tensor.dtype != dtype):
             base_tensor = None  # a tensor that changed shape or dtype is written in full
-        futures = [self._submit(self._write_shard, folder, index, slices, data, dtype, keep,
+        futures = [self._shards.submit(self._write_shard, folder, index, slices, data, dtype, keep,
                                 None if base_tensor is None else base_tensor[slices_of(slices)])
                    for slices, data in pieces]
         return TensorRecord(name, dtype.name, shape, ()), futures
@@ -366,31 +322,6 @@ class WeightStore:
         if self.config.publish_dtype and is_float(dtype):
             return dtype_of(self.config.publish_dtype)
         return dtype
-
-    def _merge_parts(self, folder: str, version: int, process_count: int) -> list[TensorRecord]:
-        names = [f"{folder}/part-{i:05d}.json" for i in range(process_count)]
-        deadline = time.monotonic() + self.config.commit_timeout_s
-        while not all(self.storage.exists(n) for n in names):
-            if time.monotonic() >= deadline:
-                missing = [n for n in names if not self.storage.exists(n)]
-                raise TimeoutError(f"version {version}: hosts did not finish writing within "
-                                   f"{self.config.commit_timeout_s:.0f}s; missing {missing}")
-            time.sleep(self.config.poll_interval_s)
-        merged: dict[str, TensorRecord] = {}
-        order: list[str] = []
-        for name in names:
-            for raw in json.loads(self.storage.read(name)):
-                shards = tuple(ShardRecord.from_dict(shard) for shard in raw["shards"])
-                if raw["name"] not in merged:
-                    order.append(raw["name"])
-                    merged[raw["name"]] = TensorRecord(raw["name"], raw["dtype"], tuple(raw["shape"]), shards)
-                else:
-                    previous = merged[raw["name"]]
-                    merged[raw["name"]] = TensorRecord(previous.name, previous.dtype, previous.shape,
-                                                       previous.shards + shards)
-        for record in merged.values():
-            check_coverage(record, where=f"version {version}")
-        return [merged[n] for n in order]
 
     # ------------------------------------------------------------------ loading
 
@@ -469,11 +400,11 @@ class WeightStore:
                                                 f"{manifest.base} has no {tensor.dtype} tensor of shape {tensor.shape} "
                                                 "by that name")
                         base_values = base_tensor[slices_of(shard.index)]
-                    futures[(tensor.name, shard.file)] = self._submit(self._read_shard, folder, tensor, shard,
+                    futures[(tensor.name, shard.file)] = self._shards.submit(self._read_shard, folder, tensor, shard,
                                                                       dtype, base_values)
             arrays = {}
             for tensor in manifest.tensors:
-                values = self._shard_results([futures[(tensor.name, s.file)] for s in tensor.shards],
+                values = self._shards.results([futures[(tensor.name, s.file)] for s in tensor.shards],
                                              manifest.version, tensor.name, "reads")
                 arrays[tensor.name] = assemble(tensor, {s.file: v for s, v in zip(tensor.shards, values)}, where=where)
             return arrays
@@ -507,9 +438,3 @@ class WeightStore:
         if removed:
             self.count("collected", committed[-1], len(removed))
         return removed
-
-# ---------------------------------------------------------------------- helpers
-
-
-def _part_json(records: list[TensorRecord]) -> bytes:
-    return json.dumps([dataclasses.asdict(r) for r in records]).encode()

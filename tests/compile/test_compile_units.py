@@ -1,16 +1,18 @@
-"""The parts of ``rlax compile`` that need no TPU compiler: slice names, kernel names, rooflines, and
-the one-line refusal where libtpu is missing (the ordinary environment)."""
+"""The parts of ``rlax compile`` that need no TPU or GPU compiler: slice names, GPU target
+descriptions, kernel names, XLA's cost analysis, rooflines, and the one-line refusals where a
+compiler is missing (the ordinary environment)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rlax_core.compile.report import mosaic_kernels, roofline_seconds
+from rlax_core.compile.report import compiled_kernels, mosaic_kernels, roofline_seconds
 from rlax_core.compile.topology import host_bounds, topology_name
 from rlax_core.config import ConfigError
 from rlax_core.planning.hardware import CHIP_PEAKS
@@ -26,13 +28,42 @@ def test_a_roles_chips_map_to_the_slice_cloud_tpu_sells(chip, chips, name):
     assert topology_name(chip, chips) == name
 
 
+@pytest.mark.parametrize("chip, chips, per_host, name", [
+    ("l4", 1, 1, "l4:1x1x1"), ("h100", 8, 8, "h100:1x1x8"), ("a100-40gb", 16, 8, "a100-40gb:1x2x8"),
+    ("h200", 4, None, "h200:1x1x4"),
+])
+def test_a_roles_gpus_map_to_hosts_of_gpus(chip, chips, per_host, name):
+    assert topology_name(chip, chips, per_host) == name
+
+
 def test_slices_that_do_not_exist_are_refused_with_the_reason():
     with pytest.raises(ConfigError, match="power of two"):
         topology_name("v5p", 12)
-    with pytest.raises(ConfigError, match="not a TPU"):
-        topology_name("l4", 8)
+    with pytest.raises(ConfigError, match="compiles for TPU slices .* and NVIDIA GPUs .*; a cpu role compiles as it starts"):
+        topology_name("cpu", 8)
+    with pytest.raises(ConfigError, match="12 GPUs on hosts of 8: a GPU slice is whole hosts"):
+        topology_name("h100", 12, 8)
     with pytest.raises(ConfigError, match="holds 4 chips, not 8"):
         host_bounds("v5p", 8)
+
+
+def test_every_gpu_chip_the_planner_knows_has_a_target_description_with_its_source():
+    """A GPU of ``CHIP_MEMORY_GIB`` compiles from a vendored XLA target spec (or one derived from
+    such a spec, which says so): each parses as text, names its device and keeps XLA's licence."""
+    from rlax_core.compile.gpu import GPU_TARGETS, TARGETS_DIR, target_config
+    from rlax_core.planning.hardware import CHIP_MEMORY_GIB, platform_of
+
+    assert sorted(GPU_TARGETS) == sorted(chip for chip in CHIP_MEMORY_GIB if platform_of(chip) == "gpu")
+    for chip, target in GPU_TARGETS.items():
+        raw = (TARGETS_DIR / target.file).read_text()
+        assert "Licensed under the Apache License, Version 2.0" in raw and "openxla/xla/blob/" in raw
+        assert ("Vendored by rlax-beam" in raw) != ("Derived by rlax-beam" in raw)
+        assert "device_description_str:" in raw and "gpu_device_info {" in raw
+        assert target.source.startswith(("XLA's target spec", "derived: XLA's"))
+        text = target_config(chip)
+        assert text.count("dnn_version_info {") == 1 and text.count("{") == text.count("}")
+    with pytest.raises(ConfigError, match="no GPU target description for 'b200'"):
+        target_config("b200")
 
 
 def test_mosaic_kernels_are_named_once_each_from_the_compiled_hlo():
@@ -45,6 +76,19 @@ def test_mosaic_kernels_are_named_once_each_from_the_compiled_hlo():
 """
     assert mosaic_kernels(hlo) == ("paged_attention", "splash_mqa_fwd_segmented")
     assert mosaic_kernels(hlo.replace("tpu_custom_call", "interpreted")) == ()
+
+
+def test_gpu_kernels_are_named_from_cudnn_and_triton_calls_in_the_compiled_hlo():
+    hlo = r"""
+  %dot_product_attention_fwd.4 = (bf16[4,8,64,128]{3,1,2,0}, u8[0]{0}) custom-call(%a, %b, %c), custom_call_target="__cudnn$fmhaScaleBiasSoftmax", backend_config={}
+  %dot_product_attention_bwd.2 = (bf16[1,8,512,128]) custom-call(%a), custom_call_target="__cudnn$fmhaScaleBiasSoftmaxBackward"
+  %pallas_call.8 = (bf16[8,16,4,16,128]) custom-call(%q, %k), custom_call_target="__gpu$xla.gpu.triton", backend_config={debug = false, grid_x = 4 : i32, ir = "ML\EFR\0D", name = "paged_attention_block_h_16_pages_per_compute_block_2", num_stages = 2 : i32}
+  %pallas_call.12 = (bf16[8,16,4,16,128]) custom-call(%q, %k), custom_call_target="__gpu$xla.gpu.triton", backend_config={name = "paged_attention_block_h_16_pages_per_compute_block_2"}
+  %cublas = f32[8] custom-call(%a), custom_call_target="__cublas$gemm"
+"""
+    assert compiled_kernels(hlo) == ("cudnn:fmhaScaleBiasSoftmax", "cudnn:fmhaScaleBiasSoftmaxBackward",
+                                     "paged_attention_block_h_16_pages_per_compute_block_2")
+    assert compiled_kernels(hlo.replace("__cudnn$", "").replace("__gpu$xla.gpu.triton", "interpreted")) == ()
 
 
 def test_the_roofline_is_the_slower_of_compute_and_memory():
@@ -65,6 +109,41 @@ def test_without_libtpu_rlax_compile_says_where_the_tpu_compiler_is():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is not None, reason="the GPU compiler is here")
+def test_without_the_cuda_plugin_rlax_compile_says_where_the_gpu_compiler_is():
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "compile", "--config",
+                           "tests/fixtures/compile/small_qwen2_gpu.yaml"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "rlax compile: config error: hardware: no GPU compiler for h100:1x1x1" in done.stderr
+    assert "make setup-gpu-compile" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_unsupported_chip_is_refused_in_one_line():
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "compile", "--config",
+                           "tests/fixtures/compile/small_qwen2_gpu.yaml", "hardware.trainer.chip=b200"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "rlax compile: config error: hardware: unknown chip 'b200'; known: a100-40gb, a100-80gb, h100, h200, l4, "
+        "v4, v5e, v5p, v6e, cpu")
+
+
+def test_a_cpu_role_is_not_compiled_ahead_of_time_and_says_so_in_one_line(tmp_path):
+    """The quickstart's roles run on CPU devices: each gets one line, and nothing fails."""
+    out = tmp_path / "compile.json"
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "compile", "--config", "configs/quickstart.yaml",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    programs = json.loads(out.read_text())["programs"]
+    assert {p["role"] for p in programs} >= {"rollout", "trainer"}
+    for p in programs:
+        assert not p["compiled"] and p["topology"] == "-"
+        assert p["error"] == ("not compiled: rlax compile compiles for TPU slices (v4, v5e, v5p, v6e) and NVIDIA "
+                              "GPUs (a100-40gb, a100-80gb, h100, h200, l4); a cpu role compiles as it starts, on its "
+                              "own devices")
+
+
 def test_the_qwq_trainer_holds_32k_rows_with_splash_attention_and_not_with_dense(capsys):
     """docs/memory.md's two commands: the paper's 32,768-token rows on a v5p chip, dense vs splash."""
     from pipelines.cli import main
@@ -74,8 +153,8 @@ def test_the_qwq_trainer_holds_32k_rows_with_splash_attention_and_not_with_dense
     dense = capsys.readouterr().out
     assert main(["plan", "--config", recipe]) == 0
     splash = capsys.readouterr().out
-    assert "trainer: QwQ-32B on 256 x v5p" in dense and "total 89.37 GiB" in dense and "activations 86.96 GiB" in dense
-    assert "total 29.45 GiB" in splash and "activations 27.04 GiB" in splash
+    assert "trainer: QwQ-32B on 256 x v5p" in dense and "total 91.25 GiB" in dense and "activations 88.84 GiB" in dense
+    assert "total 33.87 GiB" in splash and "activations 31.46 GiB" in splash
 
 
 @pytest.mark.parametrize("tensor_parallel", [1, 2])

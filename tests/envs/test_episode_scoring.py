@@ -4,10 +4,18 @@ import json
 
 import pytest
 
+from rlax_core.envs.base import EnvConfig
 from rlax_core.rewards.config import RewardConfig
 from rlax_core.rewards.scorer import Rewarder
-from rlax_core.rollout.generation import score_group
+from rlax_core.rollout.samplers import EpisodeSampler, make_sampler
 from rlax_core.tasks.story import story_examples
+from tests.support.rollout_spec import rollout_spec
+
+
+def score_group(rewarder, group, judge_answer):
+    sampler = make_sampler(rollout_spec(env=EnvConfig(name="word_chain", tools=(), judge_answer=judge_answer)))
+    assert isinstance(sampler, EpisodeSampler)  # loop.env chooses episodes
+    return sampler.score(rewarder, group)
 
 
 def _group():

@@ -10,7 +10,7 @@ from rlax_core.envs import EnvConfig, EpisodeStart, PythonToolConfig, RecordedEn
 from rlax_core.envs.base import Environment, TurnResult
 from rlax_core.envs.tool_use import ToolUseEnvironment
 from rlax_core.inference.config import SamplingParams
-from rlax_core.rewards.sandbox import SandboxLimits
+from rlax_core.sandbox.run import SandboxLimits
 from rlax_core.tasks.story import story_examples
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
@@ -27,7 +27,7 @@ def test_word_chain_episodes_have_exact_masks_versions_and_logprobs(engine, stor
     starts = [EpisodeStart(row, prompt_id=i, seed=7, samples=2) for i, row in enumerate(rows)]
     episodes = run_episodes(engine, tokenizer, _word_chain(), starts, NEWLINE_STOP)
     assert [(e.prompt_id, e.sample_index) for e in episodes] == [(i, s) for i in range(3) for s in range(2)]
-    assert engine._allocator.num_free == engine.config.num_pages - 1 and engine._episodes.parked() == 0
+    assert engine.pages.num_free == engine.config.num_pages - 1 and engine.parked_episodes() == 0
     for episode in episodes:
         assert len(episode.turns) == 3 and episode.turn_versions == [0, 0, 0] and episode.policy_version == 0
         assert len(episode.completion_ids) == len(episode.policy_mask) == len(episode.behavior_logprobs)
@@ -100,7 +100,7 @@ def test_malformed_calls_timeouts_crashes_and_failing_environments_lose_no_episo
     failed = episodes[3]
     assert failed.finish_reason == "error" and "the environment's own bug" in failed.error
     assert len(failed.turns) == 1 and failed.completion_ids  # its first turn is kept
-    assert engine._allocator.num_free == engine.config.num_pages - 1
+    assert engine.pages.num_free == engine.config.num_pages - 1
 
 
 class Chatty(Environment):

@@ -5,7 +5,7 @@ import pytest
 from rlax_core.envs import TOOLS, EnvConfig, PythonToolConfig
 from rlax_core.envs.tool_calls import ToolCall
 from rlax_core.envs.tools import ToolError, calculate, call_tool
-from rlax_core.rewards.sandbox import SandboxLimits
+from rlax_core.sandbox.run import SandboxLimits
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import init_params
 from rlax_core.rl import compute_advantages, get_preset, policy_loss
 from rlax_core.training.batching import make_batch
-from rlax_core.training.step import token_logprobs
+from rlax_core.training.logprobs import token_logprobs
 
 PROMPT = [1, 5, 9]
 # turn 1 (3 tokens, version 4), observation (2), turn 2 (2 tokens, version 5), observation (3), turn 3 (1, version 5)

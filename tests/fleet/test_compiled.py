@@ -77,9 +77,15 @@ def test_the_simulators_inputs_follow_from_the_compiled_costs(report, shape):
 
 def test_a_kv_pool_too_small_for_every_slots_budget_decodes_fewer_sequences(report, shape):
     costs = read_compiled_costs(report)
-    small_pool = dataclasses.replace(shape, num_pages=3 * 28)  # 28 pages per 448-token budget: 3 fit
+    # 28 pages per 448-token budget and the sink page: 3 budgets fit.
+    small_pool = dataclasses.replace(shape, num_pages=3 * 28 + 1, admission="reserve")
     assert small_pool.concurrent_sequences == 3
     assert fleet_params(costs, small_pool).seconds_per_token == pytest.approx(costs.decode_step_s / 3)
+    # Pages on demand: a running sequence holds its 64-token prompt, 96 tokens on average (completions of
+    # 192 tokens, half the budget) and a look-ahead page: 176 tokens, 7 of them in 84 pages of 16.
+    on_demand = dataclasses.replace(small_pool, admission="on_demand")
+    assert on_demand.occupancy_tokens == 96 and on_demand.concurrent_sequences == 7
+    assert fleet_params(costs, on_demand).seconds_per_token == pytest.approx(costs.decode_step_s / 7)
 
 
 def test_bad_shapes_are_refused_with_the_field(shape):
@@ -109,12 +115,12 @@ def test_a_report_without_the_trainer_says_what_to_compile_one_without_prefill_l
 
 def test_reports_merge_role_by_role_the_first_report_naming_the_recipe(report, tmp_path):
     rollout_only = dict(report, programs=[dict(p, roofline_s=1.0) for p in report["programs"]
-                                          if p["role"] == "rollout"], overrides=["loop.samples_per_prompt=4"])
+                                          if p["role"] == "rollout"], overrides=["loop.sampling.samples_per_prompt=4"])
     first, second = tmp_path / "rollout.json", tmp_path / "full.json"
     first.write_text(json.dumps(rollout_only))
     second.write_text(json.dumps(report))
     merged = read_reports([first, second])
-    assert merged["overrides"] == ["loop.samples_per_prompt=4"]
+    assert merged["overrides"] == ["loop.sampling.samples_per_prompt=4"]
     costs = read_compiled_costs(merged)
     assert costs.decode_step_s == 1.0  # the first report's rollout
     assert costs.update_micro_batch_s == read_compiled_costs(report).update_micro_batch_s  # the second's trainer
@@ -155,3 +161,13 @@ def test_the_benchmark_predicts_from_a_compile_report(monkeypatch, capsys):
     assert given == {"value": 7.5, "from": "assumed: given"}
     with pytest.raises(SystemExit, match="cannot read the compile report no-such-report.json"):
         _benchmark(monkeypatch, "--compiled", "no-such-report.json")
+
+
+def test_a_loop_corrected_update_is_the_whole_trainer_step(report, shape):
+    """A report carrying the update's loop-corrected roofline (``roofline_per_run_s``): that is the
+    trainer's step, not the per-trip figure scaled by the recipe's loop counts."""
+    update = next(p for p in report["programs"] if p["role"] == "trainer")
+    update["roofline_per_run_s"] = 123.0
+    costs = read_compiled_costs(report)
+    assert costs.update_step_s == 123.0
+    assert fleet_params(costs, shape).trainer_step_s == 123.0

@@ -7,7 +7,7 @@ from typing import Literal, Optional
 import pytest
 
 from pipelines.config import RunConfig, load_run_config, load_section
-from rlax_core.config import ConfigError, from_dict, parse_override, require
+from rlax_core.config import ConfigError, from_dict, parse_override, read_yaml, require
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -40,10 +40,39 @@ def test_one_pipeline_files_are_a_section_of_the_run_tree(tmp_path):
 
 def test_overrides_reach_nested_sections():
     config = load_run_config(None, ["trainer.optimizer.learning_rate=3e-4", "algorithm.preset=dapo",
-                                    "algorithm.clip_eps_high=0.3", "engine.prefill_buckets=[8,256]"])
+                                    "algorithm.clip_eps_high=0.3", "engine.prefill_buckets=[8,256]",
+                                    "algorithm.overlong_max_length=256", "algorithm.overlong_cache_length=64"])
     assert config.trainer.optimizer.learning_rate == 3e-4
     assert config.algorithm.name == "dapo" and config.algorithm.clip_eps_high == 0.3
     assert config.engine.prefill_buckets == (8, 256)
+
+
+def test_dapos_overlong_shaping_is_refused_where_it_could_never_apply():
+    # The preset's lengths are the paper's (a 20,480-token budget); a run of 256 new tokens must set its own.
+    with pytest.raises(ConfigError, match=r"algorithm.overlong_max_length: .* starts past L_max - L_cache = 16384"):
+        load_run_config(None, ["algorithm.preset=dapo"])
+    with pytest.raises(ConfigError, match="at most 64"):  # the loop's own budget counts, not the engine's
+        load_run_config(None, ["algorithm.preset=dapo", "algorithm.overlong_max_length=128",
+                               "algorithm.overlong_cache_length=32", "loop.sampling.max_new_tokens=64"])
+    assert load_run_config(None, ["algorithm.preset=dapo", "algorithm.overlong_max_length=0"]).algorithm.dynamic_sampling
+
+
+def test_moved_keys_parse_to_their_new_place_or_say_where_they_went():
+    old = load_run_config(None, ["loop.samples_per_prompt=4", "loop.temperature=0.7", "loop.stop_token_ids=[13]",
+                                 "filter.generation.samples=3", "filter.generation.max_new_tokens=32"])
+    new = load_run_config(None, ["loop.sampling.samples_per_prompt=4", "loop.sampling.temperature=0.7",
+                                 "loop.sampling.stop_token_ids=[13]", "filter.generation.sampling.samples_per_prompt=3",
+                                 "filter.generation.sampling.max_new_tokens=32"])
+    assert old == new
+    with pytest.raises(ConfigError, match="set twice, as loop.temperature and as loop.sampling.temperature; "
+                                          "write loop.sampling.temperature only"):
+        load_run_config(None, ["loop.temperature=0.7", "loop.sampling.temperature=0.9"])
+    for key, new_home in [("loop.drop_uniform_groups=true", "algorithm.dynamic_sampling"),
+                          ("trainer.startup_wait_s=5", "loop.startup_budget_s"),
+                          ("loop.rewards.overlong={max_length: 8}", "algorithm.overlong_max_length")]:
+        with pytest.raises(ConfigError, match=new_home) as error:
+            load_run_config(None, [key])
+        assert "\n" not in str(error.value)  # one line
 
 
 @pytest.mark.parametrize(
@@ -147,3 +176,119 @@ def test_loader_types():
         from_dict(Outer, {"sizes": [1, "x"]})
     with pytest.raises(ConfigError, match=r"^pair: expected 2 items"):
         from_dict(Outer, {"pair": [1]})
+
+
+# ----------------------------------------------------------------------------- configs that lie are refused
+
+
+@pytest.mark.parametrize("text, lines", [
+    ("trainer: {total_steps: 3}\ntrainer: {total_steps: 4}\n", "at lines 1 and 2"),  # the issue's case
+    ("run:\n  seed: 1\ntrainer:\n  optimizer:\n    learning_rate: 1e-5\n    warmup_steps: 2\n    learning_rate: 1e-4\n",
+     "at lines 5 and 7"),  # nested, block style
+    ("trainer: {optimizer: {learning_rate: 1e-5, learning_rate: 1e-4}}\n", "twice on line 1"),  # nested, flow style
+    ("loop:\n  rewards:\n    terms: {story_word: 1.0}\n    terms: {length: 1.0}\n", "at lines 3 and 4"),
+], ids=["top", "nested-block", "nested-flow", "section"])
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path, text, lines):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"{path}: duplicate key .* {lines}; YAML would keep the last"):
+        load_run_config(path)
+
+
+def test_a_key_given_twice_is_refused_in_a_base_file_and_in_an_override_value(tmp_path):
+    (tmp_path / "parent.yaml").write_text("trainer:\n  total_steps: 7\n  total_steps: 8\n")
+    (tmp_path / "child.yaml").write_text("base: parent.yaml\nrun: {seed: 1}\n")
+    with pytest.raises(ConfigError, match=r"parent.yaml: duplicate key 'total_steps' at lines 2 and 3"):
+        load_run_config(tmp_path / "child.yaml")
+    with pytest.raises(ConfigError, match=r"trainer: cannot parse override value .*duplicate key 'total_steps'"):
+        load_run_config(None, ["trainer={total_steps: 3, total_steps: 4}"])
+    # A key a merge (<<) brings in may be set again: that is what merging is for.
+    (tmp_path / "merge.yaml").write_text("defaults: &d {total_steps: 3, groups_per_step: 2}\n"
+                                         "trainer:\n  <<: *d\n  total_steps: 5\n")
+    assert read_yaml(tmp_path / "merge.yaml")["trainer"] == {"total_steps": 5, "groups_per_step": 2}
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A few hundred bytes whose aliases expand to 9**levels values (the 'billion laughs')."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_within_a_cpu_second_and_100_mb(tmp_path):
+    # The kernel enforces both bounds on the process that reads it: past 1 s of CPU it is killed
+    # (SIGXCPU), past 100 MB of address space it cannot allocate. Unbounded, the same file takes
+    # minutes and gigabytes to read into a config.
+    import resource
+    import subprocess
+    import sys
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb())
+    assert bomb.stat().st_size < 1000
+    script = ("import resource; resource.setrlimit(resource.RLIMIT_CPU, (1, 1)); "
+              "resource.setrlimit(resource.RLIMIT_AS, (100 << 20, 100 << 20))\n"
+              "from rlax_core.config import ConfigError, apply_overrides, read_yaml\n"  # as every config path reads
+              f"try:\n    apply_overrides(read_yaml({str(bomb)!r}), [])\nexcept ConfigError as error:\n    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == (f"{bomb}: anchors and aliases expand to more than 100,000 values (line 6); "
+                                   "a config holds far fewer")
+
+
+def test_an_alias_that_holds_itself_is_refused(tmp_path):
+    (tmp_path / "loop.yaml").write_text("trainer: &t\n  again: *t\n")
+    with pytest.raises(ConfigError, match="an alias refers to a node that holds it"):
+        read_yaml(tmp_path / "loop.yaml")
+
+
+@pytest.mark.parametrize("base, says", [
+    ("/dev/zero", "/dev/zero is a character device, not a regular file"),
+    ("/dev/null", "/dev/null is a character device, not a regular file"),
+    ("{tmp}", "{tmp} is a folder, not a regular file"),
+    ("{tmp}/fifo", "{tmp}/fifo is a pipe, not a regular file"),
+    ("{tmp}/huge.yaml", "{tmp}/huge.yaml holds 2,097,152 bytes; a config is at most 1,048,576"),
+    ("{tmp}/missing.yaml", "config file not found: {tmp}/missing.yaml"),
+    ("[a.yaml]", "base: in {tmp}/child.yaml: name the file to inherit from, got list"),
+], ids=["dev-zero", "dev-null", "folder", "fifo", "huge", "missing", "not-a-name"])
+def test_a_base_that_is_not_a_small_regular_file_is_refused_in_one_line(tmp_path, base, says):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")  # a pipe: opening it would block for ever
+    (tmp_path / "huge.yaml").write_bytes(b"#" * (2 << 20))
+    (tmp_path / "child.yaml").write_text(f"base: {base.replace('{tmp}', str(tmp_path))}\nrun: {{seed: 1}}\n")
+    with pytest.raises(ConfigError) as raised:
+        load_run_config(tmp_path / "child.yaml")
+    assert says.replace("{tmp}", str(tmp_path)) in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("given", ["/dev/zero", "{tmp}"])
+def test_a_config_that_is_a_device_or_a_folder_is_refused_in_one_line(tmp_path, given, capsys):
+    from pipelines.cli import main
+
+    given = given.replace("{tmp}", str(tmp_path))
+    assert main(["plan", "--config", given]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"rlax plan: config error: config file {given} is a ") and error.count("\n") == 1
+
+
+def test_a_config_alias_bomb_through_rlax_is_one_line(tmp_path, capsys):
+    from pipelines.cli import main
+
+    (tmp_path / "bomb.yaml").write_text(alias_bomb())
+    assert main(["plan", "--config", str(tmp_path / "bomb.yaml")]) == 2
+    assert capsys.readouterr().err == (f"rlax plan: config error: {tmp_path / 'bomb.yaml'}: anchors and aliases "
+                                       "expand to more than 100,000 values (line 6); a config holds far fewer\n")
+
+
+def test_a_config_with_a_byte_order_mark_reads_as_without(tmp_path):
+    (tmp_path / "bom.yaml").write_bytes("\ufefftrainer: {total_steps: 9}\n".encode("utf-8"))
+    assert load_run_config(tmp_path / "bom.yaml").trainer.total_steps == 9
+
+
+def test_sections_nested_past_any_config_are_refused(tmp_path):
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 500 + "]" * 500 + "\n")
+    with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
+        load_run_config(tmp_path / "deep.yaml")

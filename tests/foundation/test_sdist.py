@@ -26,7 +26,8 @@ def test_sdist_holds_every_module_config_and_asset(tmp_path):
     (archive,) = tmp_path.glob("rlax[-_]beam-*.tar.gz")  # older setuptools keep the dash
     with tarfile.open(archive) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    wanted = _tracked("rlax_core/*.py", "transforms/*.py", "pipelines/*.py", "configs/*.yaml", "pipelines/assets/*",
+    wanted = _tracked("rlax_core/*.py", "rlax_core/compile/gpu_targets/*", "transforms/*.py", "pipelines/*.py",
+                      "configs/*.yaml", "pipelines/assets/*",
                       "setup.py", "requirements/lock.txt")
     assert wanted, "no source files found"
     missing = sorted(wanted - names)

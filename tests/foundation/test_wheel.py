@@ -38,8 +38,9 @@ def test_wheel_from_the_sdist_runs_rlax_from_any_folder(tmp_path):
     (wheel,) = dist.glob("rlax_beam-*.whl")
 
     names = set(zipfile.ZipFile(wheel).namelist())
-    tracked = subprocess.run(["git", "ls-files", "*.py", "pipelines/assets", "configs/*.yaml"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files", "*.py", "pipelines/assets", "configs/*.yaml",
+                              "rlax_core/compile/gpu_targets"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
     packaged = [name for name in tracked if name.split("/")[0] in ("rlax_core", "transforms", "pipelines", "configs")]
     wanted = {f"pipelines/{name}" if name.startswith("configs/") else name for name in packaged if (REPO / name).exists()}
     assert not sorted(wanted - names), f"the wheel lacks: {sorted(wanted - names)}"

@@ -54,8 +54,11 @@ def assert_same_generations(got, want):
 
 
 def test_engine_config_names_its_lora_modes():
-    assert Engine.resolve_lora_mode("on_the_fly", "cpu") == "on_the_fly"
-    assert Engine.resolve_lora_mode("auto", "cpu") in ("merged", "on_the_fly")
+    from rlax_core.inference.placement import lora_mode_for
+
+    assert lora_mode_for("on_the_fly", "cpu") == "on_the_fly"
+    # "auto" is what docs/lora.md says: merged, on every platform.
+    assert [lora_mode_for("auto", platform) for platform in ("cpu", "tpu", "gpu")] == ["merged"] * 3
     with pytest.raises(ConfigError, match="lora_mode"):
         EngineConfig(lora_mode="fused")
 

@@ -60,10 +60,10 @@ def test_turn_logprobs_equal_a_full_forward_of_the_transcript(engine, stories):
     model, tokenizer = stories
     prompts = [tokenizer.encode(t, add_bos=True) for t in ["Once upon a time", "The dog", "A", "Lily saw", "Tom"]]
     observations = [tokenizer.encode(" Then the sun came out.", add_bos=False), tokenizer.encode(" Mom said:", add_bos=False)]
-    free_before = engine._allocator.num_free
+    free_before = engine.pages.num_free
     calls_before = engine.stats["prefill_calls"]
     transcripts = _run_episodes(engine, prompts, observations)
-    assert engine._allocator.num_free == free_before  # every page came back
+    assert engine.pages.num_free == free_before  # every page came back
     assert engine.stats["prefill_calls"] - calls_before <= 2  # first turns only: later turns reuse the prefix
     for record in transcripts.values():
         expected = _full_forward_logprobs(model, record["ids"])
@@ -117,17 +117,16 @@ def test_a_parked_episode_holds_pages_not_a_slot(stories, small_engine_config):
     prompt = tokenizer.encode("The dog", add_bos=True)
     slots = small_engine_config.num_slots
     parked = engine.generate([Request(prompt, TURN, prompt_id=f"ep{i}", episode_tokens=64) for i in range(slots)])
-    assert engine._episodes.parked() == slots and all(seq is None for seq in engine._running)
+    assert engine.parked_episodes() == slots and engine.active_slots() == 0
     # While every episode waits for its tool, plain requests use all the slots.
     done = engine.generate([Request(prompt, TURN, prompt_id=f"other{i}") for i in range(slots)])
     assert [c.finish_reason for c in done] == ["length"] * slots
-    free = engine._allocator.num_free
-    engine.abort("ep0")  # a parked episode's pages come back on abort ...
-    for completion in parked[1:]:
-        engine.end_episode(completion.episode)  # ... and on its end
-    assert engine._allocator.num_free == free + slots * 8  # 64 tokens in 8-token pages each
+    free = engine.pages.num_free
+    for completion in parked:
+        engine.end_episode(completion.episode)  # a parked episode's pages come back at its end
+    assert engine.pages.num_free == small_engine_config.num_pages - 1 > free  # the whole pool is free again
     with pytest.raises(KeyError, match="no finished turn waiting"):
-        engine.continue_episode(parked[1].episode, [5], TURN)
+        engine.continue_episode(parked[1].episode, [5], TURN)  # ended: nothing waits
 
 
 def test_a_continuation_that_overruns_the_episode_budget_fails_with_the_reason(stories, small_engine_config):

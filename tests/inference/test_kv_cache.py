@@ -1,11 +1,15 @@
-"""The page allocator (free list, admission), page writes (sink page for invalid tokens), the decode window."""
+"""The page allocator (free list, admission) and pool (which sequence holds which pages), page writes
+(sink page for invalid tokens), the decode window."""
 
 import numpy as np
 import jax.numpy as jnp
 import pytest
 
+from rlax_core.inference.config import SamplingParams
 from rlax_core.inference.kv_cache import (
-    SINK_PAGE, KVCache, PageAllocator, gather_window, pages_needed, scatter_window, values_tokens_minor, write_pages)
+    SINK_PAGE, KVCache, gather_window, scatter_window, values_tokens_minor, write_pages)
+from rlax_core.inference.pages import PageAllocator, PagePool, pages_needed
+from rlax_core.inference.sequences import Request, SequenceState
 
 
 def test_allocator_never_hands_out_the_sink_page_and_refuses_when_short():
@@ -27,6 +31,40 @@ def test_allocator_rejects_bad_frees():
     allocator.free(pages)
     with pytest.raises(RuntimeError, match="freed twice"):
         allocator.free(pages)
+
+
+def test_the_pool_gives_a_sequence_its_whole_budget_and_takes_every_page_back():
+    pool = PagePool(num_pages=9, page_size=4, admission="reserve")  # 8 usable pages
+    request = Request([1, 2, 3], SamplingParams(max_new_tokens=10))  # 13 tokens: 4 pages
+    first, second, third = (SequenceState(order, request, order) for order in range(3))
+    assert pool.admit(first, 3) and pool.admit(second, 3) and len(first.pages) == 4
+    assert not set(first.pages) & set(second.pages) and SINK_PAGE not in first.pages + second.pages
+    assert not pool.admit(third, 3) and third.pages == [] and pool.num_free == 0  # nothing taken
+    pool.release(first)
+    assert first.pages == [] and pool.num_free == 4 and pool.admit(third, 3)
+    episode = SequenceState(3, Request([1, 2, 3], SamplingParams(max_new_tokens=2), episode_tokens=16), 0)
+    pool.release(second)
+    assert pool.admit(episode, 3) and len(episode.pages) == 4  # an episode's whole budget, not its first turn
+
+
+def test_pages_on_demand_grow_and_shared_pages_come_back_with_their_last_holder():
+    pool = PagePool(num_pages=9, page_size=4, admission="on_demand", lookahead=4)
+    request = Request(list(range(1, 10)), SamplingParams(max_new_tokens=20))  # 9 prompt tokens, 29 in all
+    owner, sibling, late = (SequenceState(order, request, order) for order in range(3))
+    assert pool.admit(owner, 9) and len(owner.pages) == 4  # 9 tokens + 4 of look-ahead: 4 pages, not 8
+    pool.share(owner, sibling, 2)  # the two full pages of its 8 cached prompt tokens
+    assert pool.admit(sibling, 9, running=1) and sibling.pages[:2] == owner.pages[:2] and len(sibling.pages) == 4
+    assert [pool.references(p) for p in owner.pages] == [2, 2, 1, 1] and pool.in_use == 6 == pool.peak_in_use
+    assert not pool.admit(late, 9, running=2)  # 4 pages wanted, 2 free, 2 kept for the running ones to grow
+    assert pool.grow(owner, 20) and len(owner.pages) == 5 and not pool.grow(owner, 29)  # nothing taken
+    assert len(owner.pages) == 5 and pool.num_free == 1
+    pool.release(owner)
+    assert pool.num_free == 4 and pool.references(sibling.pages[0]) == 1  # the shared pages stay with the sibling
+    pool.release(sibling)
+    assert pool.num_free == 8 and pool.in_use == 0
+    with pytest.raises(RuntimeError, match="already holds pages"):
+        pool.admit(late, 9)
+        pool.share(late, late, 1)
 
 
 def test_pages_needed_rounds_up():

@@ -45,8 +45,8 @@ def test_each_replica_runs_on_its_device_and_both_take_work(replicated, stories,
     model, tokenizer = stories
     assert [engine.device for engine in replicated.engines] == jax.local_devices()[:2]
     for engine in replicated.engines:
-        assert jax.tree.leaves(engine._params)[0].devices() == {engine.device}
-        assert all(pool.devices() == {engine.device} for pool in (*engine._cache.k, *engine._cache.v))
+        assert jax.tree.leaves(engine.params)[0].devices() == {engine.device}
+        assert all(pool.devices() == {engine.device} for pool in (*engine.cache.k, *engine.cache.v))
     requests = _requests(tokenizer)
     # The module's engine is shared with other tests: count only what this call adds.
     before = [dict(engine.stats) for engine in replicated.engines]

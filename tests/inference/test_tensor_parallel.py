@@ -61,18 +61,18 @@ def test_a_tensor_parallel_replica_gives_one_devices_tokens_and_logprobs(family)
 
     # Every matrix (and q/k/v bias) is split 1/8 per device; only the norm scales are whole.
     replicated_bytes = 0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(sharded_engine._params):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(sharded_engine.params):
         if "norm" in jax.tree_util.keystr(path):
             assert leaf.sharding.is_fully_replicated
             replicated_bytes += leaf.nbytes
         else:
             _assert_split_in_eighths(leaf)
-    total = sum(leaf.nbytes for leaf in jax.tree.leaves(sharded_engine._params))
-    per_device = sum(shard.data.nbytes for leaf in jax.tree.leaves(sharded_engine._params)
+    total = sum(leaf.nbytes for leaf in jax.tree.leaves(sharded_engine.params))
+    per_device = sum(shard.data.nbytes for leaf in jax.tree.leaves(sharded_engine.params)
                      for shard in leaf.addressable_shards if shard.device == jax.local_devices()[0])
     assert per_device == (total - replicated_bytes) // DEVICES + replicated_bytes
     # The KV pages too, by KV head, and still so after the donated cache went through every program.
-    for pool in (*sharded_engine._cache.k, *sharded_engine._cache.v):
+    for pool in (*sharded_engine.cache.k, *sharded_engine.cache.v):
         _assert_split_in_eighths(pool)
         assert pool.addressable_shards[0].data.shape == (config.num_kv_heads // DEVICES, *pool.shape[1:])
 

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow,
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ["trainer.total_steps=50", "trainer.groups_per_step=2", "trainer.micro_batches=1",
              "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]", "engine.max_new_tokens=8",
-             "engine.num_slots=8", "trainer.max_seq_len=80", "loop.samples_per_prompt=2", "loop.stop_token_ids=[1,2,13]"]
+             "engine.num_slots=8", "trainer.max_seq_len=80", "loop.sampling.samples_per_prompt=2", "loop.sampling.stop_token_ids=[1,2,13]"]
 
 
 def _rlax(*argv: str, **kwargs) -> subprocess.Popen:

@@ -33,8 +33,8 @@ def _overrides(tmp_path, k):
     return [f"run.output_dir={tmp_path / 'run'}", f"trainer.total_steps={STEPS}", f"trainer.groups_per_step={PROMPTS}",
             f"trainer.max_staleness={k}", "trainer.checkpoint_every=1", "trainer.wait_timeout_s=300",
             "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]", "engine.max_new_tokens=8",
-            "engine.num_slots=8", "trainer.max_seq_len=80", f"loop.samples_per_prompt={SAMPLES}",
-            "loop.stop_token_ids=[1,2,13]", "loop.max_runtime_s=900",
+            "engine.num_slots=8", "trainer.max_seq_len=80", f"loop.sampling.samples_per_prompt={SAMPLES}",
+            "loop.sampling.stop_token_ids=[1,2,13]", "loop.max_runtime_s=900",
             # 4 rows a step: the recipe's 16 micro-batches would pad them to 16 per device shard
             "trainer.micro_batches=1"]
 

@@ -55,6 +55,7 @@ def test_the_recipes_of_the_loop_name_their_reward():
 
 def test_the_quickstart_report_reads_its_settings_from_the_run_config():
     run_config = load_run_config(REPO / "configs" / "quickstart.yaml",
-                                 ["loop.samples_per_prompt=4", "algorithm.preset=dapo", "trainer.total_steps=3"])
+                                 ["loop.sampling.samples_per_prompt=4", "algorithm.preset=dapo", "trainer.total_steps=3",
+                                  "algorithm.overlong_max_length=64", "algorithm.overlong_cache_length=16"])
     settings = rl_settings(run_config)
     assert (settings["samples_per_prompt"], settings["algorithm"], settings["steps"]) == (4, "dapo", 3)

@@ -31,7 +31,7 @@ def test_the_streaming_loop_trains_on_episodes_every_group_once_with_per_turn_ve
                  f"trainer.groups_per_step={PROMPTS}", "trainer.max_staleness=1", "trainer.checkpoint_every=1",
                  "trainer.wait_timeout_s=300", "trainer.micro_batches=1", "trainer.max_seq_len=96",
                  "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]", "engine.max_new_tokens=32",
-                 "engine.num_slots=8", f"loop.samples_per_prompt={SAMPLES}", "loop.stop_token_ids=[1,2,13]",
+                 "engine.num_slots=8", f"loop.sampling.samples_per_prompt={SAMPLES}", "loop.sampling.stop_token_ids=[1,2,13]",
                  "loop.max_runtime_s=900", "loop.env.name=word_chain", "loop.env.tools=[]",
                  f"loop.env.max_turns={TURNS}", "loop.env.max_turn_tokens=12", "loop.env.max_tokens=96",
                  "loop.env.judge_answer=false"]

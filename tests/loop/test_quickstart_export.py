@@ -13,7 +13,7 @@ STORIES = Path(__file__).resolve().parents[2] / "pipelines" / "assets" / "storie
 
 def test_the_final_model_folder_is_complete_and_generates_like_the_policy(tmp_path, capsys):
     policy = from_pretrained(STORIES)
-    run_config = load_run_config(str(find_config(QUICKSTART_RECIPE)), ["loop.stop_token_ids=[13, 1, 2]"])
+    run_config = load_run_config(str(find_config(QUICKSTART_RECIPE)), ["loop.sampling.stop_token_ids=[13, 1, 2]"])
     export_final_model(run_config, policy.config, policy.params, tmp_path / "final_model")
     names = {p.name for p in (tmp_path / "final_model").iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.model", "tokenizer_config.json",

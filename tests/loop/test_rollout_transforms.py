@@ -114,20 +114,31 @@ def test_schedule_emits_only_steps_the_version_allows(spec):
         assert_that(steps | beam.Map(lambda s: s.step), lambda got: _check(sorted(got) == [2, 2, 3, 3], got))
 
 
-def test_dynamic_sampling_sends_uniform_groups_to_dropped():
-    import dataclasses
+def test_dynamic_sampling_sends_groups_of_equal_task_rewards_to_dropped():
+    import json
 
-    base = rollout_spec(model_path=MODEL, drop_uniform_groups=True)
-    uniform = {"key": (0, 0), "rows": [{"reward": 0.0, "group_id": "g", "sample_idx": i} for i in range(2)]}
-    varied = {"key": (0, 1), "rows": [{"reward": float(i), "group_id": "g", "sample_idx": i} for i in range(2)]}
+    from rlax_core.rl.presets import get_preset
+
+    def group(slot, *rewards, shaped=()):  # shaped: rewards after an overlong penalty
+        infos = [{"task_reward": r} if shaped else {} for r in rewards]
+        return {"key": (0, slot), "rows": [{"reward": (shaped or rewards)[i], "reward_info": json.dumps(info),
+                                            "group_id": "g", "sample_idx": i} for i, info in enumerate(infos)]}
+
+    # All right, but one sample penalised for its length: no learning signal in the task reward.
+    groups = [group(0, 0.0, 0.0), group(1, 0.0, 1.0), group(2, 1.0, 1.0, shaped=(1.0, 0.5))]
+    dapo = rollout_spec(model_path=MODEL, algorithm=get_preset("dapo"))
     with TestPipeline(runner=RUNNER) as p:
-        out = p | beam.Create([uniform, varied]) | beam.ParDo(AssembleGroups(base)).with_outputs(
+        out = p | beam.Create(groups) | beam.ParDo(AssembleGroups(dapo)).with_outputs(
             AssembleGroups.DROPPED, main="kept")
         assert_that(out.kept | "K" >> beam.Map(lambda g: g["key"]), lambda k: _check(list(k) == [(0, 1)], k),
                     label="kept")
-        assert_that(out.dropped | "D" >> beam.Map(lambda g: g["key"]), lambda k: _check(list(k) == [(0, 0)], k),
-                    label="dropped")
-    assert not dataclasses.replace(base.loop, drop_uniform_groups=False).drop_uniform_groups
+        assert_that(out.dropped | "D" >> beam.Map(lambda g: g["key"]),
+                    lambda k: _check(sorted(k) == [(0, 0), (0, 2)], k), label="dropped")
+    grpo = rollout_spec(model_path=MODEL)  # no dynamic sampling: every group is written
+    with TestPipeline(runner=RUNNER) as p:
+        out = p | beam.Create(groups) | beam.ParDo(AssembleGroups(grpo)).with_outputs(
+            AssembleGroups.DROPPED, main="kept")
+        assert_that(out.kept | beam.combiners.Count.Globally(), lambda n: _check(list(n) == [3], n))
 
 
 @pytest.mark.slow  # compiles the engine (tens of seconds on 2 shared cores)

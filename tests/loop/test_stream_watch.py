@@ -211,7 +211,7 @@ def test_launch_stops_the_run_with_the_reason_when_the_rollout_keeps_stalling(tm
 
 
 def test_a_busy_worker_is_slow_work_not_a_stall(tmp_path):
-    from transforms.worker_heartbeat import Busy, busy_workers
+    from rlax_core.rollout.busy import Busy, busy_workers
 
     spec, watch = _watch(tmp_path, stall_polls=2)
     assert _worker(spec, compile_s=0).wait(timeout=60) == 0  # an engine is ready: stall polls count

@@ -89,3 +89,35 @@ def test_each_platform_gets_its_kernel_and_splash_refuses_rows_it_cannot_tile():
     q, k, v, _ = _operands()
     with pytest.raises(ValueError, match="multiple of 128"):
         causal_attention(q[:, :200], k[:, :200], v[:, :200], jnp.ones((BATCH, 200), jnp.int32), impl="splash")
+
+
+@pytest.mark.parametrize("impl", ["splash", "cudnn"])
+def test_on_a_mesh_each_device_attends_over_its_rows_and_heads_whatever_q_k_v_shardings_come_in(impl):
+    """A GQA model's q, k and v arrive sharded differently (query heads over ``tensor``, the two KV
+    heads replicated, rows over ``fsdp`` or not): JAX's cuDNN partitioner refuses that ("Query, key
+    and value should have same sharding"), so both kernels run under ``shard_map`` on the mesh. The
+    result and its gradients equal dense attention's."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from rlax_core.parallel.config import MeshConfig
+    from rlax_core.parallel.mesh import make_mesh
+
+    mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=2), jax.devices()[:4])
+    segment_ids = jnp.asarray(_segments("packed"))
+    q, k, v, cotangent = _operands(3)
+    q = jax.device_put(q, NamedSharding(mesh, PartitionSpec("fsdp", None, "tensor", None)))
+    k = jax.device_put(k, NamedSharding(mesh, PartitionSpec()))
+    v = jax.device_put(v, NamedSharding(mesh, PartitionSpec(None, None, "tensor", None)))
+    real = np.asarray(segment_ids > 0)
+
+    def loss(impl, mesh):
+        def of(q, k, v):
+            out = causal_attention(q, k, v, segment_ids, impl=impl, mesh=mesh, interpret=True)
+            return jnp.sum(jnp.where(real[:, :, None, None], out * cotangent, 0.0)), out
+        return jax.jit(jax.value_and_grad(of, argnums=(0, 1, 2), has_aux=True))
+
+    (_, want), want_grads = loss("dense", None)(q, k, v)
+    (_, got), got_grads = loss(impl, mesh)(q, k, v)
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-5, rtol=2e-5)
+    for name, a, b in zip("qkv", got_grads, want_grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5, err_msg=f"d{name}")

@@ -9,7 +9,7 @@ import pytest
 
 from rlax_core.models import Model, from_pretrained, init_params, load_tokenizer, toy_config
 from rlax_core.models.export import export_hf
-from rlax_core.training.policy_source import load_policy, parse_policy_source
+from rlax_core.policy.source import load_policy, parse_policy_source
 
 STORIES = Path(__file__).resolve().parents[2] / "pipelines" / "assets" / "stories260K"
 IDS = np.array([[1, 5, 9, 200, 17]], np.int32)

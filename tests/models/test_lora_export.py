@@ -63,7 +63,7 @@ def test_peft_loads_our_adapters_onto_the_base_and_the_merged_export_equals_it(t
 
 
 def test_evaluate_and_generate_take_a_peft_folder_or_an_adapter_version(tmp_path):
-    from rlax_core.training.policy_source import load_policy, parse_policy_source
+    from rlax_core.policy.source import load_policy, parse_policy_source
     from rlax_core.weights import WeightStore, WeightStoreConfig
     from rlax_core.weights.adapters import publish_adapters
 

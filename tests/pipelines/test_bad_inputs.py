@@ -59,7 +59,7 @@ CASES = [
     # a rehearsal of a recipe that would not fit its hardware, or without the rows it reads
     ("rehearse-does-not-fit", ["launch", "--config", "qwen25_7b_math_dataflow_tpu.yaml", "--rehearse",
                                "hardware.rollout.memory_gib=1", "--output", "{tmp}/rh"],
-     "config error: hardware: rollout: Qwen2.5-7B on 64 x v5e"),
+     "config error: engine.num_pages: auto: v5e's memory left beside the weights and programs holds 0 pages"),
     ("rehearse-without-rows", ["launch", "--config", "qwen25_7b_math_dataflow_tpu.yaml", "--rehearse", "--data",
                                "{tmp}/none", "--output", "{tmp}/rh"],
      "{tmp}/none/math/*.jsonl (a checkout has them in tests/fixtures/data; give --data FOLDER)"),

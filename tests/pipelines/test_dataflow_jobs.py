@@ -31,6 +31,8 @@ RECIPES = {  # recipe -> (accelerator service option, accelerator machine type, 
                                            "rlax-worker-gpu"),
     "qwen25_1p5b_math_tool_dataflow_gpu.yaml": ("type:nvidia-l4;count:1;install-nvidia-driver", "g2-standard-8",
                                                 "rlax-worker-gpu"),
+    "qwen25_7b_math_dataflow_gpu.yaml": ("type:nvidia-a100-80gb;count:1;install-nvidia-driver", "a2-ultragpu-1g",
+                                         "rlax-worker-gpu"),
 }
 CPU_MACHINES = ("n1-", "n2-", "n2d-", "e2-", "c2-", "c3-")
 MAX_JOB_BYTES = 1 << 20
@@ -135,7 +137,7 @@ def test_the_rollout_workers_harness_threads_fill_the_engines_slots(recipe):
     config = load_run_config(f"configs/{recipe}")
     threads = int(next(a.split("=", 1)[1] for a in config.beam.args("rollout")
                        if a.startswith("--number_of_worker_harness_threads=")))
-    assert threads * config.loop.groups_per_unit * config.loop.samples_per_prompt == config.engine.num_slots
+    assert threads * config.loop.groups_per_unit * config.loop.sampling.samples_per_prompt == config.engine.num_slots
 
 
 @pytest.mark.parametrize("command", ["filter", "evaluate"])

@@ -56,7 +56,7 @@ SMALL_ENGINE = ("generation.engine={num_slots: 4, max_prompt_len: 64, max_new_to
 
 
 def test_the_bundled_heldout_prompts_are_an_eval_set():
-    from rlax_core.data.adapters import to_example
+    from rlax_core.data.formats import to_example
 
     rows = [to_example("auto", json.loads(line)) for line in open(HELDOUT, encoding="utf-8")]
     assert len(rows) == 64 and {(r["task"], r["source"], r["split"]) for r in rows} == {("story", "story_heldout", "heldout")}

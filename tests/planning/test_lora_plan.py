@@ -71,9 +71,10 @@ def test_an_int8_lora_trainer_fits_qwq32b_on_4_v5p_chips_where_full_fine_tuning_
         config = load_run_config("configs/qwq32b_code_tpu_1024.yaml", overrides)
         return next(plan for plan in memory_plans(config) if plan.role == "trainer")
 
-    qlora = ("trainer.lora.rank=32", "trainer.lora.alpha=64", "trainer.lora.base_dtype=int8")
+    bf16 = ("trainer.lora.rank=32", "trainer.lora.alpha=64")
+    qlora = (*bf16, "trainer.lora.base_dtype=int8")
     assert trainer_plan(4, 8).fits and not trainer_plan(2, 8).fits and not trainer_plan(1, 4).fits
-    assert trainer_plan(1, 4, *qlora).fits
+    assert trainer_plan(1, 4, *qlora).fits and not trainer_plan(1, 4, *bf16).fits  # docs/lora.md's table
     assert "merged kernels" not in trainer_plan(1, 4, *qlora).parts
 
 
@@ -107,7 +108,7 @@ def test_the_lora_recipe_trains_qwq32b_on_one_v5p_host_where_its_full_fine_tunin
 
     recipe = load_run_config("configs/qwq32b_code_lora_tpu.yaml")
     assert (recipe.trainer.lora.rank, recipe.trainer.lora.base_dtype, recipe.hardware.trainer.chips) == (32, "int8", 4)
-    assert recipe.trainer.groups_per_step * recipe.loop.samples_per_prompt == recipe.trainer.micro_batches  # 1 row each
+    assert recipe.trainer.groups_per_step * recipe.loop.sampling.samples_per_prompt == recipe.trainer.micro_batches  # 1 row each
     lora = trainer_plan()
     assert lora.fits and lora.parts["adapter activations"] > 0
     assert not trainer_plan("trainer.lora.rank=0").fits  # full fine-tuning of the same model on the same chips

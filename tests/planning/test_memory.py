@@ -40,8 +40,44 @@ def test_the_plans_weights_and_kv_pool_are_what_an_engine_places_per_device(tens
     engine = Engine(config, model, init_params(model, jax.random.key(0)),
                     **({"devices": devices} if tensor_parallel > 1 else {"device": devices[0]}))
     plan = plan_rollout(model, config, SliceSpec(chip="cpu", chips_per_host=4, memory_gib=1), "float32")
-    assert plan.parts["weights"] == _bytes_on(devices[0], jax.tree.leaves(engine._params))
-    assert plan.parts["KV pool"] == _bytes_on(devices[0], (*engine._cache.k, *engine._cache.v))
+    assert plan.parts["weights"] == _bytes_on(devices[0], jax.tree.leaves(engine.params))
+    assert plan.parts["KV pool"] == _bytes_on(devices[0], (*engine.cache.k, *engine.cache.v))
+
+
+GIB, MIB = 2**30, 2**20
+# XLA's bytes per chip of every role `rlax compile` has compiled (docs/compile.md, docs/memory.md): the
+# TPU recipes' roles, and the CI lane's small recipe (its figures are the fixture's,
+# tests/fixtures/compile/small_qwen2_tpu.compiled.json; with the chips swapped, one run's).
+COMPILED = [
+    # num_pages: auto, one resident version (engine.on_new_version continue): the pool fills the chip.
+    ("configs/qwq32b_code_tpu_1024.yaml", [], "rollout", 28.47 * GIB),
+    ("configs/qwq32b_code_tpu_1024.yaml", [], "trainer", 32.96 * GIB),
+    ("configs/qwen25_7b_math_dataflow_tpu.yaml", [], "rollout", 14.36 * GIB),
+    ("configs/qwen25_7b_math_dataflow_tpu.yaml", [], "trainer", 27.36 * GIB),
+    ("configs/qwq32b_code_lora_tpu.yaml", [], "rollout", 28.39 * GIB),
+    ("configs/qwq32b_code_lora_tpu.yaml", [], "trainer", 42.81 * GIB),
+    ("tests/fixtures/compile/small_qwen2_tpu.yaml", [], "rollout", 17421312),
+    ("tests/fixtures/compile/small_qwen2_tpu.yaml", [], "trainer", 104943488),
+    ("tests/fixtures/compile/small_qwen2_tpu.yaml", ["hardware.rollout.chip=v5p"], "rollout", 18662112),
+    ("tests/fixtures/compile/small_qwen2_tpu.yaml", ["hardware.trainer.chip=v5e", "trainer.mesh.fsdp=1",
+                                                     "trainer.mesh.tensor=4"], "trainer", 83.5 * MIB),
+]
+
+
+@pytest.mark.parametrize("recipe, overrides, role, xla", COMPILED)
+def test_the_plan_is_on_the_safe_side_of_every_role_xla_compiled(recipe, overrides, role, xla):
+    """A plan under XLA's figure would pass a recipe that does not fit; the QwQ trainer's was 12%
+    under before the planner counted remat's recomputed layer and the flash kernel's residuals."""
+    [plan] = [plan for plan in memory_plans(load_run_config(REPO / recipe, overrides), (role,)) if plan.role == role]
+    assert 1.0 <= plan.total / xla <= 1.6, f"{recipe} {role}: planner {plan.total / GIB:.2f} GiB, XLA {xla / GIB:.2f} GiB"
+
+
+def test_the_compile_fixture_holds_the_xla_figures_this_test_checks():
+    import json
+
+    fixture = json.loads((REPO / "tests/fixtures/compile/small_qwen2_tpu.compiled.json").read_text())["roles"]
+    assert {role: figures["xla_bytes_per_chip"] for role, figures in fixture.items()} == \
+        {role: xla for recipe, overrides, role, xla in COMPILED if "small" in recipe and not overrides}
 
 
 def test_every_recipe_fits_its_declared_hardware():
@@ -86,8 +122,11 @@ def test_launch_commands_refuse_before_starting(capsys):
     assert code == 2
     error = capsys.readouterr().err
     assert "trainer: Qwen2.5-7B on 16 x v5p" in error and "trainer.micro_batches" in error
-    assert main(["plan", "--config", QWEN_7B, "engine.tensor_parallel=1"]) == 1
+    assert main(["plan", "--config", QWEN_7B, "engine.tensor_parallel=1", "engine.num_pages=4096"]) == 1
     assert "rollout does not fit; turn: " in capsys.readouterr().err
+    # num_pages: auto finds no room beside 14.19 GiB of weights on a 16 GiB chip: refused as the config loads.
+    assert main(["plan", "--config", QWEN_7B, "engine.tensor_parallel=1"]) == 2
+    assert "engine.num_pages: auto" in capsys.readouterr().err
 
 
 def test_a_replica_must_fit_within_one_host_and_the_trainer_mesh_within_its_chips():
@@ -113,3 +152,12 @@ def test_docs_memory_table_is_the_commands_output(capsys):
     docs = (REPO / "docs" / "memory.md").read_text()
     assert table in docs, "docs/memory.md: paste the output of `rlax plan --recipes --markdown`"
     assert re.search(r"rlax plan --recipes --markdown", docs)
+
+
+def test_auto_pages_fill_the_qwq_chips_and_every_slot_decodes_at_the_recipes_mean_response(capsys):
+    # num_pages: auto and loop.response_lengths {mean: 8192, cap: 32768}: docs/memory.md and docs/fleet.md.
+    assert main(["plan", "--config", "configs/qwq32b_code_tpu_1024.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout KV pool 5,314 pages x 128 = 680,192 tokens per replica" in out
+    assert "64 of 64 slots decode at once with pages on demand" in out and "21 reserving whole budgets" in out
+    assert "incoming weights" not in out.split("rollout:")[1].split("\n")[0]  # continue: one resident version

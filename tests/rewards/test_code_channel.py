@@ -8,7 +8,7 @@ import pytest
 
 from rlax_core.rewards import plain_data
 from rlax_core.rewards.code_verifier import CodeTests, run_tests
-from rlax_core.rewards.sandbox import SandboxLimits
+from rlax_core.sandbox.run import SandboxLimits
 
 LIMITS = SandboxLimits(cpu_seconds=3, wall_seconds=10.0, memory_bytes=256 << 20, file_bytes=4 << 20,
                        workdir_bytes=8 << 20)

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from rlax_core.data.records import make_example
-from rlax_core.rewards import CodeRewardConfig, RewardConfig, Rewarder, SandboxLimits
+from rlax_core.rewards import CodeRewardConfig, RewardConfig, Rewarder
+from rlax_core.sandbox.run import SandboxLimits
 
 MBPP_STYLE = ["assert f(2) == 4", "assert f(3) == 9", "assert f(-1) == 1"]
 HUMANEVAL_STYLE = {"prompt": "def f(x):\n    \"\"\"The square of x.\"\"\"\n", "entry_point": "f",

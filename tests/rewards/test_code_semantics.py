@@ -5,7 +5,8 @@ Each check runs the real program and judge sandboxes (``code_verifier.run_tests`
 
 import pytest
 
-from rlax_core.rewards import CodeTests, SandboxLimits, run_tests
+from rlax_core.rewards import CodeTests, run_tests
+from rlax_core.sandbox.run import SandboxLimits
 from rlax_core.rewards.code_verifier import build_program
 
 LIMITS = SandboxLimits(cpu_seconds=10, wall_seconds=20.0, memory_bytes=256 << 20, file_bytes=4 << 20,

@@ -11,7 +11,7 @@ import pytest
 
 from rlax_core.rewards.code_verifier import (CodeTests, CodeVerifier, build_program, extract_code, humaneval_tests,
                                              mbpp_tests, run_tests)
-from rlax_core.rewards.sandbox import SandboxLimits, run_sandboxed
+from rlax_core.sandbox.run import SandboxLimits, run_sandboxed
 
 # Tight limits for hostile programs: they must fail fast and cost the shared machine little.
 HOSTILE = SandboxLimits(cpu_seconds=2, wall_seconds=6.0, memory_bytes=256 << 20, file_bytes=4 << 20,

@@ -32,9 +32,9 @@ SCRIPT = textwrap.dedent("""
 
     which = sys.argv[1]
     if which == "sandbox":
-        from rlax_core.rewards.sandbox import run_sandboxed
+        from rlax_core.sandbox.run import run_sandboxed
         job = lambda: run_sandboxed({"main.py": "print(6 * 7)"}, ["main.py"]).stdout == "42\\n"
-        marker = b"sandbox_launcher.py"
+        marker = b"sandbox/launcher.py"
     else:
         from rlax_core.rewards.math_verifier import MathVerifier, MathVerifierConfig
         verifier = MathVerifier(MathVerifierConfig(workers=1))

@@ -31,12 +31,12 @@ def test_config_from_dict_with_overrides_and_round_trip():
     ({"terms": {"nope": 1.0}}, "rewards.terms.nope"),
     ({"terms": {}}, "rewards.terms"),
     ({"terms": {"math": float("nan")}}, "rewards.terms.math"),
-    ({"terms": {"overlong": 1.0}}, "rewards.overlong.max_length"),
+    ({"terms": {"overlong": 1.0}}, "rewards.terms.overlong"),  # moved to algorithm.overlong_*
     ({"extraction": ["boxed", "guess"]}, "rewards.extraction"),
     ({"code": {"per_test_seconds": 100.0}}, "rewards.code.per_test_seconds"),
     ({"code": {"limits": {"processes": 0}}}, "rewards.code.limits.processes"),
     ({"math": {"timeout": 3}}, "rewards.math.timeout"),
-    ({"overlong": {"max_length": 10, "cache_length": 20}}, "rewards.overlong.cache_length"),
+    ({"overlong": {"max_length": 10, "cache_length": 20}}, "rewards.overlong"),
 ])
 def test_bad_config_names_its_key(data, path):
     with pytest.raises(ConfigError) as error:
@@ -45,7 +45,7 @@ def test_bad_config_names_its_key(data, path):
 
 
 def test_registry_lists_builtins_and_takes_new_terms():
-    assert {"math", "code", "task", "format_boxed", "format_think", "format_code_block", "overlong"} <= set(reward_names())
+    assert {"math", "code", "task", "format_boxed", "format_think", "format_code_block"} <= set(reward_names())
 
     @register_reward("test_mentions_cat")
     class MentionsCat(RewardTerm):
@@ -108,16 +108,10 @@ def test_format_terms():
         assert scores("```python\nprint(1)\n```")["format_code_block"] == 1.0
 
 
-def test_overlong_term_uses_the_rl_shaping():
-    from rlax_core.rl.reward_shaping import overlong_penalty
-
-    config = from_dict(RewardConfig, {"terms": {"overlong": 1.0}, "overlong": {"max_length": 100, "cache_length": 20}})
-    with Rewarder(config) as rewarder:
-        scores = [rewarder({}, "x", num_tokens=n).score for n in (10, 80, 90, 100, 150)]
-        missing = rewarder({}, "x")  # a sample without its length: its reward alone is 0, with the reason
-    assert missing.score == 0.0 and "needs each sample's num_tokens" in missing.info["scoring_error"]
-    assert scores == pytest.approx([0.0, 0.0, -0.5, -1.0, -1.0])
-    assert scores == pytest.approx([float(overlong_penalty(n, 100, 20)) for n in (10, 80, 90, 100, 150)])
+def test_the_overlong_term_moved_to_the_algorithm_and_says_so():
+    for data in ({"terms": {"overlong": 1.0}}, {"overlong": {"max_length": 100}}):
+        with pytest.raises(ConfigError, match="algorithm.overlong_max_length"):
+            from_dict(RewardConfig, data, "rewards")
 
 
 def test_missing_fields_and_unknown_tasks_are_clear_reasons_for_a_zero():

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from rlax_core.rewards import CodeTests, CodeVerifier, SandboxLimits
-from rlax_core.rewards.sandbox import PreparedSandbox, StaleSandbox
+from rlax_core.rewards import CodeTests, CodeVerifier
+from rlax_core.sandbox.run import SandboxLimits
+from rlax_core.sandbox.run import PreparedSandbox, StaleSandbox
 
 LIMITS = SandboxLimits(cpu_seconds=3, wall_seconds=3.0, memory_bytes=256 << 20, file_bytes=4 << 20,
                        workdir_bytes=8 << 20)
@@ -62,7 +63,7 @@ def test_the_pool_replaces_stale_pairs():
 
 
 def test_a_sandbox_that_cannot_be_built_says_so_when_its_job_comes():
-    from rlax_core.rewards import SandboxUnavailable
+    from rlax_core.sandbox.run import SandboxUnavailable
 
     impossible = SandboxLimits(**{**LIMITS.__dict__, "open_files": 1 << 40})
     sandbox = PreparedSandbox({"main.py": READS_STDIN}, ["main.py"], impossible)

@@ -14,8 +14,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from rlax_core.data.records import make_example
-from rlax_core.rewards import (CodeRewardConfig, RewardConfig, Rewarder, SandboxLimits, SandboxUnavailable,
-                               run_sandboxed)
+from rlax_core.rewards import CodeRewardConfig, RewardConfig, Rewarder
+from rlax_core.sandbox.run import SandboxLimits, SandboxUnavailable, run_sandboxed
 
 LIMITS = SandboxLimits(cpu_seconds=3, wall_seconds=6.0, memory_bytes=256 << 20, file_bytes=4 << 20,
                        workdir_bytes=8 << 20)
@@ -129,7 +129,7 @@ def test_the_outer_timeout_kills_a_handler_that_never_reports():
     import subprocess
     import sys
 
-    from rlax_core.rewards.sandbox import _reply
+    from rlax_core.sandbox.run import _reply
 
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     read_end, write_end = os.pipe()
@@ -144,7 +144,7 @@ def test_the_launcher_is_started_again_after_it_died():
     import os
     import signal
 
-    from rlax_core.rewards.sandbox import _Launcher, _python_and_mounts
+    from rlax_core.sandbox.run import _Launcher, _python_and_mounts
 
     assert run_sandboxed({"a.py": "print('first')"}, ["a.py"], LIMITS).stdout == "first\n"
     server = _Launcher.get(_python_and_mounts()[0]).process

@@ -67,8 +67,8 @@ def test_while_waiting_runs_on_every_poll_until_the_groups_are_there(tmp_path):
 
 def test_the_first_wait_covers_the_rollout_fleets_start_up_and_later_ones_do_not(tmp_path):
     store = RolloutStore(tmp_path / "rollouts", run="r")
-    reader = BatchReader(store, TrainerConfig(groups_per_step=2, max_staleness=1, wait_timeout_s=0.3, poll_s=0.05,
-                                              startup_wait_s=3.0))
+    reader = BatchReader(store, TrainerConfig(groups_per_step=2, max_staleness=1, wait_timeout_s=0.3, poll_s=0.05),
+                         startup_wait_s=3.0)
     # The fleet starts up: its first groups land after 1 s, past wait_timeout_s but within the start-up.
     timer = threading.Timer(1.0, write_random_groups, args=(store, [0]), kwargs={"groups_per_step": 2})
     timer.start()

@@ -12,7 +12,7 @@ from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.models import Model, from_pretrained, load_tokenizer
 from rlax_core.training.checkpoint import Checkpointer
-from rlax_core.training.policy_source import load_policy, parse_policy_source
+from rlax_core.policy.source import load_policy, parse_policy_source
 
 from training_helpers import write_random_groups
 
@@ -33,7 +33,7 @@ def trained(tmp_path_factory):
                  f"trainer.total_steps={STEPS}", "trainer.groups_per_step=2", "trainer.max_seq_len=16",
                  "trainer.export_every=1", "trainer.checkpoint_every=1", "trainer.poll_s=0.1",
                  "trainer.wait_timeout_s=120", "trainer.optimizer.learning_rate=0.01",
-                 "loop.stop_token_ids=[13]", "trainer.wandb.enabled=true"]) == 0
+                 "loop.sampling.stop_token_ids=[13]", "trainer.wandb.enabled=true"]) == 0
     checkpointer = Checkpointer(output / "checkpoints", async_save=False)
     state, _ = checkpointer.restore(STEPS)
     checkpointer.close()

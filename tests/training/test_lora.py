@@ -15,7 +15,8 @@ from rlax_core.rl.objective import policy_loss
 from rlax_core.training.checkpoint import Checkpointer
 from rlax_core.training.config import OptimizerConfig, TrainerConfig
 from rlax_core.training.ledger import DataLedger
-from rlax_core.training.step import Trainer, token_logprobs
+from rlax_core.training.logprobs import token_logprobs
+from rlax_core.training.step import Trainer
 
 from test_step import batch_from_store
 

@@ -11,11 +11,11 @@ from rlax_core.training.optimizer import learning_rate_schedule
 
 def test_mesh_shapes_fill_the_free_axis():
     cfg = from_dict(TrainerConfig, {"mesh": {"fsdp": 2, "tensor": 4, "data": -1}}).mesh
-    assert mesh_shape(cfg, 8) == (1, 2, 1, 4)
+    assert mesh_shape(cfg, 8) == (1, 2, 1, 1, 4)
     with pytest.raises(ValueError, match="needs 4 devices"):
         mesh_shape(from_dict(TrainerConfig, {"mesh": {"fsdp": 2, "tensor": 2}}).mesh, 8)
     mesh = make_mesh(cfg)
-    assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "expert": 1, "tensor": 4}
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "expert": 1, "context": 1, "tensor": 4}
 
 
 def test_partition_rules_shard_what_divides_and_replicate_the_rest():

@@ -24,14 +24,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(store, out, num_processes, tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    port = free_port()
-    logs = [tmp_path / f"worker-{num_processes}-{i}.log" for i in range(num_processes)]
-    processes = [subprocess.Popen([sys.executable, str(WORKER), str(store), str(out), str(num_processes), str(i),
-                                   str(port)], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-                 for i, log in enumerate(logs)]
+WORKER_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+
+
+def run_workers(worker: Path, argvs: list[list[str]], logs: list[Path]) -> None:
+    """One process per argv running ``worker``, each logging to its own file; all must exit 0."""
+    env = {**os.environ, **WORKER_ENV, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    processes = [subprocess.Popen([sys.executable, str(worker), *argv], env=env, stdout=open(log, "w"),
+                                  stderr=subprocess.STDOUT) for argv, log in zip(argvs, logs)]
     try:
         for process, log in zip(processes, logs):
             assert process.wait(600) == 0, log.read_text()[-3000:]
@@ -39,6 +39,13 @@ def launch(store, out, num_processes, tmp_path):
         for process in processes:
             if process.poll() is None:
                 process.kill()
+
+
+def launch(store, out, num_processes, tmp_path):
+    port = free_port()
+    logs = [tmp_path / f"worker-{num_processes}-{i}.log" for i in range(num_processes)]
+    run_workers(WORKER, [[str(store), str(out), str(num_processes), str(i), str(port)] for i in range(num_processes)],
+                logs)
     return np.load(out)
 
 
@@ -53,3 +60,16 @@ def test_two_processes_take_the_same_step_as_one(tmp_path):
     assert len(names) > 10 and sorted(names) == sorted(n for n in two.files if n.startswith("["))
     for name in names:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_sharded_over_two_processes_is_sealed_verified_and_refused_alike(tmp_path):
+    port = free_port()
+    logs = [tmp_path / f"checkpoint-worker-{i}.log" for i in range(2)]
+    run_workers(WORKER.with_name("multihost_checkpoint_worker.py"),
+                [[str(tmp_path / "checkpoints"), "2", str(i), str(port)] for i in range(2)], logs)
+    for log in logs:  # both refused the damaged shard, for the same reason
+        refused = [line for line in log.read_text().splitlines() if line.startswith("refused: ")]
+        assert len(refused) == 1 and "/3: state/ocdbt.process_1/" in refused[0], log.read_text()[-3000:]
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "3" / "state").iterdir() if "process" in p.name) == \
+        ["ocdbt.process_0", "ocdbt.process_1"]  # each process wrote its own shards

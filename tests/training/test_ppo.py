@@ -17,7 +17,8 @@ from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import get_preset
 from rlax_core.parallel import MeshConfig, make_mesh
 from rlax_core.training.config import OptimizerConfig, TrainerConfig, ValueModelConfig
-from rlax_core.training.step import Trainer, token_logprobs
+from rlax_core.training.logprobs import token_logprobs
+from rlax_core.training.step import Trainer
 from rlax_core.training.value_model import token_values
 
 from test_step import batch_from_store

@@ -12,7 +12,8 @@ from rlax_core.rl.presets import get_preset
 from rlax_core.training.batching import make_batch
 from rlax_core.parallel import MeshConfig, make_mesh
 from rlax_core.training.config import OptimizerConfig, TrainerConfig
-from rlax_core.training.step import Trainer, token_logprobs
+from rlax_core.training.logprobs import token_logprobs
+from rlax_core.training.step import Trainer
 
 from training_helpers import write_random_groups
 

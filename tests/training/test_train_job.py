@@ -1,6 +1,7 @@
 """``rlax train`` as a process: exact resume after SIGKILL, SIGTERM as a preemption notice."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -185,6 +186,76 @@ def test_a_resumed_run_writes_each_step_once_in_metrics(tmp_path):
     assert [row["step"] for row in read_metrics(tmp_path / "metrics")] == [1, 2, 3]
 
 
+@pytest.mark.slow  # a 4-step run and one resumed step, in-process: ~30 s on an idle 2-core machine
+def test_a_corrupt_newest_checkpoint_is_skipped_and_the_resumed_run_ends_bit_identical(tmp_path, caplog):
+    # Checkpoint 4 is damaged on disk after the run: the next start must skip it (saying so), resume
+    # from 3 with 3's ledger, train step 4 again from the same rollout groups and end where the run
+    # that was never damaged ended, bit for bit.
+    import jax
+
+    from rlax_core.config import from_dict
+    from rlax_core.rl.presets import get_preset
+    from rlax_core.training.config import TrainerConfig
+    from rlax_core.training.job import run_training
+
+    model_config = toy_config()
+    params = init_params(model_config, jax.random.key(0))
+    config = from_dict(TrainerConfig, {"groups_per_step": 2, "max_seq_len": 16, "total_steps": 4,
+                                       "checkpoint_every": 1, "keep_checkpoints": 2, "async_checkpointing": True,
+                                       "poll_s": 0.05, "wait_timeout_s": 60, "mesh": {"fsdp": -1},
+                                       "optimizer": {"learning_rate": 1e-3, "warmup_steps": 1}})
+    store = RolloutStore(tmp_path / "rollouts", "job")
+    write_random_groups(store, range(4), groups_per_step=2)
+    checkpoints = tmp_path / "checkpoints"
+
+    def life():
+        return run_training(model_config=model_config, initial_params=params, algorithm=get_preset("grpo"),
+                            config=config, store=store, weights=None, checkpoint_dir=str(checkpoints),
+                            metrics_dir=str(tmp_path / "metrics"))
+
+    def final():
+        state, ledger = Checkpointer(checkpoints).restore(4)
+        return jax_leaves(jax.tree.map(np.asarray, state)), ledger.to_json()
+
+    assert life().step == 4
+    uninterrupted, uninterrupted_ledger = final()
+    data = max((checkpoints / "4" / "state").rglob("*"), key=lambda p: p.stat().st_size if p.is_file() else 0)
+    damaged = bytearray(data.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    data.write_bytes(bytes(damaged))
+
+    with caplog.at_level("WARNING", logger="rlax_core.training.checkpoint"):
+        result = life()
+    assert (result.resumed_from, result.step) == (3, 4)
+    assert f"checkpoint {checkpoints}/4 is skipped: state/" in caplog.text and "differs from its SHA-256" in caplog.text
+    assert (checkpoints / "refused" / "4").is_dir()
+    resumed, resumed_ledger = final()
+    assert resumed_ledger == uninterrupted_ledger
+    assert len(resumed) == len(uninterrupted) > 10
+    for (path, a), (_, b) in zip(uninterrupted, resumed):
+        np.testing.assert_array_equal(a, b, err_msg=path)  # params, Adam moments, step, RNG: bit for bit
+    assert [row["step"] for row in read_metrics(tmp_path / "metrics")] == [1, 2, 3, 4]
+    assert Checkpointer(checkpoints).all_steps() == [3, 4]
+
+
+@pytest.mark.slow
+def test_rlax_train_with_no_good_checkpoint_left_fails_in_one_line(tmp_path, model_dir):
+    config = make_run(tmp_path, "ruined", model_dir, trainer={"total_steps": 2})
+    write_random_groups(RolloutStore(tmp_path / "ruined" / "rollouts", "job"), range(2), groups_per_step=GROUPS_PER_STEP)
+    finish(start(config, tmp_path / "ruined-1.log"), tmp_path / "ruined-1.log")
+    checkpoints = tmp_path / "ruined" / "checkpoints"
+    for step in Checkpointer(checkpoints).all_steps():
+        (checkpoints / str(step) / "ledger" / "metadata").write_text('{"consumed": [], "dropped": []}')
+    process = start(config, tmp_path / "ruined-2.log")
+    assert process.wait(600) == 2
+    lines = (tmp_path / "ruined-2.log").read_text().splitlines()
+    assert "Traceback" not in "\n".join(lines)
+    assert re.fullmatch(rf"rlax train: input error: no good checkpoint in {re.escape(str(checkpoints))} "
+                        r"\(2: ledger/metadata holds 31 bytes, \d+ when sealed; 1: ledger/metadata holds 31 bytes, "
+                        r"\d+ when sealed\); to start fresh, move that folder away or give the run another "
+                        r"run.output_dir", lines[-1]), lines[-1]
+
+
 def test_a_batch_padded_to_over_twice_its_rows_is_warned_about_once(caplog):
     from types import SimpleNamespace
 
@@ -224,7 +295,7 @@ def test_a_failed_first_publication_stops_a_trainer_waiting_for_rollouts(tmp_pat
     monkeypatch.setattr(weights, "publish", disk_full)
     model_config = toy_config()
     config = from_dict(TrainerConfig, {"groups_per_step": 1, "max_seq_len": 16, "total_steps": 2, "poll_s": 0.05,
-                                       "wait_timeout_s": 30, "startup_wait_s": 0, "mesh": {"fsdp": -1}})
+                                       "wait_timeout_s": 30, "mesh": {"fsdp": -1}})
     with pytest.raises(RuntimeError, match="an earlier weight publication failed") as raised:
         run_training(model_config=model_config, initial_params=init_params(model_config, jax.random.key(0)),
                      algorithm=get_preset("grpo"), config=config, store=RolloutStore(tmp_path / "rollouts", "job"),

@@ -6,11 +6,12 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from rlax_core.inference.config import EngineConfig
+from rlax_core.inference.config import EngineConfig, SamplingConfig
 from rlax_core.tasks.story import score_story, story_examples
 from transforms.inference import GenerationSpec, SampleAndVerify
 
-SPEC = GenerationSpec(model="pipelines/assets/stories260K", samples=3, max_new_tokens=24, stop_strings=("\n",),
+SPEC = GenerationSpec(model="pipelines/assets/stories260K",
+                      sampling=SamplingConfig(samples_per_prompt=3, max_new_tokens=24, stop_strings=("\n",)),
                       batch_size=2, seed=5,
                       engine=EngineConfig(num_slots=4, max_prompt_len=64, max_new_tokens=24, prefill_buckets=(32, 64),
                                           num_pages=32))

@@ -11,7 +11,7 @@ from rlax_core.models.lora import LoraConfig, init_adapters, merge
 from rlax_core.models.transformer import init_params
 from rlax_core.weights import IntegrityError, WeightFollower
 from rlax_core.weights import manifest as mf
-from rlax_core.weights.adapters import is_adapter_version, load_policy, publish_adapters
+from rlax_core.weights.adapters import is_adapter_version, load_version, publish_adapters
 
 MODEL = toy_config()
 LORA = LoraConfig(rank=2, alpha=4.0, targets=("q", "v", "down"))
@@ -67,7 +67,7 @@ def test_adapter_version_whose_base_changed_is_refused_and_the_follower_keeps_it
     # The first follower holds the base they pinned, byte for byte: merging version 2 into it is right.
     assert follower.refresh() and follower.version == 2
     with pytest.raises(IntegrityError, match="applies to version 0 with manifest checksum"):
-        load_policy(make_store(), 2)
+        load_version(make_store(), 2)
 
 
 def test_gc_keeps_the_base_while_a_kept_version_applies_to_it(make_store):

@@ -2,7 +2,7 @@
 
 Built in: GSM8K, MATH (also MATH-500), AIME, AMC, HumanEval, MBPP, and ``generic`` (a field mapping
 given in the config). ``auto`` picks a built-in layout from the record's fields. Every failure is
-an :class:`AdapterError` whose ``reason`` names the dead-letter category.
+an :class:`FormatError` whose ``reason`` names the dead-letter category.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rlax_core.data.answers import EXTRACTORS, AnswerError, gsm8k_answer, last_b
 from rlax_core.data.records import EXAMPLE_FIELDS, example_id, make_example
 
 
-class AdapterError(ValueError):
+class FormatError(ValueError):
     """A raw record cannot become an Example; ``reason`` is its dead-letter category."""
 
     def __init__(self, reason: str, detail: str):
@@ -42,12 +42,12 @@ class FieldMapping:
 
 def _text_field(raw: Mapping[str, Any], name: str) -> str:
     if name not in raw or raw[name] is None:
-        raise AdapterError("missing_field", f"field {name!r} is missing (fields: {sorted(raw)[:12]})")
+        raise FormatError("missing_field", f"field {name!r} is missing (fields: {sorted(raw)[:12]})")
     value = raw[name]
     if not isinstance(value, str):
-        raise AdapterError("bad_field", f"field {name!r} is a {type(value).__name__}, expected text")
+        raise FormatError("bad_field", f"field {name!r} is a {type(value).__name__}, expected text")
     if not value.strip():
-        raise AdapterError("missing_field", f"field {name!r} is empty")
+        raise FormatError("missing_field", f"field {name!r} is empty")
     return value
 
 
@@ -55,7 +55,7 @@ def _answer(extract: Callable[[Any], str], value: Any) -> str:
     try:
         return extract(value)
     except AnswerError as error:
-        raise AdapterError("unparseable_answer", str(error)) from None
+        raise FormatError("unparseable_answer", str(error)) from None
 
 
 def _level(value: Any) -> int | None:
@@ -90,7 +90,7 @@ def competition(raw: Mapping[str, Any], source: str, split: str | None) -> dict[
     """AIME and AMC: a problem and a short (numeric) answer."""
     prompt = _text_field(raw, "problem")
     if "answer" not in raw:
-        raise AdapterError("missing_field", "field 'answer' is missing")
+        raise FormatError("missing_field", "field 'answer' is missing")
     meta = {key: raw[key] for key in ("id", "url") if raw.get(key) is not None}
     return make_example(source=source, split=split, prompt=prompt, task="math",
                         answer=_answer(plain_answer, raw["answer"]), meta=meta)
@@ -108,7 +108,7 @@ def mbpp(raw: Mapping[str, Any], source: str, split: str | None) -> dict[str, An
     prompt = _text_field(raw, "text" if "text" in raw else "prompt")  # full MBPP says text, sanitized says prompt
     test_list = raw.get("test_list")
     if not isinstance(test_list, list) or not test_list or not all(isinstance(t, str) for t in test_list):
-        raise AdapterError("missing_field", "field 'test_list' must be a non-empty list of assert statements")
+        raise FormatError("missing_field", "field 'test_list' must be a non-empty list of assert statements")
     tests = {"test_list": test_list, "test_setup_code": raw.get("test_setup_code") or "",
              "test_imports": raw.get("test_imports") or []}
     return make_example(source=source, split=split, prompt=prompt, task="code", answer=_text_field(raw, "code"),
@@ -120,7 +120,7 @@ def generic(raw: Mapping[str, Any], source: str, split: str | None, mapping: Fie
     answer = None
     if mapping.answer is not None:
         if raw.get(mapping.answer) is None:
-            raise AdapterError("missing_field", f"field {mapping.answer!r} is missing")
+            raise FormatError("missing_field", f"field {mapping.answer!r} is missing")
         answer = _answer(EXTRACTORS[mapping.answer_format], raw[mapping.answer])
     meta = {key: raw.get(key) for key in mapping.meta_fields}
     return make_example(source=source, split=split, prompt=prompt, task=mapping.task, answer=answer, meta=meta)
@@ -135,7 +135,7 @@ def example(raw: Mapping[str, Any], source: str, split: str | None) -> dict[str,
     row["split"] = raw.get("split") or split
     row["meta"] = raw.get("meta") or "{}"
     if not isinstance(row["meta"], str):
-        raise AdapterError("bad_field", "field 'meta' must be a JSON-encoded object")
+        raise FormatError("bad_field", "field 'meta' must be a JSON-encoded object")
     row["prompt"], row["task"] = prompt, task
     return row
 
@@ -168,14 +168,14 @@ def detect_format(raw: Mapping[str, Any]) -> str:
         return "math"
     if {"problem", "answer"} <= keys:
         return "aime"
-    raise AdapterError("unknown_format", f"no built-in layout has fields {sorted(keys)[:12]}")
+    raise FormatError("unknown_format", f"no built-in layout has fields {sorted(keys)[:12]}")
 
 
 def to_example(fmt: str, raw: Any, *, source: str | None = None, split: str | None = None,
                mapping: FieldMapping | None = None) -> dict[str, Any]:
     """``raw`` as an Example row in layout ``fmt``; ``source`` defaults to the layout's name."""
     if not isinstance(raw, Mapping):
-        raise AdapterError("not_an_object", f"record is a {type(raw).__name__}, expected a JSON object")
+        raise FormatError("not_an_object", f"record is a {type(raw).__name__}, expected a JSON object")
     if fmt == "auto":
         fmt = detect_format(raw)
     if fmt == "generic":

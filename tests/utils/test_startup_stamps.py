@@ -49,11 +49,15 @@ def test_rollout_processes_stamps_are_joined_taking_each_hops_earliest(tmp_path,
     assert startup.read_stamps(str(tmp_path / "nothing"), "run") == {}
 
 
-def test_a_store_that_refuses_the_stamps_costs_only_the_stamps(tmp_path):
+def test_a_store_that_refuses_the_stamps_costs_only_the_stamps(tmp_path, caplog):
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     startup.mark("worker_start", at=1.0)
-    startup.write_stamps(str(blocked), "run", "worker")  # logs, does not raise
+    with caplog.at_level("WARNING", logger=startup.__name__):
+        startup.write_stamps(str(blocked), "run", "worker")  # logs, does not raise
+    assert "start-up stamps not written to" in caplog.text and str(blocked) in caplog.text
+    assert blocked.read_text() == "not a folder"  # nothing written over it
+    assert startup.stamps() == {"startup/worker_start_t": 1.0}  # the process keeps its stamps
 
 
 def test_the_timeline_is_seconds_since_the_launch_in_hop_order():

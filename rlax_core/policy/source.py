@@ -152,7 +152,7 @@ def _weight_version(source: PolicySource):
     except FileNotFoundError:
         raise CheckpointError(f"weights:{source.path}: version {source.version} is not committed; committed: "
                               f"{', '.join(str(int(n[5:13])) for n in committed)}") from None
-    from rlax_core.weights.adapters import load_policy as load_version
+    from rlax_core.weights.adapters import load_version
 
     with WeightStore(WeightStoreConfig(root=source.path, run_id=marker.run_id)) as store:
         version = source.version if source.version is not None else store.latest()
@@ -183,16 +183,21 @@ def _exists(path: str) -> bool:
 
 
 def _is_checkpoint_folder(path: str) -> bool:
-    """A folder of orbax checkpoints: numbered sub-folders, each with its ``state`` item."""
+    """A folder of rlax checkpoints: numbered sub-folders, sealed."""
     return bool(_checkpoint_steps(path))
 
 
 def _checkpoint_steps(path: str) -> list[int]:
-    """The numbered sub-folders of ``path`` that hold a ``state`` item, in order."""
+    """The numbered sub-folders of ``path`` that hold a sealed checkpoint (``Checkpointer.all_steps``), in order."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(path)
     if not fs.isdir(root):
         return []
     names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
-    return sorted(int(n) for n in names if n.isdigit() and fs.exists(f"{root.rstrip('/')}/{n}/state"))
+    numbered = [n for n in names if n.isdigit()]
+    if not numbered:
+        return []
+    from rlax_core.training.checkpoint_integrity import SEAL_NAME
+
+    return sorted(int(n) for n in numbered if fs.exists(f"{root.rstrip('/')}/{n}/{SEAL_NAME}"))

@@ -17,7 +17,7 @@ from rlax_core.inference.config import EngineConfig
 from rlax_core.models import from_pretrained
 from rlax_core.rollout import RolloutSpec
 from rlax_core.rollout.schedule import WorkUnit, work_units
-from rlax_core.rollout.scheduler import StepScheduler
+from rlax_core.rollout.pacing import StepPacer
 from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.weights.store import WeightStore
 from tests.support.rollout_spec import rollout_spec
@@ -79,7 +79,7 @@ class _CountingStore(RolloutStore):
 
 def test_the_schedule_lists_the_store_only_for_steps_neither_known_complete_nor_in_flight(tmp_path):
     spec = _spec(tmp_path, run=f"listings-{tmp_path.name}", groups_per_step=2, total_steps=4, max_staleness=1)
-    schedule = StepScheduler(spec)
+    schedule = StepPacer(spec)
     schedule.store = store = _CountingStore(spec.rollout_root, spec.run)
 
     def tick(version):
@@ -169,7 +169,7 @@ def test_threads_of_a_worker_share_one_engine_call_and_each_gets_its_own_groups(
     for name in ("a", "b", "c"):
         (completions,) = results[name].results
         assert {c.prompt_id for c in completions} == {units[name][0][0].prompt_id}
-        assert [c.sample_index for c in completions] == list(range(spec.loop.samples_per_prompt))
+        assert [c.sample_index for c in completions] == list(range(spec.loop.sampling.samples_per_prompt))
         assert {c.weight_version for c in completions} == {0}
     assert results["too-new"].results == [None] and results["too-new"].loaded == 0  # needs version 5: deferred
 

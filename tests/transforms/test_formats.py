@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlax_core.data.adapters import AdapterError, FieldMapping, detect_format, to_example
+from rlax_core.data.formats import FormatError, FieldMapping, detect_format, to_example
 from rlax_core.data.answers import AnswerError, gsm8k_answer, last_boxed, plain_answer
 from rlax_core.data.dedup import estimated_jaccard, exact_key, lsh_params, minhash_signature, ngram_hashes
 
@@ -34,9 +34,9 @@ def test_generic_mapping_and_errors():
     row = to_example("generic", {"q": "What is 1+1?", "final": "#### 2", "topic": "add"}, source="mine",
                      mapping=FieldMapping(prompt="q", answer="final", answer_format="gsm8k", meta_fields=("topic",)))
     assert (row["source"], row["answer"], json.loads(row["meta"])) == ("mine", "2", {"topic": "add"})
-    with pytest.raises(AdapterError, match="missing_field"):
+    with pytest.raises(FormatError, match="missing_field"):
         to_example("gsm8k", {"question": "?"})
-    with pytest.raises(AdapterError, match="unknown_format"):
+    with pytest.raises(FormatError, match="unknown_format"):
         detect_format({"foo": 1})
 
 

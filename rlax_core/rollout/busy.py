@@ -11,13 +11,12 @@ goes stale after ``fresh_s`` and counts for nothing.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import threading
 import time
 
 import fsspec
 
+from rlax_core.utils.identity import process_identity
 from rlax_core.utils.paths import rollout_metrics_dir
 
 INTERVAL_S = 5.0
@@ -33,7 +32,7 @@ class Busy:
     def __init__(self, rollout_root: str, run: str, what: str, interval_s: float = INTERVAL_S):
         self._fs, folder = fsspec.core.url_to_fs(_folder(rollout_root, run))
         self._folder = folder
-        name = f"{socket.gethostname()}:{os.getpid()}-{threading.get_ident()}"
+        name = f"{process_identity()}-{threading.get_ident()}"
         self._path = f"{folder}/{name}.json"
         self._what, self._interval_s = what, interval_s
         self._since = time.time()
@@ -47,13 +46,13 @@ class Busy:
         except OSError:
             pass  # a notice is advice to the driver; failing to write it must not fail the work
 
-    def _beat(self) -> None:
+    def _renew(self) -> None:
         while not self._done.wait(self._interval_s):
             self._write()
 
     def __enter__(self) -> "Busy":
         self._write()
-        self._thread = threading.Thread(target=self._beat, name="busy-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._renew, name="busy-notice", daemon=True)
         self._thread.start()
         return self
 

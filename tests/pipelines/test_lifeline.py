@@ -137,7 +137,7 @@ def test_a_restart_right_after_the_owner_died_waits_for_its_dying_jobs(tmp_path,
 
 
 def test_resume_on_a_live_folder_is_refused_before_the_heavy_imports(owner, tmp_path):
-    from tests.foundation.test_run_folder import rlax_light
+    from tests.pipelines.test_run_folder import rlax_light
 
     process, _, _ = owner
     done = rlax_light("launch", "--resume", "--output", str(tmp_path / "run"), cwd=tmp_path)

@@ -1,6 +1,6 @@
 """Run untrusted Python in a sandboxed child process: limits first, then isolation.
 
-:func:`run_sandboxed` hands a job to ``sandbox_launcher.py`` (a standard-library-only script run once
+:func:`run_sandboxed` hands a job to ``rlax_core/sandbox/launcher.py`` (a standard-library-only script run once
 per process with ``python -I -S``, as root: a zygote that forks a handler per sandbox), which builds
 the sandbox and enforces the wall-clock limit; this side adds a second, outer timeout that kills the
 handler's whole process group, so no program can hold a caller.
@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from rlax_core.config import require
-from rlax_core.rewards.registry import RewardUnavailable
 
 log = logging.getLogger(__name__)
 
-LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
+LAUNCHER = Path(__file__).with_name("launcher.py")
 # Each run gets a uid of its own from this range (unused by real accounts): its process-count limit
 # is then its own, and no two sandboxes can signal each other.
 SANDBOX_UID_BASE, SANDBOX_UID_COUNT = 1 << 20, 1 << 20
@@ -68,8 +67,9 @@ class SandboxLimits:
         require(self.output_bytes >= 1024, "output_bytes", "must be >= 1024")
 
 
-class SandboxUnavailable(RewardUnavailable):
-    """The sandbox could not be built or its launcher failed: no program ran, so no sample can be scored.
+class SandboxUnavailable(RuntimeError):
+    """The sandbox could not be built or its launcher failed: no program ran (a scorer that needs it
+    cannot work at all: ``rewards.registry.SCORER_UNAVAILABLE``).
 
     Decided from the launcher's own signals (its exit status, the setup channel that closes as the
     program starts), never from what the program wrote or how it exited.
@@ -157,7 +157,7 @@ _warned_isolation = False
 
 
 class _Launcher:
-    """The zygote: one ``sandbox_launcher.py --serve`` per process, forking a handler per sandbox.
+    """The zygote: one ``launcher.py --serve`` per process, forking a handler per sandbox.
 
     It starts on first use (and again if it died, or in a forked child of this process), and ends
     when this process closes its end of the socket. Each job travels as fds on that socket: the read

@@ -64,13 +64,13 @@ WORKER = textwrap.dedent(f"""
     import contextlib, json, os, sys, time
     from pathlib import Path
     from rlax_core.data.rollout_store import GroupKey
-    from rlax_core.rollout.scheduler import StepScheduler
+    from rlax_core.rollout.pacing import StepPacer
     from tests.support.rollout_spec import rollout_spec
 
     root, events, name, mode = sys.argv[1:5]
     spec = rollout_spec(root, run="claims", groups_per_step=2, total_steps=2, max_staleness=1,
                         expected_step_s={CLAIM_S / 2})  # claims live CLAIM_S
-    scheduler, claims, store = StepScheduler(spec), spec.claims(), spec.store()
+    scheduler, claims, store = StepPacer(spec), spec.claims(), spec.store()
 
     def event(what, step=None):
         with open(events, "a") as log:

@@ -1,6 +1,6 @@
 """Run one untrusted Python program in a sandbox; a standalone script, not an importable module.
 
-``sandbox.py`` starts this file once per process with ``python -I -S --serve FD`` as root (a zygote):
+``run.py`` starts this file once per process with ``python -I -S --serve FD`` as root (a zygote):
 for each sandbox it sends a job over that socket, and a forked handler builds the sandbox, runs the
 program and writes back a report, both in ``marshal`` form (built in, and both ends are trusted: the
 program writes neither). A sandbox then costs a fork here rather than an interpreter start and its

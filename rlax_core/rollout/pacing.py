@@ -1,4 +1,4 @@
-"""``StepScheduler``: on each tick, the work units of the steps that may be generated now.
+"""``StepPacer``: on each tick, the work units of the steps that may be generated now.
 
 A step is offered when the newest committed weight version allows it (``schedule.steps_to_generate``),
 it is not complete in the store and no claim holds it (``claims``: in the store, so across the
@@ -19,7 +19,7 @@ from rlax_core.rollout.spec import RolloutSpec
 _versions_seen: dict[tuple[str, int], float] = {}
 
 
-class StepScheduler:
+class StepPacer:
     def __init__(self, spec: RolloutSpec, claims: StepClaims | None = None):
         self.spec = spec
         self.store = spec.store()

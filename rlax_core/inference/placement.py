@@ -1,0 +1,121 @@
+"""Where an engine replica lives and what its chips run: one device or a tensor-parallel mesh, the
+weights' decoding layout and the KV pool placed there, and the platform's choice of programs.
+
+``kernels_for`` is the one place a platform picks its kernels: the engine builds its programs from
+it, and ``rlax compile`` lowers the same ones for a slice it does not have (``compile.programs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+
+from rlax_core.inference import programs
+from rlax_core.inference.config import EngineConfig
+from rlax_core.inference.kv_cache import KVCache, init_kv_cache, kv_pool_shape
+from rlax_core.inference.pallas_attention import kernel_for_backend
+from rlax_core.inference.sharding import (decoding_param_shardings, engine_mesh, kv_pool_sharding,
+                                          stacked_param_shardings)
+from rlax_core.models.attention import attention_for_platform
+from rlax_core.models.config import ModelConfig
+from rlax_core.models.transformer import unstack_layers
+from rlax_core.utils.dtypes import dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """The programs one platform runs for an engine.
+
+    prefill_attention: whole-prompt attention (``models.attention``: splash on TPU, cuDNN on GPU,
+    dense on CPU). decode_attention: "tpu" / "gpu" (JAX's Pallas paged kernels, reading pages in
+    place), "window" or "reference" (``EngineConfig.attention_impl``). decode: the compiled decode
+    loop (the CPU's keeps a dense window). window_widths: the page-table widths decode compiles for.
+    """
+
+    prefill_attention: str
+    decode_attention: str
+    decode: Callable
+    window_widths: tuple[int, ...]
+    interpret: bool  # Pallas kernels interpreted (the CPU runs the GPU kernel so, in tests)
+
+
+def kernels_for(config: EngineConfig, platform: str) -> Kernels:
+    impl = config.attention_impl
+    if impl == "auto":
+        impl = "pallas" if platform in ("tpu", "gpu") else "window"
+    # The Pallas kernel reads only the pages in use whatever the table width: one width serves. A
+    # gathered window costs its width, so it comes in widths at most a quarter apart.
+    widths = (config.pages_per_sequence,) if impl == "pallas" else _geometric_buckets(config.pages_per_sequence)
+    return Kernels(prefill_attention=attention_for_platform(platform),
+                   decode_attention=kernel_for_backend(platform) if impl == "pallas" else impl,
+                   decode=programs.decode_on_cpu if platform == "cpu" else programs.decode,
+                   window_widths=widths, interpret=platform == "cpu")
+
+
+def lora_mode_for(mode: str, platform: str) -> str:
+    """``engine.lora_mode``: "auto" is "merged", the faster on CPU as ``benchmarks/adapter_serving.py``
+    measured it; TPU and GPU are not measured yet and take the same (docs/lora.md)."""
+    return "merged" if mode == "auto" else mode
+
+
+def _geometric_buckets(limit: int, growth: float = 1.25) -> tuple[int, ...]:
+    """1, 2, 3, 4, 5, 7, 9, 12, ... up to ``limit``: a width is padded by at most a quarter."""
+    sizes, size = [], 1
+    while size < limit:
+        sizes.append(size)
+        size = max(size + 1, math.ceil(size * growth))
+    return (*sizes, limit)
+
+
+class Placement:
+    """One replica's devices: ``device`` (default: JAX's first), or with ``config.tensor_parallel``
+    N > 1 a mesh over ``devices`` (default: the first N local devices)."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, device: jax.Device | None = None,
+                 devices: Sequence[jax.Device] | None = None):
+        self.model_config = model_config
+        self.device, self.mesh, self._relayout = device, None, None
+        if config.tensor_parallel > 1:
+            if device is not None:
+                raise ValueError("a tensor-parallel Engine takes devices=, not one device")
+            devices = list(jax.local_devices()[:config.tensor_parallel] if devices is None else devices)
+            if len(devices) != config.tensor_parallel:
+                raise ValueError(f"engine.tensor_parallel={config.tensor_parallel} needs that many devices; "
+                                 f"got {len(devices)}")
+            self.mesh = engine_mesh(devices)
+        elif devices is not None:
+            raise ValueError("devices= is for a tensor-parallel Engine (engine.tensor_parallel > 1); use device=")
+        self.devices = list(self.mesh.devices.flat) if self.mesh is not None else [device or jax.devices()[0]]
+        self.platform = self.devices[0].platform
+
+    def layout(self, params: Any) -> Any:
+        """The decoding layout on the replica's device(s): programs run where their committed inputs
+        (weights, cache) are."""
+        if self.mesh is None:
+            return programs.decoding_layout(params if self.device is None else jax.device_put(params, self.device))
+        params = jax.device_put(params, stacked_param_shardings(self.model_config, params, self.mesh))
+        if self._relayout is None:
+            unstacked = jax.eval_shape(unstack_layers, params)
+            self._relayout = programs.tensor_parallel_layout(
+                decoding_param_shardings(self.model_config, unstacked, self.mesh))
+        return self._relayout(params)
+
+    def allocate_cache(self, config: EngineConfig) -> KVCache:
+        """Allocated in place, on the replica's device(s): a TPU cache may not fit twice on one chip."""
+        model = self.model_config
+        allocate = functools.partial(init_kv_cache, model.num_layers, config.num_pages, config.page_size,
+                                     model.num_kv_heads, model.head_dim, dtype(config.cache_dtype))
+        if self.mesh is None:
+            with jax.default_device(self.device):
+                cache = allocate()
+            # Committed where it lies (no copy), as every program's output cache is: an uncommitted first
+            # cache made warm_up()'s first prefill another executable, so the first real call compiled.
+            return jax.tree.map(lambda x: jax.device_put(x, x.sharding), cache)
+        pool = kv_pool_sharding(kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads,
+                                              model.head_dim), self.mesh)
+        pools = (pool,) * model.num_layers
+        return jax.jit(allocate, out_shardings=KVCache(pools, pools))()
