@@ -131,8 +131,9 @@ def test_eos_stops_unless_ignored(engine, stories):
 @pytest.mark.slow
 def test_admission_waits_for_pages_and_frees_them(stories, small_engine_config):
     model, tokenizer = stories
-    # 12 usable pages of 8 tokens; each request reserves ceil((5 + 40) / 8) = 6: two fit at a time.
-    config = dataclasses.replace(small_engine_config, num_pages=13, max_new_tokens=40)
+    # 12 usable pages of 8 tokens; under "reserve" each request takes ceil((5 + 40) / 8) = 6 at
+    # admission: two fit at a time (on_demand admission is tests/inference/test_preemption.py's).
+    config = dataclasses.replace(small_engine_config, num_pages=13, max_new_tokens=40, admission="reserve")
     engine = Engine(config, model.config, model.params)
     prompt = tokenizer.encode("Once upon a time", add_bos=True)
     params = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
