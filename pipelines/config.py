@@ -4,7 +4,8 @@ Each section is the dataclass of the package it configures, so its validation li
 that reads it; this module only assembles them::
 
     run:       name, seed, output folder
-    model:     checkpoint path (HF folder, llama2.c .bin; local or gs://) and dtype
+    model:     checkpoint path (HF folder, llama2.c .bin; local or gs://) and dtype; ``upcycle``: start
+               from that model turned into a mixture of experts (``pipelines.initial_policy``)
     engine:    rlax_core.inference.EngineConfig     (rollout engine shapes)
     algorithm: rlax_core.rl.AlgorithmConfig         (``preset: grpo`` plus single-field overrides)
     trainer:   rlax_core.training.TrainerConfig     (optimizer, mesh, steps, staleness, checkpoints)
