@@ -47,9 +47,13 @@ def prepare_policy(run_config) -> str:
     model = run_config.model
     if model.upcycle is None:
         return path
+    from rlax_core.utils.paths import is_remote
+
     wanted = upcycle_record(model)
     made = read_record(path)
-    if made is None and not _exists(path):
+    # A local folder lands whole by its rename: one without a record is not this run's. On gs:// the
+    # record is written last, so a folder without it is a write cut short, and is made again.
+    if made is None and (is_remote(path) or not Path(path).exists()):
         log.info("upcycling %s into %d experts (%d per token) at %s", model.path, model.upcycle.num_experts,
                  model.upcycle.experts_per_token, path)
         _write(model, path, wanted)
@@ -72,13 +76,6 @@ def read_record(path: str) -> dict[str, Any] | None:
         return json.loads(record.read_text()) if record.is_file() else None
     storage = open_storage(path)
     return json.loads(storage.read(RECORD)) if storage.exists(RECORD) else None
-
-
-def _exists(path: str) -> bool:
-    from rlax_core.utils.paths import is_remote
-    from rlax_core.utils.storage import open_storage
-
-    return bool(open_storage(path).list("")) if is_remote(path) else Path(path).exists()
 
 
 def _write(model, path: str, record: dict[str, Any]) -> None:

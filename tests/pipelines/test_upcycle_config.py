@@ -113,3 +113,18 @@ def test_a_folder_holding_only_the_upcycled_policy_holds_no_run_yet(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(ConfigError, match=r"already holds a run \(checkpoints\)"):
         claim(tmp_path, resume=False)
+
+
+def test_on_gcs_the_policy_is_made_once_and_a_write_cut_short_is_made_again(gcs_emulator):
+    from rlax_core.utils.storage import open_storage
+
+    output = f"{gcs_emulator.make_bucket()}/run"
+    config = load_run_config(MOE_RECIPE, [f"run.output_dir={output}"])
+    path = prepare_policy(config)
+    assert path == f"{output}/upcycled_model" and from_pretrained(path).config.moe.num_experts == 4
+    storage = open_storage(path)
+    assert json.loads(storage.read(RECORD))["seed"] == 0 and prepare_policy(config) == path
+    storage.delete(RECORD)  # the weights landed, the record did not: made again, not refused
+    assert prepare_policy(config) == path and storage.exists(RECORD)
+    with pytest.raises(ConfigError, match="was upcycled from .*seed=0, and this config asks for .*seed=1"):
+        prepare_policy(load_run_config(MOE_RECIPE, [f"run.output_dir={output}", "model.upcycle.seed=1"]))
