@@ -1,6 +1,7 @@
 """``rlax quickstart``: curate -> filter -> RL -> evaluate, on stories260K and the story task, on this machine.
 
     rlax quickstart --output runs/quickstart
+    rlax quickstart --config configs/quickstart_moe.yaml --output runs/quickstart-moe   # the policy a mixture of experts
 
 The task (``rlax_core.tasks.story``): continue a story opening with one paragraph that ends on its
 own within 64 tokens, repeats no phrase, and uses the word "happy" exactly once. stories260K passes
@@ -14,7 +15,12 @@ about 5% of the time; repetition cannot win it. The steps, each the real entry p
 4. ``rlax launch``   the trainer job and the streaming rollout pipeline together (GRPO with a KL term);
 5. evaluate after    the final weights, exported as a complete Hugging Face folder (``DIR/final_model``:
                      weights, config, tokenizer, generation settings; ``rlax generate --model`` reads it);
-6. report            ``DIR/report.json`` (``before`` / ``after``), ``DIR/report.md``, ``DIR/reward_curve.png``.
+6. report            ``DIR/report.json`` (``before`` / ``after``, ``policy``: its architecture, parameters
+                     and experts), ``DIR/report.md``, ``DIR/reward_curve.png``.
+
+With ``model.upcycle`` (``configs/quickstart_moe.yaml``) the policy is made first: stories260K upcycled
+into a mixture of experts in ``DIR/run/upcycled_model`` (``pipelines.initial_policy``), which every
+step then samples, evaluates and trains.
 """
 
 from __future__ import annotations

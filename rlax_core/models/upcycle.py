@@ -12,7 +12,8 @@ trained (Komatsuzaki et al. 2022, *Sparse Upcycling*, copy the MLP as is; the no
 symmetry so that the router has something to choose between from the first step).
 
 The result saves as a ``MixtralForCausalLM`` folder (Llama's attention, every layer sparse), which
-``from_pretrained`` and transformers both read: ``rlax upcycle`` writes one from a model folder.
+``from_pretrained`` and transformers both read: ``upcycle_folder`` writes one from a model folder, for
+``rlax upcycle`` and for a run whose recipe sets ``model.upcycle`` (``pipelines/initial_policy.py``).
 """
 
 from __future__ import annotations
