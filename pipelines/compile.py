@@ -46,6 +46,7 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
     """(role, slice spec, memory plan, programs) per role of a ``RunConfig`` with TPU hardware."""
     from pipelines.config import resolve_asset
     from pipelines.plan import template_of, memory_plans
+    from pipelines.config import policy_shape
     from rlax_core.compile.programs import engine_programs, trainer_programs
     from rlax_core.compile.topology import slice_devices
     from rlax_core.config import ConfigError
@@ -69,15 +70,14 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
         slice_ = config.hardware.workers_of(role)
         if role not in plans or not path or slice_ is None:
             continue
-        model = read_model_config(template_of(resolve_asset(path) if role != "rollout" else
-                                               config.model.resolved_path()))
+        model = policy_shape(config) if role == "rollout" else read_model_config(template_of(resolve_asset(path)))
         out.append((role, slice_, plans[role], (model, engine, dtype, mode, slice_, lora),
                     lambda model=model, engine=engine, dtype=dtype, mode=mode, role=role, slice_=slice_, lora=lora:
                     engine_programs(model, engine, dtype, slice_devices(slice_.chip, slice_.chips_per_host,
                                                                         slice_.chips_per_host), mode, role, lora)))
     if "trainer" in plans and config.hardware.trainer is not None:
         slice_ = config.hardware.trainer
-        model = read_model_config(template_of(config.model.resolved_path()))
+        model = policy_shape(config)
         rows = config.rows_per_step()
         # Packed rows: a rollout assumed as the fleet simulator assumes it (pipelines.fleet.fleet_shape):
         # its prompt the smallest prefill bucket, its completion half the budget.

@@ -4,7 +4,8 @@ Each section is the dataclass of the package it configures, so its validation li
 that reads it; this module only assembles them::
 
     run:       name, seed, output folder
-    model:     checkpoint path (HF folder, llama2.c .bin; local or gs://) and dtype
+    model:     checkpoint path (HF folder, llama2.c .bin; local or gs://) and dtype; ``upcycle``: start
+               from that model turned into a mixture of experts (``pipelines.initial_policy``)
     engine:    rlax_core.inference.EngineConfig     (rollout engine shapes)
     algorithm: rlax_core.rl.AlgorithmConfig         (``preset: grpo`` plus single-field overrides)
     trainer:   rlax_core.training.TrainerConfig     (optimizer, mesh, steps, staleness, checkpoints)
@@ -42,6 +43,7 @@ from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
 from pipelines.beam_args import merge_beam_args
+from pipelines.run_folder import UPCYCLED_MODEL
 from pipelines.sections import EvaluateConfig, FilterConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -68,15 +70,41 @@ class RunSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class UpcycleSpec:
+    """Start the run from ``model.path`` (a dense Llama-family model) turned into a mixture of experts:
+    each layer's MLP copied into ``num_experts`` experts, each with noise of ``noise`` times its
+    kernel's std, and a small random router drawn from ``seed`` (``rlax_core.models.upcycle``). The
+    mixture is written once into the run folder (``UPCYCLED_MODEL``) and is the run's policy from then
+    on: the trainer and the engine load it like any checkpoint (``pipelines.initial_policy``)."""
+
+    num_experts: int = 4
+    experts_per_token: int = 2  # the router's top k
+    noise: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self):
+        require(self.num_experts >= 2, "num_experts", f"a mixture needs >= 2 experts, got {self.num_experts}")
+        require(1 <= self.experts_per_token <= self.num_experts, "experts_per_token",
+                f"each token runs 1 to num_experts={self.num_experts} experts, got {self.experts_per_token}")
+        require(self.noise >= 0, "noise", f"a relative std >= 0, got {self.noise:g}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     # A Hugging Face checkpoint folder or llama2.c .bin, local or gs://; "assets:NAME" is a model
     # shipped inside this package (the quickstart's stories260K).
     path: str = "assets:stories260K"
     dtype: Literal["float32", "bfloat16"] = "float32"
     tokenizer: Optional[str] = None  # defaults to the tokenizer files inside ``path``
+    upcycle: Optional[UpcycleSpec] = None  # set: the run's policy is ``path`` upcycled into a mixture of experts
 
     def __post_init__(self):
         require(bool(self.path), "path", "a checkpoint path")
+        if self.upcycle is not None:
+            from rlax_core.policy.source import PREFIXES
+
+            require(self.path.partition(":")[0] not in PREFIXES, "upcycle", "upcycles a model folder or llama2.c "
+                    f".bin, not a weight store, checkpoint or adapter ({self.path})")
 
     def resolved_path(self) -> str:
         return resolve_asset(self.path)
@@ -181,6 +209,13 @@ class RunConfig:
             return f"{self.run.metrics_dir.rstrip('/')}/loop"
         return f"{self.run.output_dir.rstrip('/')}/loop"
 
+    def policy_path(self) -> str:
+        """The checkpoint the run's policy starts from: ``model.path``, or with ``model.upcycle`` the
+        mixture of experts made from it in the run folder (``pipelines.initial_policy`` writes it)."""
+        if self.model.upcycle is None:
+            return self.model.resolved_path()
+        return f"{self.run.output_dir.rstrip('/')}/{UPCYCLED_MODEL}"
+
     def weight_store(self) -> WeightStoreConfig:
         """The parameter server's config; by default a folder under the run's output."""
         if self.weights is not None:
@@ -251,7 +286,10 @@ def require_given(section: Any, flags: dict[str, str]) -> None:
 def _build(data: dict[str, Any]) -> RunConfig:
     if isinstance(data.get("algorithm"), dict):  # ``preset: NAME`` plus single-field overrides
         data["algorithm"] = algorithm_from_dict(data["algorithm"])
-    return resolve_auto_pages(from_dict(RunConfig, data))
+    config = from_dict(RunConfig, data)
+    if config.model.upcycle is not None:  # a model that cannot be upcycled is refused here, by its key
+        policy_shape(config)
+    return resolve_auto_pages(config)
 
 
 def resolve_auto_pages(config):
@@ -269,7 +307,7 @@ def resolve_auto_pages(config):
             raise ConfigError(f"{'engine' if role == 'rollout' else role + '.generation.engine'}.num_pages",
                               f"auto sizes the KV pool from the {role} chips' memory: declare hardware.{role} "
                               "(or hardware.rollout) and the model, or give a number of pages")
-        shape = read_model_config(template_of(resolve_asset(path) if role != "rollout" else config.model.resolved_path()))
+        shape = policy_shape(config) if role == "rollout" else read_model_config(template_of(resolve_asset(path)))
         return auto_num_pages(shape, engine, hardware, dtype, lora=lora)
 
     engine = resolved(config.engine, "rollout", config.model.path, config.model.dtype, config.trainer.lora)
@@ -283,6 +321,24 @@ def resolve_auto_pages(config):
                                        for r in generations):
         return config
     return dataclasses.replace(config, engine=engine, **generations)
+
+
+def policy_shape(run_config):
+    """The ``ModelConfig`` of the run's policy, read from its checkpoint; with ``model.upcycle``, the
+    mixture's shape computed from the dense one (nothing is written). ``ConfigError`` at
+    ``model.upcycle`` when that model cannot be upcycled (not a dense Llama)."""
+    from rlax_core.models.checkpoint import read_model_config
+    from rlax_core.models.upcycle import upcycled_config
+
+    model = run_config.model
+    shape = read_model_config(template_of(model.resolved_path()))
+    if model.upcycle is None:
+        return shape
+    try:
+        return upcycled_config(shape, num_experts=model.upcycle.num_experts,
+                               experts_per_token=model.upcycle.experts_per_token)
+    except ConfigError as error:
+        raise ConfigError("model.upcycle", f"model.path {model.path}: {error.message}") from None
 
 
 def template_of(spec: str) -> str:

@@ -42,9 +42,8 @@ def fleet_shape(config, prompt_tokens: int | None = None, completion_fraction: f
                 host_network_bytes_per_s: float = HOST_NETWORK_BYTES_PER_S) -> FleetShape:
     """The simulator's view of a ``RunConfig``; a prompt is assumed to fill the smallest prefill bucket
     unless ``prompt_tokens`` says otherwise, a completion to be ``completion_fraction`` of the budget."""
-    from pipelines.config import template_of
+    from pipelines.config import policy_shape
     from rlax_core.config import ConfigError
-    from rlax_core.models.checkpoint import read_model_config
 
     hardware = config.hardware
     if hardware is None or hardware.rollout is None or hardware.trainer is None:
@@ -54,7 +53,7 @@ def fleet_shape(config, prompt_tokens: int | None = None, completion_fraction: f
     engine, trainer = config.engine, config.trainer
     from rlax_core.planning.memory import mean_occupancy
 
-    model = read_model_config(template_of(config.model.resolved_path()))
+    model = policy_shape(config)
     layers = 1.0
     if trainer.scan_layers:  # XLA counts the scanned block once
         one_layer = dataclasses.replace(model, num_layers=1)

@@ -208,6 +208,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     from rlax_core.utils.paths import join
     from pipelines.config import find_config
     from pipelines.plan import check_memory
+    from pipelines.initial_policy import prepare_policy
     from pipelines.inputs import require_examples, require_model
     from pipelines.rl_stream import load_configs
     from pipelines.run_folder import claim
@@ -224,6 +225,7 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     check_memory(run_config)  # both roles run here: refuse before either starts
     if claim(run_config.run.output_dir, resume=resume, flag="run.output_dir"):
         log.info("launch: resuming the run in %s", run_config.run.output_dir)
+    prepare_policy(run_config)  # once, here: both jobs then read the same upcycled policy
     run_overrides = [o for o in overrides if not o.startswith("loop.")]
     output = run_config.run.output_dir
     logs = log_dir(run_config)

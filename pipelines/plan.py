@@ -33,6 +33,7 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     """The plans of a ``pipelines.config.RunConfig``'s roles; none when it declares no hardware."""
     from rlax_core.models.checkpoint import read_model_config
     from pipelines.config import resolve_asset
+    from pipelines.config import policy_shape
 
     if config.hardware is None:
         log.warning("no hardware: section in the config; its memory is not planned")
@@ -41,7 +42,7 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     plans = []
     hardware = config.hardware
     if hardware.rollout is not None or hardware.trainer is not None:
-        model = read_model_config(template_of(config.model.resolved_path()))
+        model = policy_shape(config)
     if "rollout" in roles and hardware.rollout is not None:
         # A LoRA run's versions after the base are adapters, which the rollout engine applies itself.
         plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name,

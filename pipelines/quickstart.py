@@ -1,6 +1,7 @@
 """``rlax quickstart``: curate -> filter -> RL -> evaluate, on stories260K and the story task, on this machine.
 
     rlax quickstart --output runs/quickstart
+    rlax quickstart --config configs/quickstart_moe.yaml --output runs/quickstart-moe   # the policy a mixture of experts
 
 The task (``rlax_core.tasks.story``): continue a story opening with one paragraph that ends on its
 own within 64 tokens, repeats no phrase, and uses the word "happy" exactly once. stories260K passes
@@ -14,7 +15,12 @@ about 5% of the time; repetition cannot win it. The steps, each the real entry p
 4. ``rlax launch``   the trainer job and the streaming rollout pipeline together (GRPO with a KL term);
 5. evaluate after    the final weights, exported as a complete Hugging Face folder (``DIR/final_model``:
                      weights, config, tokenizer, generation settings; ``rlax generate --model`` reads it);
-6. report            ``DIR/report.json`` (``before`` / ``after``), ``DIR/report.md``, ``DIR/reward_curve.png``.
+6. report            ``DIR/report.json`` (``before`` / ``after``, ``policy``: its architecture, parameters
+                     and experts), ``DIR/report.md``, ``DIR/reward_curve.png``.
+
+With ``model.upcycle`` (``configs/quickstart_moe.yaml``) the policy is made first: stories260K upcycled
+into a mixture of experts in ``DIR/run/upcycled_model`` (``pipelines.initial_policy``), which every
+step then samples, evaluates and trains.
 """
 
 from __future__ import annotations
@@ -145,6 +151,14 @@ def evaluate(model_config, params, base_params, tokenizer, examples, run_config,
                            seed=run_config.run.seed + 1, base_params=base_params)
 
 
+def policy_summary(model_config) -> dict[str, Any]:
+    """What the report says of the policy's shape: a dense model, or a mixture of experts and how sparse."""
+    moe = model_config.moe
+    return {"architecture": model_config.architecture, "parameters": model_config.num_params,
+            "active_parameters": model_config.num_active_params,
+            "num_experts": moe.num_experts if moe else 0, "experts_per_token": moe.experts_per_token if moe else 0}
+
+
 def rl_settings(run_config) -> dict[str, Any]:
     """What the report says of the RL run, read from the run's config."""
     trainer = run_config.trainer
@@ -184,12 +198,22 @@ METRICS = ("pass@1", "pass@1_se", "pass@8", "reward_mean", "nll_base", "distinct
            "response_length_mean")
 
 
+def policy_line(policy: dict[str, Any]) -> str:
+    line = f"{policy['architecture']}, {policy['parameters']:,} parameters"
+    if policy["num_experts"]:
+        line += (f" ({policy['active_parameters']:,} active per token: {policy['experts_per_token']} of "
+                 f"{policy['num_experts']} experts per layer)")
+    return line
+
+
 def markdown(report: dict[str, Any]) -> str:
     before, after = report["before"], report["after"]
     lines = [
         "# RLAX quickstart: stories260K learns the story task",
         "",
         f"Task: {report['task']}",
+        "",
+        f"Policy: {policy_line(report['policy'])}.",
         "",
         f"Held-out prompts: {before['prompts']} x {before['samples_per_prompt']} samples. "
         f"RL: {report['rl']['steps']} GRPO steps ({report['rl']['groups_per_step']} prompts x "
@@ -237,6 +261,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     import jax
 
     from pipelines.config import find_config, load_run_config
+    from pipelines.initial_policy import prepare_policy
     from pipelines.launch import launch
     from rlax_core.data.rollout_store import RolloutStore
     from rlax_core.rollout.loop_metrics import loop_metrics
@@ -251,17 +276,22 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config_path = str(find_config(args.config or QUICKSTART_RECIPE).resolve())
     overrides = [f"run.output_dir={output / 'run'}", *args.overrides]
     run_config = load_run_config(config_path, overrides)
-    model_path = run_config.model.resolved_path()
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+    # The policy the filter samples, the evaluation starts from and the run trains: with model.upcycle,
+    # the mixture of experts made here once (a resumed run reuses it).
+    model_path = prepare_policy(run_config)
+    if run_config.model.upcycle is not None:
+        seconds["upcycle"] = time.monotonic() - started
     tokenizer = load_tokenizer(model_path)
     stops = stop_token_ids(tokenizer)
     overrides.append(f"loop.sampling.stop_token_ids={stops}")
-    seconds: dict[str, float] = {}
-    started = time.monotonic()
 
     # A resumed run keeps the prompts it was trained on: curate and filter run only when their output
     # is missing (a second curate into the same folder would add shards beside the first ones).
+    mark = time.monotonic()
     curated = output / "curated" if resumed and read_examples_or_none(output / "curated") else curate(output)
-    seconds["curate"] = time.monotonic() - started
+    seconds["curate"] = time.monotonic() - mark
     mark = time.monotonic()
     filtered = (output / "filtered" if resumed and read_examples_or_none(output / "filtered")
                 else filter_prompts(output, curated, model_path, ["\n"], args.filter_prompts))
@@ -298,6 +328,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         "task": "continue the story with one paragraph that ends within 64 tokens, repeats no word 3-gram, "
                 "and uses the word 'happy' exactly once (reward: pass = 1, else half-credit for each half)",
         "model": model_path,
+        "policy": policy_summary(base.config),
         "resumed": resumed,  # true: this report continues a run that was already in the folder
         "before": before,
         "after": after,

@@ -49,7 +49,7 @@ def build_spec(run_config, train_set_size: int, job: str = ""):
     from rlax_core.rollout.spec import RolloutSpec
 
     return RolloutSpec(
-        run=run_config.run.name, run_seed=run_config.run.seed, model_path=run_config.model.resolved_path(),
+        run=run_config.run.name, run_seed=run_config.run.seed, model_path=run_config.policy_path(),
         model_dtype=run_config.model.dtype, train_set_size=train_set_size, rollout_root=run_config.rollout_root(),
         weights=run_config.weight_store(), engine=run_config.engine, loop=run_config.loop, trainer=run_config.trainer,
         algorithm=run_config.algorithm, compilation_cache=run_config.run.compilation_cache, compilation_cache_dir=run_config.run.compilation_cache_dir,
@@ -125,6 +125,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     examples = read_examples(loop.train_set)
     import uuid
+
+    from pipelines.initial_policy import prepare_policy
+
+    prepare_policy(run_config)  # the engine's architecture and tokenizer: made here when no job has yet
 
     spec = build_spec(run_config, len(examples), job=uuid.uuid4().hex[:12])  # a restart's claims start afresh
     startup.mark("rollout_imports")

@@ -34,6 +34,10 @@ from rlax_core.utils.paths import is_remote
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".rlax-lock"
+# The run's upcycled policy (model.upcycle; pipelines.initial_policy), made from the config alone and
+# refused there when it was made with other settings: a folder holding only it holds no run yet (the
+# quickstart writes it before it launches the run).
+UPCYCLED_MODEL = "upcycled_model"
 # A dead owner's jobs die by their lease (pipelines.lifeline) moments after it: a restart that comes
 # sooner (a supervisor relaunching a killed run at once) waits for them instead of being refused.
 DYING_JOBS_GRACE_S = 5.0
@@ -52,7 +56,7 @@ def claim(path: str | Path, *, resume: bool, flag: str = "--output") -> bool:
     writable(folder, flag)
     held_before = str(folder.resolve()) in _held
     lock(folder, flag)
-    used = sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
+    used = sorted(p.name for p in folder.iterdir() if p.name not in (LOCK_NAME, UPCYCLED_MODEL))
     if used and not resume:
         if not held_before:
             release(folder)

@@ -101,10 +101,11 @@ def train(run_config, stop: threading.Event | None = None):
     from rlax_core.training.job import run_training
     from rlax_core.utils import startup
     from rlax_core.weights import WeightStore
+    from pipelines.initial_policy import prepare_policy
 
     startup.mark("trainer_imports")
     output = run_config.run.output_dir.rstrip("/")
-    model = from_pretrained(run_config.model.resolved_path(), dtype=jnp.float32)
+    model = from_pretrained(prepare_policy(run_config), dtype=jnp.float32)
     startup.mark("trainer_model")
     weights = WeightStore(run_config.weight_store())
     try:
@@ -134,7 +135,7 @@ def hf_export(run_config, model_config):
     stops = [*model_config.eos_token_ids, *(t for t in sampling.stop_token_ids if t not in model_config.eos_token_ids)]
     generation = {"temperature": sampling.temperature, "top_p": sampling.top_p,
                   "max_new_tokens": sampling.budget(run_config.engine), "eos_token_id": stops or None}
-    tokenizer = run_config.model.tokenizer or tokenizer_source_of(run_config.model.resolved_path())
+    tokenizer = run_config.model.tokenizer or tokenizer_source_of(run_config.policy_path())
     return HFExport(root=f"{output}/hf", tokenizer_source=tokenizer, generation=generation,
                     template_dirs=(f"{run_config.weight_store().root.rstrip('/')}/{MODEL_TEMPLATE}",
                                    f"{output}/checkpoints/{MODEL_TEMPLATE}"))

@@ -26,16 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    import jax
+    from rlax_core.models.upcycle import upcycle_folder
 
-    from rlax_core.models import from_pretrained
-    from rlax_core.models.export import export_hf
-    from rlax_core.models.upcycle import upcycle
-
-    dense = from_pretrained(args.model)
-    config, params = upcycle(dense.config, dense.params, num_experts=args.experts,
-                             experts_per_token=args.experts_per_token, noise=args.noise, rng=jax.random.key(args.seed))
-    export_hf(args.out, config, params, tokenizer_source=args.model)
+    config = upcycle_folder(args.model, args.out, num_experts=args.experts, experts_per_token=args.experts_per_token,
+                            noise=args.noise, seed=args.seed)
     print(f"{args.out}: {config.num_params:,} parameters ({config.num_active_params:,} active per token), "
           f"{args.experts} experts per layer, {args.experts_per_token} per token")
     return 0

@@ -116,8 +116,11 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # an optional section: its own error, naming the key inside it
+            return _coerce(options[0], value, path)
         errors = []
-        for option in (a for a in args if a is not type(None)):
+        for option in options:
             try:
                 return _coerce(option, value, path)
             except ConfigError as error:

@@ -125,7 +125,7 @@ def test_an_unsupported_chip_is_refused_in_one_line():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
-        "rlax compile: config error: hardware: unknown chip 'b200'; known: a100-40gb, a100-80gb, h100, h200, l4, "
+        "rlax compile: config error: hardware.trainer.chip: unknown chip 'b200'; known: a100-40gb, a100-80gb, h100, h200, l4, "
         "v4, v5e, v5p, v6e, cpu")
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from rlax_core.config import ConfigError
 from pipelines.config import CONFIG_DIR, find_config, recipes
-from pipelines.quickstart import markdown
+from pipelines.quickstart import markdown, policy_line, policy_summary
+from rlax_core.models import from_pretrained
 from pipelines.run_folder import LOCK_NAME, claim
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,9 +95,21 @@ def test_recipes_are_found_by_path_or_name(tmp_path, monkeypatch):
 def test_a_resumed_report_says_so():
     stats = {"prompts": 64, "samples_per_prompt": 8, "pass@1": 0.1, "pass@1_se": 0.01}
     report = {"task": "t", "before": stats, "after": stats, "pass@1_gain_in_se": 0.0, "seconds": {"total": 1.0},
-              "rl": {"steps": 2, "groups_per_step": 8, "samples_per_prompt": 8, "max_staleness": 1, "seconds": 1.0}}
+              "rl": {"steps": 2, "groups_per_step": 8, "samples_per_prompt": 8, "max_staleness": 1, "seconds": 1.0},
+              "policy": policy_summary(from_pretrained(REPO / "pipelines" / "assets" / "stories260K").config)}
     assert "resumed" not in markdown({**report, "resumed": False})
     assert "This run was resumed (`--resume`)" in markdown({**report, "resumed": True})
+
+
+def test_the_report_says_whether_the_policy_is_a_mixture(tmp_path):
+    from pipelines.config import load_run_config, policy_shape
+
+    dense = policy_summary(policy_shape(load_run_config("quickstart")))
+    sparse = policy_summary(policy_shape(load_run_config("quickstart_moe", [f"run.output_dir={tmp_path}"])))
+    assert policy_line(dense) == f"llama, {dense['parameters']:,} parameters"
+    assert sparse["parameters"] > sparse["active_parameters"] > dense["parameters"]
+    assert policy_line(sparse) == (f"mixtral, {sparse['parameters']:,} parameters ({sparse['active_parameters']:,} "
+                                   "active per token: 2 of 4 experts per layer)")
 
 
 def test_shipped_recipes_find_their_models_from_another_folder(tmp_path, monkeypatch):
