@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlax_core.config import from_dict
 from rlax_core.data.records import rollout_row, routed_experts_bytes, scored_row
 from rlax_core.data.rollout_store import GroupKey, RolloutStore
 from rlax_core.inference.config import EngineConfig, SamplingParams
@@ -22,7 +23,9 @@ from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.batching import RoutedExperts, make_batch
 from rlax_core.training.config import OptimizerConfig, TrainerConfig
 from rlax_core.training.packing import pack_batch
+from rlax_core.training.job import run_training
 from rlax_core.training.step import Trainer
+from rlax_core.utils.metrics import read_metrics
 
 MAX_SEQ_LEN = 24
 PROMPTS = [[1, 40, 47, 26, 78, 30], [1, 61, 90], [1, 43]]  # ids every model here has (the toys': 256)
@@ -88,12 +91,16 @@ def test_the_engine_records_the_experts_of_every_position_it_ran(near_tied):
     params = randomized(config)
     completions = generate(config, params)
     assert len(completions) == 6
-    for completion in completions:
-        ids = np.array([[*completion.prompt_ids, *completion.completion_ids]], np.int32)
+    lengths = [len(c.prompt_ids) + len(c.completion_ids) for c in completions]
+    ids = np.zeros((len(completions), max(lengths)), np.int32)  # one right-padded batch: one compilation
+    for row, completion in enumerate(completions):
+        ids[row, :lengths[row]] = [*completion.prompt_ids, *completion.completion_ids]
+    _, routing = forward_with_routing(params, config, ids, attention_mask=np.arange(ids.shape[1]) < np.c_[lengths])
+    own = np.moveaxis(np.asarray(routing.expert_ids), 0, 2)  # [B, T, moe_layers, k]
+    for row, (completion, length) in enumerate(zip(completions, lengths)):
         routed = completion.routed_experts
-        assert routed.dtype == np.uint8 and routed.shape == (ids.shape[1], len(config.moe_layers), 2)
-        _, routing = forward_with_routing(params, config, ids)
-        np.testing.assert_array_equal(routed[:-1], np.moveaxis(np.asarray(routing.expert_ids), 0, 2)[0, :-1])
+        assert routed.dtype == np.uint8 and routed.shape == (length, len(config.moe_layers), 2)
+        np.testing.assert_array_equal(routed[:-1], own[row, :length - 1])
         assert not routed[-1].any()
     dense = toy_config()
     plain = generate(dense, init_params(dense, jax.random.key(0)), num_slots=2)
@@ -104,7 +111,7 @@ def test_the_engine_records_the_experts_of_every_position_it_ran(near_tied):
 # ----------------------------------------------------------------------------- replay against the engine
 
 
-@pytest.mark.parametrize("row_tokens", [0, 32])
+@pytest.mark.parametrize("row_tokens", [0, pytest.param(32, marks=pytest.mark.slow)])  # padded rows; packed ones
 def test_replay_gives_the_engines_log_probs_where_the_trainers_own_routing_does_not(near_tied, tmp_path, row_tokens):
     """The engine samples with W; the trainer holds W + delta (routers moved by 2e-7). Its own top 2
     flips at near-ties and its log-probs leave the engine's; replaying the recorded experts gives the
@@ -145,22 +152,26 @@ def test_the_router_learns_through_the_replayed_experts(near_tied, tmp_path):
 
 
 @pytest.mark.slow  # compiles an engine and a trainer step for a 5-layer mixture: 80 s on the loaded 2-core box
-def test_upcycled_stories260k_reports_routing_agreement_in_its_step_metrics(stories260k_dir, tmp_path):
+def test_upcycled_stories260k_reports_routing_agreement_in_the_runs_metrics(stories260k_dir, tmp_path):
     """The tiny MoE of the quickstart (stories260K upcycled: 4 experts, top 2, 1% noise): the engine's
-    records through the store and a replaying trainer's step, whose metrics (what the run's metrics
-    writer logs as train/...) report the agreement and both mismatches."""
+    records through the rollout store into a replaying training job, whose metrics file has the
+    agreement and both mismatches (train/...)."""
     stories = from_pretrained(stories260k_dir)
     config, params = upcycle(stories.config, stories.params, num_experts=4, experts_per_token=2, noise=0.01,
                              rng=jax.random.key(0))
-    trainer = make_trainer(config, replay=True, scan_layers=False)
-    batch = make_batch(store_groups(tmp_path, generate(config, params)), max_seq_len=MAX_SEQ_LEN,
-                       routed=trainer.replay.records)
-    assert batch["routed_experts"].shape == (6, MAX_SEQ_LEN, config.num_layers, 2)
-    _, metrics = trainer.step(trainer.init_state(params), batch)
+    store_groups(tmp_path / "rollouts", generate(config, params))
+    trainer_config = from_dict(TrainerConfig, {"groups_per_step": len(PROMPTS), "max_seq_len": MAX_SEQ_LEN,
+                                               "total_steps": 1, "async_checkpointing": False, "poll_s": 0.05,
+                                               "wait_timeout_s": 60, "scan_layers": False})
+    result = run_training(model_config=config, initial_params=params, algorithm=AlgorithmConfig(router_replay=True),
+                          config=trainer_config, store=RolloutStore(tmp_path / "rollouts", "r"), weights=None,
+                          checkpoint_dir=str(tmp_path / "checkpoints"), metrics_dir=str(tmp_path / "metrics"))
+    assert result.step == 1
+    [row] = read_metrics(tmp_path / "metrics")
     # The same weights in both: the programs' roundings alone move a few near-tied choices.
-    assert 0.9 < float(metrics["routing_agreement"]) <= 1.0
-    assert float(metrics["logprob_mismatch_replay"]) < 1e-5
-    assert float(metrics["logprob_mismatch_no_replay"]) >= float(metrics["logprob_mismatch_replay"])
+    assert 0.9 < row["train/routing_agreement"] <= 1.0
+    assert row["train/logprob_mismatch_replay"] < 1e-5
+    assert row["train/logprob_mismatch_no_replay"] >= row["train/logprob_mismatch_replay"]
 
 
 # ----------------------------------------------------------------------------- the record's round trip
