@@ -202,10 +202,11 @@ def prefill(model: ModelConfig, params, sizes: Sizes, device, chip: str | None) 
     table = np.zeros((batch, config.pages_per_sequence), np.int32)
     table[:, :pages] = 1 + np.arange(batch * pages, dtype=np.int32).reshape(batch, pages)
     table = jax.device_put(table, device)
-    holder = {"cache": compiled(weights, cache, tokens, positions, table)}  # the cache is donated: carried along
+    # The cache is donated: carried along (the routed ids beside it are a mixture of experts' only).
+    holder = {"cache": compiled(weights, cache, tokens, positions, table)[0]}
 
     def run():
-        holder["cache"] = compiled(weights, holder["cache"], tokens, positions, table)
+        holder["cache"] = compiled(weights, holder["cache"], tokens, positions, table)[0]
         jax.block_until_ready(holder["cache"])
 
     seconds = gpu_decode.best_seconds(run, max(sizes.repeats, 3))

@@ -17,6 +17,7 @@ import json
 import unicodedata
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 EXAMPLE_SCHEMA = pa.schema(
@@ -57,11 +58,17 @@ ROLLOUT_SCHEMA = pa.schema(
         # the engine (engine.on_new_version) moves a running sample on to the new version. Null: all
         # of them policy_version.
         pa.field("token_versions", pa.list_(pa.int64())),
+        # A mixture of experts: the experts each token of prompt + completion ran in each sparse layer,
+        # what the trainer replays (algorithm.router_replay). Raw bytes of a row-major [tokens,
+        # moe_layers, k] array of little-endian uint8 (uint16 beyond 256 experts): 2 bytes per token
+        # and sparse layer at top 2, where a list column would add offsets and validity per value.
+        # Null for a dense model and for episodes.
+        pa.field("routed_experts", pa.binary()),
     ]
 )
 # Fields a row may leave out (they are null then): rollouts written before episodes existed, and
 # every single-turn rollout, need not name them.
-OPTIONAL_ROLLOUT_FIELDS = ("policy_mask", "turn_versions", "episode", "token_versions")
+OPTIONAL_ROLLOUT_FIELDS = ("policy_mask", "turn_versions", "episode", "token_versions", "routed_experts")
 
 EXAMPLE_FIELDS = tuple(EXAMPLE_SCHEMA.names)
 ROLLOUT_FIELDS = tuple(ROLLOUT_SCHEMA.names)
@@ -111,7 +118,21 @@ def rollout_row(completion: Any, *, example_id: str, group_id: str) -> dict[str,
         "reward": None,
         "reward_info": None,
         "token_versions": list(completion.token_versions) if len(set(completion.token_versions)) > 1 else None,
+        "routed_experts": routed_experts_bytes(completion.routed_experts),
     }
+
+
+def routed_experts_bytes(expert_ids: np.ndarray | None) -> bytes | None:
+    """A ``routed_experts`` value: the ids [tokens, moe_layers, k] as little-endian row-major bytes."""
+    if expert_ids is None:
+        return None
+    return np.ascontiguousarray(expert_ids, dtype=np.dtype(expert_ids.dtype).newbyteorder("<")).tobytes()
+
+
+def routed_experts_array(value: bytes, moe_layers: int, experts_per_token: int, dtype: str) -> np.ndarray:
+    """The inverse of :func:`routed_experts_bytes`: [tokens, moe_layers, k] of ``dtype``."""
+    flat = np.frombuffer(value, np.dtype(dtype).newbyteorder("<"))
+    return flat.astype(dtype).reshape(-1, moe_layers, experts_per_token)
 
 
 def oldest_policy_version(table: pa.Table) -> int:

@@ -122,10 +122,11 @@ class DecodeBatch:
         longest = int(self.state.length[self.state.active].max(initial=0)) + self.config.decode_steps_per_call
         return min(pages_needed(longest, self.config.page_size), self.config.pages_per_sequence)
 
-    def take(self, tokens: np.ndarray, logprobs: np.ndarray, steps: int, state: dict
-             ) -> tuple[list[tuple[int, FinishReason]], int]:
+    def take(self, tokens: np.ndarray, logprobs: np.ndarray, steps: int, state: dict,
+             routed: np.ndarray | None = None) -> tuple[list[tuple[int, FinishReason]], int]:
         """Read a decode call's results back: the slots whose sequence a stop rule ended, with the
-        reason, and how many tokens the call sampled."""
+        reason, and how many tokens the call sampled. ``routed`` [slots, chunk, moe_layers, k]: the
+        experts of the tokens each step fed (a mixture of experts), recorded at their positions."""
         for name in ("last_token", "length", "generated"):
             getattr(self.state, name)[:] = np.asarray(state[name])
         ended, sampled = [], 0
@@ -134,6 +135,8 @@ class DecodeBatch:
                 produced = tokens[slot, :steps]
                 count = int((produced >= 0).sum())
                 sampled += count
+                if routed is not None:  # step j fed the token at position length - 1 + j
+                    seq.record_routing(seq.length - 1, routed[slot, :count])
                 reason = self._record(seq, produced[:count].tolist(), logprobs[slot, :count].tolist())
                 if reason is not None:
                     ended.append((slot, reason))

@@ -39,6 +39,10 @@ The host side is split by what each part owns: ``sequences`` the request and sam
 turns between their calls, ``placement`` the devices and the platform's programs. This module
 orders them: admission, prefill, decode, retirement, weight swaps, and the output order.
 
+A mixture of experts records the experts each position ran in each sparse layer (router replay,
+``Completion.routed_experts``): the prompt's from its prefill (a sibling takes its owner's), each fed
+token's from the decode step that fed it.
+
 Numerics: see ``sampling`` for the keys (per seed, prompt id, sample index, token index) and for
 the log-probs (float32 log_softmax of the raw logits, i.e. the untempered, unfiltered policy).
 """
@@ -109,6 +113,10 @@ class Engine:
         self._episodes = EpisodeTurns(config, model_config.vocab_size, self.pages, self._extend_pages,
                                       stop_strings_allowed=detokenize is not None)
         self._finished: list[SequenceState] = []
+        # A mixture of experts records each position's routed experts (router replay): their shape and dtype.
+        moe = model_config.moe
+        self._moe_layers = () if moe is None else (len(model_config.moe_layers), moe.experts_per_token)
+        self._expert_id_dtype = None if moe is None else moe.expert_id_dtype
         self._next_order = 0
         self.stats = {"prefill_calls": 0, "shared_prefills": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0,
                       "weight_swaps": 0, "extend_calls": 0, "extended_tokens": 0, "preemptions": 0,
@@ -187,7 +195,7 @@ class Engine:
             for length in config.prefill_buckets:
                 padding = np.zeros((batch, length), np.int32)
                 no_pages = np.zeros((batch, config.pages_per_sequence), np.int32)
-                self._cache = self._prefill(self._params, self._cache, padding, padding - 1, no_pages)
+                self._cache, _ = self._prefill(self._params, self._cache, padding, padding - 1, no_pages)
         for pages in sorted({self.pages.pages_for(length) for length in config.prefill_buckets}):
             sink = np.zeros((config.num_slots, pages), np.int32)
             self._cache = self._copy_pages(self._cache, sink, sink)
@@ -333,6 +341,8 @@ class Engine:
             self._queue.popleft()
             seq.sample_under(self._version)
             seq.cache_version = self._version
+            if self._moe_layers and seq.routed_experts is None and not seq.request.episode_tokens:
+                seq.routed_experts = np.zeros((seq.request.budget, *self._moe_layers), self._expert_id_dtype)
             if seq.request.episode_tokens and seq.episode is None:
                 seq.episode = self._episodes.new_handle()
             if resumed:
@@ -365,6 +375,9 @@ class Engine:
         for start in range(0, len(prefixes), config.prefill_batch):
             self._prefill_prompts(prefixes[start:start + config.prefill_batch])
         self._copy_partial_pages(siblings)
+        for seq, owner in siblings:  # the owner's prefill computed their prompt
+            if owner.routed_experts is not None:
+                seq.record_routing(0, owner.routed_experts[:len(seq.request.prompt_ids) - 1])
         for seq in resumed:
             seq.cached = 0
         feed_uncached(resumed, config, self._extend_pages)
@@ -385,8 +398,12 @@ class Engine:
             tokens[row, length - len(prefix):] = prefix  # left-padded: positions say where each token goes
             positions[row, length - len(prefix):] = np.arange(len(prefix))
             page_table[row, : len(seq.pages)] = seq.pages
-        self._cache = self._prefill(self._params, self._cache, tokens, positions, page_table)
+        self._cache, routed = self._prefill(self._params, self._cache, tokens, positions, page_table)
         self.stats["prefill_calls"] += 1
+        if routed is not None:
+            routed = np.asarray(routed)
+            for row, seq in enumerate(prefixes):
+                seq.record_routing(0, routed[row, length - len(seq.request.prompt_ids) + 1:])
 
     def _copy_partial_pages(self, siblings: list[tuple[SequenceState, SequenceState]]) -> None:
         """Copy each sibling's partial last prompt page from its owner's (copy on write: both write on)."""
@@ -437,9 +454,10 @@ class Engine:
         # Attention reads the pages in use rather than the longest sequence's worth, which matters
         # most early in long generations; the widths bound the compiled variants.
         width = next(w for w in self._kernels.window_widths if w >= self._batch.pages_touched())
-        tokens, logprobs, steps, state, self._cache = self._decode(
+        tokens, logprobs, steps, state, routed, self._cache = self._decode(
             self._params, self._cache, self._batch.inputs(width), mode=self._batch.mode())
-        ended, sampled = self._batch.take(np.asarray(tokens), np.asarray(logprobs), int(steps), state)
+        ended, sampled = self._batch.take(np.asarray(tokens), np.asarray(logprobs), int(steps), state,
+                                          None if routed is None else np.asarray(routed))
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += int(steps)
         self.stats["tokens"] += sampled

@@ -80,11 +80,13 @@ def _write_token_pages(cache: KVCache, layer: int, k, v, page_table, positions, 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "mesh", "attention"), donate_argnames=("cache",))
 def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_config: ModelConfig,
-            mesh=None, attention: AttentionImpl = "dense") -> KVCache:
+            mesh=None, attention: AttentionImpl = "dense"):
     """Run left-padded prompt prefixes [B, T] through the model and write their keys and values into their pages.
 
     ``attention``: the prompts' attention on themselves (``models.attention``): dense, or the chip's
     flash kernel, which a bucket it cannot tile (splash: not a multiple of 128 tokens) runs dense.
+    Returns (cache, routed): a mixture of experts' routed expert ids [B, T, moe_layers, k] (what
+    router replay needs of the prompt), None for a dense model.
     """
     valid = positions >= 0
     scale = model_config.head_dim ** -0.5
@@ -97,9 +99,15 @@ def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_conf
             return prefill_attention(q, k, v, valid, scale), cache
         return causal_attention(q, k, v, valid.astype(jnp.int32), impl=attention, mesh=mesh), cache
 
-    # Only the cache is returned: the compiler drops the classifier.
-    _, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)
-    return _pin(cache, mesh)
+    # The classifier's output is not returned: the compiler drops it.
+    _, cache, *routing = forward_with_cache(params, model_config, tokens, positions, cache, attend,
+                                            last_token_only=True, with_routing=model_config.moe is not None)
+    return _pin(cache, mesh), (token_major(routing[0].expert_ids) if routing else None)
+
+
+def token_major(expert_ids: jax.Array) -> jax.Array:
+    """A forward's routed ids [moe_layers, B, T, k] as a record holds them: [B, T, moe_layers, k]."""
+    return jnp.moveaxis(expert_ids, 0, 2)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh",), donate_argnames=("cache",))
@@ -115,8 +123,11 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
 
     ``attention``: "window", "reference", or a Pallas kernel's name (``pallas_attention.KERNELS``),
     interpreted when ``interpret``. Returns tokens and log-probs [num_slots, chunk] (-1 where a slot produced nothing), the
-    number of steps run, the updated slot state and the cache.
+    number of steps run, the updated slot state, a mixture of experts' routed ids [num_slots, chunk,
+    moe_layers, k] (step j's: those of the token it fed, at the slot's length + j; None for a dense
+    model) and the cache.
     """
+    moe = model_config.moe
     num_slots = state["active"].shape[0]
     scale = model_config.head_dim ** -0.5
     page_table = state["page_table"]
@@ -127,14 +138,16 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
              if mode != SamplingMode.GREEDY else jnp.zeros((num_slots, chunk), jnp.float32))
 
     def step(carry):
-        index, kv, s, out_tokens, out_logprobs = carry
+        index, kv, s, out_tokens, out_logprobs, out_routed = carry
         active = s["active"]
         if windowed:
             attend = _window_attend(s["length"], scale)
         else:
             attend = _paged_attend(page_table, s["length"], active, scale, attention, mesh, interpret)
-        logits, kv = forward_with_cache(params, model_config, s["last_token"][:, None], s["length"][:, None], kv,
-                                        attend)
+        logits, kv, *routing = forward_with_cache(params, model_config, s["last_token"][:, None],
+                                                  s["length"][:, None], kv, attend, with_routing=moe is not None)
+        if routing:
+            out_routed = out_routed.at[:, index].set(token_major(routing[0].expert_ids)[:, 0])
         row_draws = jax.lax.dynamic_index_in_dim(draws, index, axis=1, keepdims=False)
         tokens, logprobs = sample_tokens(logits[:, 0], row_draws, s["temperature"], s["top_k"], s["top_p"], mode)
         out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
@@ -144,18 +157,21 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
         done = stopped | (generated >= s["max_new"])
         s = {**s, "generated": generated, "length": s["length"] + active, "active": active & ~done,
              "last_token": jnp.where(active, tokens, s["last_token"])}
-        return index + 1, kv, s, out_tokens, out_logprobs
+        return index + 1, kv, s, out_tokens, out_logprobs, out_routed
 
     def keep_going(carry):
-        index, _, s, _, _ = carry
+        index, _, s, *_ = carry
         return (index < chunk) & s["active"].any()
 
     kv = gather_window(cache, page_table) if windowed else cache
+    # A dense model carries no routing (None: an empty leaf of the loop's state, nothing computed).
+    routed = (None if moe is None else
+              jnp.zeros((num_slots, chunk, len(model_config.moe_layers), moe.experts_per_token), moe.expert_id_dtype))
     init = (jnp.int32(0), kv, state, jnp.full((num_slots, chunk), -1, jnp.int32),
-            jnp.zeros((num_slots, chunk), jnp.float32))
-    steps, kv, state, out_tokens, out_logprobs = jax.lax.while_loop(keep_going, step, init)
+            jnp.zeros((num_slots, chunk), jnp.float32), routed)
+    steps, kv, state, out_tokens, out_logprobs, routed = jax.lax.while_loop(keep_going, step, init)
     cache = scatter_window(cache, kv, page_table) if windowed else kv
-    return out_tokens, out_logprobs, steps, state, _pin(cache, mesh)
+    return out_tokens, out_logprobs, steps, state, routed, _pin(cache, mesh)
 
 
 _DECODE_JIT = {"static_argnames": ("model_config", "chunk", "attention", "mode", "mesh", "interpret"),

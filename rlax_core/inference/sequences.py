@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Sequence
 
+import numpy as np
+
 from rlax_core.inference.config import SamplingParams
 from rlax_core.inference.sampling import SamplingMode
 
@@ -52,6 +54,11 @@ class Completion:
     # The version each completion token was sampled under: a weight swap that does not drain
     # (``EngineConfig.on_new_version``) moves the sequences running through it to the new version.
     token_versions: tuple[int, ...] = ()
+    # A mixture of experts: the experts each position of prompt + completion ran in each sparse layer,
+    # [tokens, moe_layers, k] uint8 (uint16 beyond 256 experts), what the trainer replays
+    # (``algorithm.router_replay``). The last token was never fed (nothing reads its routing): zeros.
+    # None for a dense model and for an episode's turns (their observations are fed elsewhere).
+    routed_experts: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass
@@ -73,6 +80,14 @@ class SequenceState:
     cache_version: int = -1  # the weight version that computed its cached tokens
     # (token index, version) where each version of its tokens starts, in order.
     version_starts: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    # A mixture of experts: per position of its budget, the experts its first computation ran
+    # [budget, moe_layers, k]; a recomputation (preemption, a recomputing swap) records nothing new.
+    routed_experts: np.ndarray | None = None
+
+    def record_routing(self, start: int, expert_ids: np.ndarray) -> None:
+        """The routed ids [tokens, moe_layers, k] of positions ``start ...`` (no-op without a record)."""
+        if self.routed_experts is not None:
+            self.routed_experts[start:start + len(expert_ids)] = expert_ids
 
     @property
     def length(self) -> int:
@@ -108,7 +123,8 @@ class SequenceState:
                           prompt_ids=tuple(int(t) for t in request.prompt_ids), completion_ids=tuple(self.tokens),
                           logprobs=tuple(self.logprobs), finish_reason=self.finish_reason,
                           weight_version=versions[0] if versions else self.version, episode=self.episode,
-                          token_versions=versions)
+                          token_versions=versions,
+                          routed_experts=None if self.routed_experts is None else self.routed_experts[:self.length].copy())
 
 
 def sampling_mode(sampling: SamplingParams) -> SamplingMode:

@@ -69,6 +69,9 @@ class AlgorithmConfig:
     mismatch_level: RatioLevel = "token"
     mismatch_low: float = 0.0  # MIS: weights below this are masked (TIS ignores it)
     mismatch_high: float = 2.0  # TIS: weights are truncated here; MIS: weights above it are masked
+    # A mixture of experts (the trainer's forward, training.router_replay): run the experts the engine
+    # recorded for each token instead of the trainer's own top k (R3). A dense model refuses it.
+    router_replay: bool = False
 
     # --- the value model (value_loss) -----------------------------------------------------------
     value_clip_eps: Optional[float] = None  # PPO value clipping around the old values; None: unclipped

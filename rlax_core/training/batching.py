@@ -7,31 +7,67 @@ marks (observation and tool-output tokens are context, never trained on). Arrays
 *predicted* tokens have length ``max_seq_len - 1`` (position t predicts token t + 1). The batch is
 padded with empty rows (mask 0) to a multiple of ``row_multiple`` so that it splits evenly over the
 devices and micro-batches.
+
+A mixture of experts' rows also carry the experts the engine ran at each position
+(``routed_experts`` [B, T, moe_layers, k], read as ``RoutedExperts`` says): they travel with the
+tokens, and padding positions hold expert 0, which runs a finite expert on a position nothing reads.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+import dataclasses
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+from rlax_core.data.records import routed_experts_array
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def batch_shapes(rollouts: int, *, max_seq_len: int, row_multiple: int = 1) -> dict[str, tuple[tuple[int, ...], type]]:
+@dataclasses.dataclass(frozen=True)
+class RoutedExperts:
+    """How a mixture of experts' rollouts hold their routed experts (``records.routed_experts_bytes``):
+    per token ``[moe_layers, experts_per_token]`` of ``dtype``. ``required`` (router replay): a rollout
+    without them is refused; otherwise a batch with one such rollout carries no routed experts."""
+
+    moe_layers: int
+    experts_per_token: int
+    dtype: str
+    required: bool = False
+
+    @classmethod
+    def of(cls, model_config: Any, *, required: bool = False) -> RoutedExperts | None:
+        """The layout of ``model_config``'s routed experts; None for a dense model (it records none)."""
+        moe = model_config.moe
+        if moe is None:
+            return None
+        return cls(len(model_config.moe_layers), moe.experts_per_token, moe.expert_id_dtype, required)
+
+    @property
+    def values_per_token(self) -> int:
+        return self.moe_layers * self.experts_per_token
+
+
+def batch_shapes(rollouts: int, *, max_seq_len: int, row_multiple: int = 1,
+                 routed: RoutedExperts | None = None) -> dict[str, tuple[tuple[int, ...], type]]:
     """(shape, dtype) of each array of the batch ``make_batch`` builds from ``rollouts`` rows."""
     size, T = -(-rollouts // row_multiple) * row_multiple, max_seq_len
-    return {"tokens": ((size, T), np.int32), "attention_mask": ((size, T), np.int32),
-            "loss_mask": ((size, T - 1), np.float32), "behavior_logprobs": ((size, T - 1), np.float32),
-            "rewards": ((size,), np.float32), "group_ids": ((size,), np.int32), "sample_mask": ((size,), np.float32),
-            "policy_versions": ((size,), np.int32)}
+    shapes = {"tokens": ((size, T), np.int32), "attention_mask": ((size, T), np.int32),
+              "loss_mask": ((size, T - 1), np.float32), "behavior_logprobs": ((size, T - 1), np.float32),
+              "rewards": ((size,), np.float32), "group_ids": ((size,), np.int32), "sample_mask": ((size,), np.float32),
+              "policy_versions": ((size,), np.int32)}
+    if routed is not None:
+        shapes["routed_experts"] = ((size, T, routed.moe_layers, routed.experts_per_token), np.dtype(routed.dtype))
+    return shapes
 
 
 def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: int = 1,
-               pad_id: int = 0) -> dict[str, np.ndarray]:
+               pad_id: int = 0, routed: RoutedExperts | None = None) -> dict[str, np.ndarray]:
     """Arrays ``tokens, attention_mask [B, T]``, ``loss_mask, behavior_logprobs [B, T-1]`` and
-    ``rewards, group_ids, sample_mask, policy_versions [B]``.
+    ``rewards, group_ids, sample_mask, policy_versions [B]``; with ``routed`` (a mixture of experts)
+    ``routed_experts [B, T, moe_layers, k]`` when every rollout has them (see ``RoutedExperts``).
 
     Columnar: each list column is read as one flat array of values and placed with one indexed
     store, so a batch costs a few passes over its tokens rather than a Python loop over them (2,048
@@ -60,9 +96,13 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
                                    _rows_with_invalid_ids(prompt_ids, prompt_len)
                                    | _rows_with_invalid_ids(completion_ids, completion_len))
 
+    routed_len, routed_values = _routed_experts(table, routed, prompt_len + completion_len)
     fill = {"tokens": pad_id, "group_ids": -1}
-    batch = {name: np.full(shape, fill.get(name, 0), dtype)
-             for name, (shape, dtype) in batch_shapes(rows, max_seq_len=T, row_multiple=row_multiple).items()}
+    batch = {name: np.full(shape, fill.get(name, 0), dtype) for name, (shape, dtype) in batch_shapes(
+        rows, max_seq_len=T, row_multiple=row_multiple, routed=routed if routed_len is not None else None).items()}
+    if routed_len is not None:  # each token's [moe_layers, k] values flat in its row
+        _place(batch["routed_experts"].reshape(len(batch["tokens"]), -1), routed_values,
+               routed_len * routed.values_per_token, start=np.zeros(rows, np.int64))
     _place(batch["tokens"], prompt_ids, prompt_len, start=0)
     _place(batch["tokens"], completion_ids, completion_len, start=prompt_len)
     batch["attention_mask"][:rows] = np.arange(T)[None, :] < (prompt_len + completion_len)[:, None]
@@ -78,6 +118,36 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
     batch["sample_mask"][:rows] = 1.0
     batch["policy_versions"][:rows] = table.column("policy_version").to_numpy()
     return batch
+
+
+def _routed_experts(table: pa.Table, routed: RoutedExperts | None, tokens: np.ndarray):
+    """Per row its routed experts' token count, and all rows' ids back to back; (None, None) when the
+    batch carries none. A rollout without them (``routed.required``) or with a length other than its
+    tokens' raises a ``ValueError`` naming it."""
+    if routed is None:
+        return None, None
+    column = (table.column("routed_experts").combine_chunks() if "routed_experts" in table.column_names else None)
+    missing = np.ones(table.num_rows, bool) if column is None else np.asarray(column.is_null())
+    if missing.any():
+        if routed.required:
+            row = int(np.argmax(missing))
+            raise ValueError(f"rollout {_name(table, row)} has no routed_experts: algorithm.router_replay replays the "
+                             "experts the engine recorded (an episode's turns and a dense model's rollouts have none)")
+        return None, None
+    offsets = np.frombuffer(column.buffers()[1], np.int32)[column.offset:column.offset + len(column) + 1]
+    data = np.frombuffer(column.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+    per_token = routed.values_per_token * np.dtype(routed.dtype).itemsize
+    wrong = np.diff(offsets) != tokens * per_token
+    if wrong.any():
+        row = int(np.argmax(wrong))
+        raise ValueError(f"rollout {_name(table, row)}: routed_experts of {offsets[row + 1] - offsets[row]} bytes for "
+                         f"{tokens[row]} tokens x {routed.moe_layers} sparse layers x {routed.experts_per_token} "
+                         f"experts of {routed.dtype}")
+    return tokens, routed_experts_array(data, routed.moe_layers, routed.experts_per_token, routed.dtype).reshape(-1)
+
+
+def _name(table: pa.Table, row: int) -> str:
+    return f"{table.column('group_id')[row]}#{table.column('sample_idx')[row]}"
 
 
 def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -127,4 +197,4 @@ def _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob
     if bad.any():
         row = int(np.argmax(bad))
         describe = next(describe for failed, describe in problems if failed[row])
-        raise ValueError(f"rollout {table.column('group_id')[row]}#{table.column('sample_idx')[row]}{describe(row)}")
+        raise ValueError(f"rollout {_name(table, row)}{describe(row)}")

@@ -213,7 +213,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             started, read_t = time.monotonic(), time.time()
             startup.mark("trainer_first_read", read_t)
             padded = make_batch([table for _, table in groups], max_seq_len=config.max_seq_len,
-                                row_multiple=trainer.row_multiple, pad_id=model_config.pad_token_id or 0)
+                                row_multiple=trainer.row_multiple, pad_id=model_config.pad_token_id or 0,
+                                routed=trainer.replay.records)
             if not warned_padding:
                 warned_padding = _warn_if_mostly_padding(padded, trainer)
             batch = trainer.pack(padded)

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlax_core.parallel.mesh import replicated
 from rlax_core.training.config import OptimizerConfig
 
 
@@ -36,3 +37,11 @@ def init_float32(optimizer: optax.GradientTransformation, params):
     updates, and the float32 gradients would turn them into float32 after one update anyway (a state
     whose dtypes drift cannot be carried through the update loop or restored exactly)."""
     return optimizer.init(jax.tree.map(lambda x: x.astype(jnp.float32), params))
+
+
+def optimizer_shardings(optimizer: optax.GradientTransformation, abstract_params, param_shardings, mesh):
+    """The shardings of ``optimizer``'s state: moments mirror the parameters and are sharded like them,
+    counters are replicated over ``mesh``."""
+    abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+    return optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract_opt, param_shardings,
+                                 transform_non_params=lambda _: replicated(mesh))

@@ -6,7 +6,8 @@ the mean sample is a quarter of the cap, three quarters of the forward and backw
 
 * **rows** (what the model runs on): ``tokens``, ``segment_ids`` (1, 2, ... the samples of a row, 0
   padding: attention stays inside a segment) and ``positions`` (restarting at 0 in each segment),
-  all [R, row_tokens];
+  all [R, row_tokens], and a mixture of experts' ``routed_experts`` [R, row_tokens, moe_layers, k]
+  (each token's recorded experts beside it; expert 0 in padding);
 * **samples** (what the objective reads, exactly as padded): ``loss_mask``, ``behavior_logprobs``
   [S, max_seq_len - 1] and ``rewards``, ``group_ids``, ``sample_mask``, ``policy_versions`` [S],
   with ``sample_row`` and ``sample_offset`` [S]: where each sample starts among its lane's rows.
@@ -39,7 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 
 # What the model reads of a batch: its rows, and where each sample sits in them when packed.
-MODEL_INPUTS = ("tokens", "attention_mask", "segment_ids", "positions", "sample_row", "sample_offset")
+MODEL_INPUTS = ("tokens", "attention_mask", "segment_ids", "positions", "sample_row", "sample_offset",
+                "routed_experts")
+# Arrays per token that travel with the tokens into packed rows (the others are per sample).
+TOKEN_ARRAYS = ("tokens", "attention_mask", "routed_experts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +94,10 @@ def pack_batch(batch: Mapping[str, np.ndarray], *, row_tokens: int, lanes: int |
     packed = {"tokens": np.full((lanes * shape.rows, row_tokens), pad_id, np.int32),
               "segment_ids": np.zeros((lanes * shape.rows, row_tokens), np.int32),
               "positions": np.zeros((lanes * shape.rows, row_tokens), np.int32)}
-    sample_names = [name for name in batch if name not in ("tokens", "attention_mask")]
+    if "routed_experts" in batch:
+        packed["routed_experts"] = np.zeros((lanes * shape.rows, row_tokens, *batch["routed_experts"].shape[2:]),
+                                            batch["routed_experts"].dtype)
+    sample_names = [name for name in batch if name not in TOKEN_ARRAYS]
     for name in sample_names:
         fill_value = -1 if name == "group_ids" else 0
         packed[name] = np.full((lanes * shape.samples, *batch[name].shape[1:]), fill_value, batch[name].dtype)
@@ -111,6 +118,8 @@ def pack_batch(batch: Mapping[str, np.ndarray], *, row_tokens: int, lanes: int |
         packed["tokens"][target_row, offset:offset + length] = batch["tokens"][sample, :length]
         packed["segment_ids"][target_row, offset:offset + length] = segments_in_row[row]
         packed["positions"][target_row, offset:offset + length] = np.arange(length)
+        if "routed_experts" in batch:
+            packed["routed_experts"][target_row, offset:offset + length] = batch["routed_experts"][sample, :length]
         slot = global_index(lane, samples_in_lane[lane], shape.samples)
         samples_in_lane[lane] += 1
         for name in sample_names:
@@ -152,17 +161,20 @@ def _rows_to_lanes(fill, rows_of_samples, lanes, per_octave, rows_per_lane=None)
 
 def packed_batch_shapes(rollouts: int, mean_tokens: int, *, max_seq_len: int, row_tokens: int,
                         lanes: int | None = None, rows_per_lane: int | None = None, lane_multiple: int = 1,
-                        per_octave: int = 8) -> dict[str, tuple[tuple[int, ...], type]]:
+                        per_octave: int = 8, routed=None) -> dict[str, tuple[tuple[int, ...], type]]:
     """(shape, dtype) of each array of the batch ``pack_batch`` would build from ``rollouts``
     samples of ``mean_tokens`` tokens on average (rows filled whole: a bound from below, and what
-    ``rlax compile`` lowers for a packed trainer; ``lanes``/``rows_per_lane`` as ``pack_batch``)."""
+    ``rlax compile`` lowers for a packed trainer; ``lanes``/``rows_per_lane`` as ``pack_batch``;
+    ``routed``: a mixture of experts' ``batching.RoutedExperts``)."""
     rows = max(1, -(-rollouts * min(mean_tokens, max_seq_len) // row_tokens))
     if lanes is None:
         lanes = lane_multiple * bucket(-(-rows // (lane_multiple * rows_per_lane)), per_octave)
     rows_per_lane = rows_per_lane or bucket(-(-rows // lanes), per_octave)
     slots = lanes * bucket(-(-rollouts // lanes), per_octave)
     T = max_seq_len
-    return {"tokens": ((lanes * rows_per_lane, row_tokens), np.int32),
+    routing = {} if routed is None else {"routed_experts": (
+        (lanes * rows_per_lane, row_tokens, routed.moe_layers, routed.experts_per_token), np.dtype(routed.dtype))}
+    return {**routing, "tokens": ((lanes * rows_per_lane, row_tokens), np.int32),
             "segment_ids": ((lanes * rows_per_lane, row_tokens), np.int32),
             "positions": ((lanes * rows_per_lane, row_tokens), np.int32),
             "loss_mask": ((slots, T - 1), np.float32), "behavior_logprobs": ((slots, T - 1), np.float32),

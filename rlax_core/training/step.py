@@ -73,7 +73,8 @@ from rlax_core.training.layout import ForwardLayout
 from rlax_core.training.logprobs import token_logprobs
 from rlax_core.training.micro_batches import combine_metrics, join_micro_batches, split_micro_batches
 from rlax_core.training.packing import MODEL_INPUTS, LaneShape, lane_shape, pack_batch, row_inputs, rows_to_samples
-from rlax_core.training.optimizer import init_float32, learning_rate_schedule, make_optimizer
+from rlax_core.training.optimizer import init_float32, learning_rate_schedule, make_optimizer, optimizer_shardings
+from rlax_core.training.router_replay import RouterReplay
 from rlax_core.training.value_model import init_value_params, token_values, value_logical_axes
 from rlax_core.utils.dtypes import dtype as dtype_named
 
@@ -114,7 +115,7 @@ class Trainer:
         # pi_old must be computed apart from the training forward when a later update needs it (the
         # weights have moved by then) or when the rewards need it before any update (the KL penalty).
         self.needs_old_logprobs = self.updates_per_batch > 1 or self.kl_in_reward
-        self.lora = config.lora
+        self.lora, self.replay = config.lora, RouterReplay(model_config, algorithm)
         # Pure data parallelism (weights replicated, the batch split over devices): each device sums its
         # micro-batches' gradients and the devices reduce once per update (``_micro_grads``). LoRA
         # dropout keeps XLA's partitioning: its masks are drawn over the whole micro-batch.
@@ -146,13 +147,13 @@ class Trainer:
         self.param_shardings = (tree_shardings(abstract_params, adapter_logical_axes(self.lora), mesh)
                                 if self.lora.enabled else
                                 tree_shardings(abstract_model, param_logical_axes(model_config), mesh))
-        opt_shardings = self._optimizer_shardings(self.optimizer, abstract_params, self.param_shardings)
+        opt_shardings = optimizer_shardings(self.optimizer, abstract_params, self.param_shardings, mesh)
         value_shardings = value_opt_shardings = None
         if self.uses_value_model:
             self.value_optimizer = make_optimizer(config.value_model.optimizer)
             abstract_value = jax.eval_shape(init_value_params, abstract_model)
             value_shardings = tree_shardings(abstract_value, value_logical_axes(model_config), mesh)
-            value_opt_shardings = self._optimizer_shardings(self.value_optimizer, abstract_value, value_shardings)
+            value_opt_shardings = optimizer_shardings(self.value_optimizer, abstract_value, value_shardings, mesh)
         self.value_param_shardings = value_shardings
         self.state_shardings = TrainState(step=replicated(mesh), params=self.param_shardings,
                                           opt_state=opt_shardings, rng=replicated(mesh),
@@ -160,12 +161,6 @@ class Trainer:
         self._step = jax.jit(self._train_step, out_shardings=(self.state_shardings, replicated(mesh), replicated(mesh)),
                              donate_argnums=0)
         self._prepare = jax.jit(self._prepare_batch, out_shardings=replicated(mesh))
-
-    def _optimizer_shardings(self, optimizer, abstract_params, param_shardings):
-        # Optimizer moments mirror the parameters and are sharded like them; counters are replicated.
-        abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-        return optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract_opt, param_shardings,
-                                     transform_non_params=lambda _: replicated(self.mesh))
 
     # ------------------------------------------------------------------ state
 
@@ -335,9 +330,10 @@ class Trainer:
                 rollouts, mean_tokens or config.max_seq_len // 2, max_seq_len=config.max_seq_len,
                 row_tokens=config.row_tokens, lanes=None if self.rows_per_micro_batch else self.lanes,
                 rows_per_lane=self.rows_per_micro_batch, lane_multiple=self.batch_shards * config.mini_batches,
-                per_octave=config.row_buckets_per_octave)
+                per_octave=config.row_buckets_per_octave, routed=self.replay.records)
         else:
-            shapes = batch_shapes(rollouts, max_seq_len=config.max_seq_len, row_multiple=self.row_multiple)
+            shapes = batch_shapes(rollouts, max_seq_len=config.max_seq_len, row_multiple=self.row_multiple,
+                                  routed=self.replay.records)
         batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                  for name, (shape, dtype) in shapes.items()}
         return self._step.lower(state, batch, ref_params, base)
@@ -361,13 +357,15 @@ class Trainer:
         batch, ref_params = self._check_inputs(batch, ref_params)
         return self._prepare(state, batch, ref_params, self.base)
 
-    def _logprobs(self, params, micro, lanes: LaneShape | None, remat=False, dropout_key=None, on_device=False):
+    def _logprobs(self, params, micro, lanes, remat=False, dropout_key=None, on_device=False, policy=True):
         """Per sample [samples, T-1], however the rows hold them (``lanes``: see ``packing``).
         ``dropout_key``: the training forward's LoRA dropout masks (scoring passes give none: no dropout).
-        ``on_device``: traced per device (``_micro_grads``), where the attention kernels need no mesh."""
+        ``on_device``: traced per device (``_micro_grads``), where the attention kernels need no mesh.
+        ``policy``: the policy's forward, which replays the engine's experts (``router_replay``)."""
         logprobs, entropy = token_logprobs(params, self.model_config, micro["tokens"], remat=remat,
                                            attention=self.attention, mesh=None if on_device else self.mesh,
                                            lora_dropout=self.lora.dropout, lora_dropout_rng=dropout_key,
+                                           routed_experts=self.replay.routed_experts(micro) if policy else None,
                                            **row_inputs(micro))
         width = micro["loss_mask"].shape[1]
         return rows_to_samples(logprobs, micro, lanes, width), rows_to_samples(entropy, micro, lanes, width)
@@ -400,13 +398,14 @@ class Trainer:
             if self.needs_old_logprobs:
                 out["old_logprobs"], _ = self._logprobs(policy, micro, lanes)
             if reference is not None:
-                out["ref_logprobs"], _ = self._logprobs(reference, micro, lanes)
+                out["ref_logprobs"], _ = self._logprobs(reference, micro, lanes, policy=False)
             if self.uses_value_model:
                 out["old_values"] = self._values(critic, micro, lanes)
+            out.update(self.replay.diagnostics(policy, micro, lanes, attention=self.attention, mesh=self.mesh))
             return out
 
         prepared = {}
-        if self.needs_old_logprobs or ref_params is not None or self.uses_value_model:
+        if self.needs_old_logprobs or ref_params is not None or self.uses_value_model or self.replay.diagnoses(batch):
             prepared = self._forward_rows(score, {name: batch[name] for name in (*MODEL_INPUTS, "loss_mask")
                                                   if name in batch})
         prepared = {name: jnp.where(mask > 0, x, 0.0) for name, x in prepared.items()}
@@ -554,6 +553,7 @@ class Trainer:
             num_samples=jnp.sum(sample_mask),
             num_tokens=jnp.sum(mask),
         )
+        metrics.update(self.replay.metrics(prepared, batch["behavior_logprobs"], mask))
         if "kl" in prepared:
             metrics["reward_kl"] = masked_mean(prepared["kl"], mask)  # the KL taken off the rewards, per token
         if "returns" in prepared:
