@@ -3,10 +3,11 @@
 Each is jitted once per static shape and donates the KV cache, which it returns updated. The
 host side (``engine``) decides what runs when; these decide nothing, they compute.
 
-``mesh`` (static) is a tensor-parallel replica's mesh (``sharding``), None for one device. The
-programs are the same either way: XLA partitions them from the sharded weights and cache. Only the
-Pallas kernels, which XLA cannot partition, run per device under ``shard_map``, and the returned
-cache is pinned to its KV-head sharding so that a donated cache keeps its placement.
+``mesh`` (static) is a tensor- or expert-parallel replica's mesh (``sharding``), None for one device.
+The programs are the same either way: XLA partitions them from the sharded weights and cache. Only the
+Pallas kernels, which XLA cannot partition, run per device under ``shard_map``, as do a mixture of
+experts' experts (the model's ``moe.expert_parallel``, given the mesh), and the returned cache is
+pinned to its KV-head sharding so that a donated cache keeps its placement.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_conf
         return causal_attention(q, k, v, valid.astype(jnp.int32), impl=attention, mesh=mesh), cache
 
     # Only the cache is returned: the compiler drops the classifier.
-    _, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True)
+    _, cache = forward_with_cache(params, model_config, tokens, positions, cache, attend, last_token_only=True,
+                                  mesh=mesh)
     return _pin(cache, mesh)
 
 
@@ -134,7 +136,7 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
         else:
             attend = _paged_attend(page_table, s["length"], active, scale, attention, mesh, interpret)
         logits, kv = forward_with_cache(params, model_config, s["last_token"][:, None], s["length"][:, None], kv,
-                                        attend)
+                                        attend, mesh=mesh)
         row_draws = jax.lax.dynamic_index_in_dim(draws, index, axis=1, keepdims=False)
         tokens, logprobs = sample_tokens(logits[:, 0], row_draws, s["temperature"], s["top_k"], s["top_p"], mode)
         out_tokens = out_tokens.at[:, index].set(jnp.where(active, tokens, -1))
