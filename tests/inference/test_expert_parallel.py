@@ -39,7 +39,9 @@ def _bytes_on(device, arrays):
     return sum(shard.data.nbytes for array in arrays for shard in array.addressable_shards if shard.device == device)
 
 
-@pytest.mark.parametrize("expert_parallel,tensor_parallel", [(4, 1), (2, 2)])
+# Each shape compiles an engine (~15 s on 2 loaded cores besides the one-device engine's): expert 4 in the
+# fast lane, expert 2 x tensor 2 in the slow one.
+@pytest.mark.parametrize("expert_parallel,tensor_parallel", [(4, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
 def test_an_expert_parallel_replica_gives_one_devices_tokens(mixture, single, expert_parallel, tensor_parallel):
     config, params = mixture
     engine = Engine(dataclasses.replace(CONFIG, expert_parallel=expert_parallel, tensor_parallel=tensor_parallel),
