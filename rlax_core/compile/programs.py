@@ -63,16 +63,18 @@ def trainer_programs(model: ModelConfig, algorithm: AlgorithmConfig, config: Tra
 
 
 def _replica_mesh(config: EngineConfig, devices: Sequence[jax.Device]):
-    """The mesh of a replica on the first ``engine.tensor_parallel`` of ``devices`` (None: one device)."""
-    tp = config.tensor_parallel
-    if len(devices) < tp:
-        raise ValueError(f"engine.tensor_parallel={tp} needs {tp} devices of one host; the slice has {len(devices)}")
-    return engine_mesh(devices[:tp]) if tp > 1 else None
+    """The mesh of a replica on the first ``engine.chips_per_replica`` of ``devices`` (tensor_parallel x
+    expert_parallel; None: one device)."""
+    chips = config.chips_per_replica
+    if len(devices) < chips:
+        raise ValueError(f"engine.tensor_parallel={config.tensor_parallel} x expert_parallel={config.expert_parallel} "
+                         f"needs {chips} devices of one host; the slice has {len(devices)}")
+    return engine_mesh(devices[:chips], config.expert_parallel) if chips > 1 else None
 
 
 def engine_params(model: ModelConfig, config: EngineConfig, dtype: str, devices: Sequence[jax.Device],
                   lora: LoraConfig | None = None) -> Any:
-    """The weights an engine replica on ``devices`` (its first ``tensor_parallel``) holds, abstract
+    """The weights an engine replica on ``devices`` (its first ``chips_per_replica``) holds, abstract
     with their shardings: the decoding layout of ``dtype`` params, and for a LoRA run (``lora``
     enabled) with an adapter version applied as the engine applies it (``Engine.update_adapters``)."""
     mesh = _replica_mesh(config, devices)
@@ -94,7 +96,7 @@ def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, device
                     mode: SamplingMode = SamplingMode.FILTERED, role: str = "rollout",
                     lora: LoraConfig | None = None) -> list[Program]:
     """An engine replica's prefill (each prompt bucket) and decode programs on its first
-    ``tensor_parallel`` devices; decode in the most general sampling ``mode`` the role uses. ``lora``:
+    ``chips_per_replica`` devices; decode in the most general sampling ``mode`` the role uses. ``lora``:
     a LoRA run's adapters, which the rollout engine applies to its base (``engine_params``)."""
     params = engine_params(model, config, dtype, devices, lora)
     kernels = kernels_for(config, devices[0].platform)  # as the engine picks them

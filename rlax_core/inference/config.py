@@ -47,12 +47,18 @@ class EngineConfig:
       costs a transient num_slots x max_seq_len cache per call). "reference": plain jnp, gathering
       the pages at every layer of every step. "auto": Pallas on TPU and GPU, the window on CPU.
     replicas: engines per process (``ReplicatedEngine``), each with this config's slots and pages;
-      0 = as many as the local devices hold (devices // tensor_parallel). On a CPU host the entry
+      0 = as many as the local devices hold (devices // chips_per_replica). On a CPU host the entry
       points make each core a device first (``rlax_core.utils.devices``). An ``Engine`` is one replica.
     tensor_parallel: devices one replica spans. Its weights are split over them by the trainer's
       logical-axis rules (attention by heads, MLP by columns) and its KV pool by KV head
       (``sharding``): each device holds 1/N of them where N divides the head counts. 1: one device.
       A host of 8 chips runs e.g. one replica at 8 or two at 4.
+    expert_parallel: a mixture of experts' expert axis within a replica: the replica spans
+      tensor_parallel x expert_parallel devices, each holding 1/expert_parallel of every sparse
+      layer's experts (the rest of the model split by tensor_parallel only). Its experts run through
+      the model's own expert-parallel forward (``models.moe.expert_parallel``). It must divide the
+      experts; a dense model refuses it (``sharding.check_expert_parallel``). 1: every device holds
+      every expert.
     lora_mode: how ``Engine.update_adapters`` applies an adapter version to the held base. "merged":
       W + alpha / rank * A @ B once per version (a decode step costs the base model's; the base's
       adapted kernels are held twice). "on_the_fly": x @ W + (x @ A) @ B in every adapted projection
@@ -82,6 +88,7 @@ class EngineConfig:
     cache_dtype: Literal["float32", "bfloat16"] = "float32"
     replicas: int = 1
     tensor_parallel: int = 1
+    expert_parallel: int = 1
     max_prefill_batch: int = 0
     lora_mode: LoraMode = "auto"
     admission: Admission = "on_demand"
@@ -96,6 +103,7 @@ class EngineConfig:
         require(self.replicas >= 0, "replicas", "must be >= 0 (0: as many as the local devices hold)")
         require(self.max_prefill_batch >= 0, "max_prefill_batch", "must be >= 0 (0: num_slots)")
         require(self.tensor_parallel >= 1, "tensor_parallel", "must be at least 1 (devices per replica)")
+        require(self.expert_parallel >= 1, "expert_parallel", "must be at least 1 (1: no expert axis)")
         require(self.num_slots >= 1, "num_slots", "must be at least 1")
         require(self.page_size >= 1, "page_size", "must be at least 1")
         require(self.max_prompt_len >= 1, "max_prompt_len", "must be at least 1")
@@ -117,6 +125,11 @@ class EngineConfig:
             "num_pages",
             f"must hold the reserved sink page plus one longest sequence ({self.pages_per_sequence} pages of {self.page_size})",
         )
+
+    @property
+    def chips_per_replica(self) -> int:
+        """Devices one replica spans: tensor_parallel x expert_parallel."""
+        return self.tensor_parallel * self.expert_parallel
 
     @property
     def max_seq_len(self) -> int:

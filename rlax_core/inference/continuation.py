@@ -68,7 +68,7 @@ def extend(params, cache: KVCache, tokens, positions, page_table, *, model_confi
 
     # Only the cache is returned: the compiler drops the classifier.
     _, cache = forward_with_cache(params, model_config, tokens, jnp.maximum(positions, 0), cache, attend,
-                                  last_token_only=True)
+                                  last_token_only=True, mesh=mesh)
     if mesh is None:
         return cache
     # A tensor-parallel replica's cache keeps its KV-head sharding through the donation (as ``programs``).

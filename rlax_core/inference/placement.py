@@ -18,8 +18,8 @@ from rlax_core.inference import programs
 from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.kv_cache import KVCache, init_kv_cache, kv_pool_shape
 from rlax_core.inference.pallas_attention import kernel_for_backend
-from rlax_core.inference.sharding import (decoding_param_shardings, engine_mesh, kv_pool_sharding,
-                                          stacked_param_shardings)
+from rlax_core.inference.sharding import (check_expert_parallel, decoding_param_shardings, engine_mesh,
+                                          kv_pool_sharding, stacked_param_shardings)
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import unstack_layers
@@ -72,23 +72,26 @@ def _geometric_buckets(limit: int, growth: float = 1.25) -> tuple[int, ...]:
 
 
 class Placement:
-    """One replica's devices: ``device`` (default: JAX's first), or with ``config.tensor_parallel``
-    N > 1 a mesh over ``devices`` (default: the first N local devices)."""
+    """One replica's devices: ``device`` (default: JAX's first), or with ``config.chips_per_replica``
+    N > 1 (tensor_parallel x expert_parallel) a mesh over ``devices`` (default: the first N local devices)."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, device: jax.Device | None = None,
                  devices: Sequence[jax.Device] | None = None):
+        check_expert_parallel(config.expert_parallel, model_config)
         self.model_config = model_config
         self.device, self.mesh, self._relayout = device, None, None
-        if config.tensor_parallel > 1:
+        chips = config.chips_per_replica
+        if chips > 1:
             if device is not None:
-                raise ValueError("a tensor-parallel Engine takes devices=, not one device")
-            devices = list(jax.local_devices()[:config.tensor_parallel] if devices is None else devices)
-            if len(devices) != config.tensor_parallel:
-                raise ValueError(f"engine.tensor_parallel={config.tensor_parallel} needs that many devices; "
-                                 f"got {len(devices)}")
-            self.mesh = engine_mesh(devices)
+                raise ValueError("a tensor- or expert-parallel Engine takes devices=, not one device")
+            devices = list(jax.local_devices()[:chips] if devices is None else devices)
+            if len(devices) != chips:
+                raise ValueError(f"engine.tensor_parallel={config.tensor_parallel} x expert_parallel="
+                                 f"{config.expert_parallel} needs {chips} devices; got {len(devices)}")
+            self.mesh = engine_mesh(devices, config.expert_parallel)
         elif devices is not None:
-            raise ValueError("devices= is for a tensor-parallel Engine (engine.tensor_parallel > 1); use device=")
+            raise ValueError("devices= is for a replica of several devices (engine.tensor_parallel or "
+                             "expert_parallel > 1); use device=")
         self.devices = list(self.mesh.devices.flat) if self.mesh is not None else [device or jax.devices()[0]]
         self.platform = self.devices[0].platform
 

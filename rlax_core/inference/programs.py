@@ -3,10 +3,11 @@
 Each is jitted once per static shape and donates the KV cache, which it returns updated. The
 host side (``engine``) decides what runs when; these decide nothing, they compute.
 
-``mesh`` (static) is a tensor-parallel replica's mesh (``sharding``), None for one device. The
-programs are the same either way: XLA partitions them from the sharded weights and cache. Only the
-Pallas kernels, which XLA cannot partition, run per device under ``shard_map``, and the returned
-cache is pinned to its KV-head sharding so that a donated cache keeps its placement.
+``mesh`` (static) is a tensor- or expert-parallel replica's mesh (``sharding``), None for one device.
+The programs are the same either way: XLA partitions them from the sharded weights and cache. Only the
+Pallas kernels, which XLA cannot partition, run per device under ``shard_map``, as do a mixture of
+experts' experts (the model's ``moe.expert_parallel``, given the mesh), and the returned cache is
+pinned to its KV-head sharding so that a donated cache keeps its placement.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_conf
 
     # The classifier's output is not returned: the compiler drops it.
     _, cache, *routing = forward_with_cache(params, model_config, tokens, positions, cache, attend,
-                                            last_token_only=True, with_routing=model_config.moe is not None)
+                                            last_token_only=True, with_routing=model_config.moe is not None,
+                                            mesh=mesh)
     return _pin(cache, mesh), (token_major(routing[0].expert_ids) if routing else None)
 
 
@@ -145,7 +147,8 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
         else:
             attend = _paged_attend(page_table, s["length"], active, scale, attention, mesh, interpret)
         logits, kv, *routing = forward_with_cache(params, model_config, s["last_token"][:, None],
-                                                  s["length"][:, None], kv, attend, with_routing=moe is not None)
+                                                  s["length"][:, None], kv, attend, with_routing=moe is not None,
+                                                  mesh=mesh)
         if routing:
             out_routed = out_routed.at[:, index].set(token_major(routing[0].expert_ids)[:, 0])
         row_draws = jax.lax.dynamic_index_in_dim(draws, index, axis=1, keepdims=False)

@@ -36,17 +36,18 @@ class ReplicatedEngine:
     """``Engine``'s ``generate`` / ``update_weights`` / ``update_adapters`` / ``warm_up`` over one engine per
     device, and ``each_replica`` for work that drives one engine itself (multi-turn episodes).
 
-    ``devices`` default to the first ``config.replicas * config.tensor_parallel`` local devices
-    (all of them for 0); consecutive groups of ``tensor_parallel`` form one replica.
+    ``devices`` default to the first ``config.replicas * config.chips_per_replica`` local devices
+    (all of them for 0); consecutive groups of ``chips_per_replica`` (tensor_parallel x
+    expert_parallel) form one replica.
     """
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig, params: Any, version: int = 0,
                  detokenize: Callable[[Sequence[int]], str] | None = None,
                  devices: Sequence[jax.Device] | None = None):
-        groups = replica_devices(config.replicas, config.tensor_parallel, devices)
+        groups = replica_devices(config.replicas, config.chips_per_replica, devices)
         self.config = config
         one = dataclasses.replace(config, replicas=1)
-        if config.tensor_parallel == 1:
+        if config.chips_per_replica == 1:
             self.engines = [Engine(one, model_config, params, version, detokenize, device=group[0]) for group in groups]
         else:
             self.engines = [Engine(one, model_config, params, version, detokenize, devices=group) for group in groups]
@@ -126,17 +127,18 @@ class ReplicatedEngine:
         return [future.result() for future in futures]
 
 
-def replica_devices(replicas: int, tensor_parallel: int = 1,
+def replica_devices(replicas: int, chips_per_replica: int = 1,
                     devices: Sequence[jax.Device] | None = None) -> list[list[jax.Device]]:
-    """Device groups of ``tensor_parallel`` each: every one of ``devices`` when given, else
+    """Device groups of ``chips_per_replica`` each: every one of ``devices`` when given, else
     ``replicas`` groups of the local devices (0: as many as fit); a clear error when there are too few."""
     where = "this process has" if devices is None else "were given"
     if devices is not None:
-        replicas = 0 if len(devices) % tensor_parallel == 0 else len(devices)  # not a whole number: refused below
+        replicas = 0 if len(devices) % chips_per_replica == 0 else len(devices)  # not a whole number: refused below
     devices = list(jax.local_devices() if devices is None else devices)
-    count = replicas or len(devices) // tensor_parallel
-    if count < 1 or count * tensor_parallel > len(devices):
+    count = replicas or len(devices) // chips_per_replica
+    if count < 1 or count * chips_per_replica > len(devices):
         raise ValueError(f"engine.replicas={replicas} but {where} {len(devices)} device(s), and "
-                         f"engine.tensor_parallel={tensor_parallel} needs {max(count, 1) * tensor_parallel}; on a CPU "
+                         f"{chips_per_replica} device(s) per replica (engine.tensor_parallel x expert_parallel) need "
+                         f"{max(count, 1) * chips_per_replica}; on a CPU "
                          "host call rlax_core.utils.devices.use_cpu_cores_as_devices() before JAX starts")
-    return [devices[i * tensor_parallel:(i + 1) * tensor_parallel] for i in range(count)]
+    return [devices[i * chips_per_replica:(i + 1) * chips_per_replica] for i in range(count)]

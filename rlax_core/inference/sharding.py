@@ -1,6 +1,6 @@
-"""A tensor-parallel engine replica: one model over several devices of a host.
+"""A tensor- (and expert-) parallel engine replica: one model over several devices of a host.
 
-    mesh = engine_mesh(devices)                       # data=1 x fsdp=1 x tensor=len(devices)
+    mesh = engine_mesh(devices, expert_parallel=2)    # data=1 x fsdp=1 x expert=2 x tensor=len(devices)/2
     params = jax.device_put(params, stacked_param_shardings(model_config, params, mesh))
     cache_sharding = kv_pool_sharding(pool_shape, mesh)
 
@@ -13,6 +13,12 @@ page, so the attention of a head never leaves the device that computed its keys.
 mesh does not divide stays replicated, as in the trainer (a model with 2 KV heads on 8 devices
 keeps whole K/V projections and a whole cache on every device: correct, but not 1/8 the memory;
 the memory planner counts it so).
+
+A mixture of experts with ``engine.expert_parallel`` E > 1 adds the mesh's ``expert`` axis: the
+stacked experts of each sparse layer split E ways by the same rules (their logical ``expert`` axis),
+everything else split over ``tensor`` only and so held whole by each of the E groups. The forward
+runs the experts through the model's expert-parallel dispatch (``models.moe.expert_parallel``, the
+trainer's): the programs pass the mesh to the model.
 
 The compiled programs are the single-device ones: committed, sharded weights and cache make XLA's
 SPMD partitioner insert the two all-reduces per layer (after ``o_proj`` and ``down_proj``) and the
@@ -36,9 +42,23 @@ TENSOR_AXIS = "tensor"
 KV_POOL_AXES = ("kv_heads", None, None, "head_dim")  # [Hkv, num_pages, page_size, D]
 
 
-def engine_mesh(devices: Sequence[jax.Device]) -> Mesh:
-    """A tensor-only mesh over ``devices`` (the trainer's mesh type, data = fsdp = 1)."""
-    return make_mesh(MeshConfig(data=1, fsdp=1, tensor=len(devices)), list(devices))
+def engine_mesh(devices: Sequence[jax.Device], expert_parallel: int = 1) -> Mesh:
+    """An expert x tensor mesh over ``devices`` (the trainer's mesh type, data = fsdp = 1): the
+    experts split ``expert_parallel`` ways, the rest over ``len(devices) / expert_parallel``."""
+    return make_mesh(MeshConfig(data=1, fsdp=1, expert=expert_parallel, tensor=len(devices) // expert_parallel),
+                     list(devices))
+
+
+def check_expert_parallel(expert_parallel: int, model_config: ModelConfig) -> None:
+    """``engine.expert_parallel`` > 1 needs a mixture of experts whose experts it divides."""
+    if expert_parallel == 1:
+        return
+    if model_config.moe is None:
+        raise ValueError(f"engine.expert_parallel={expert_parallel}: the model is dense (no experts to split); "
+                         "set it to 1")
+    if model_config.moe.num_experts % expert_parallel:
+        raise ValueError(f"engine.expert_parallel={expert_parallel} does not divide the model's "
+                         f"{model_config.moe.num_experts} experts")
 
 
 def _is_axes(node) -> bool:

@@ -410,6 +410,13 @@ PUBLISHED_CONFIGS: dict[str, ModelConfig] = {
                                             "tie_word_embeddings": True, "eos_token_ids": (151645,)}),
     "QwQ-32B": ModelConfig(hidden_size=5120, intermediate_size=27648, num_layers=64, num_heads=40, num_kv_heads=8,
                            max_position_embeddings=40960, **{**_QWEN25, "eos_token_ids": (151645,)}),
+    # Every layer sparse (decoder_sparse_step 1, no mlp_only_layers): intermediate_size is unused.
+    "Qwen3-30B-A3B": ModelConfig(architecture="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                                 num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, qkv_bias=False,
+                                 qk_norm=True, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                 max_position_embeddings=40960, bos_token_id=151643, eos_token_ids=(151645,),
+                                 moe=MoeConfig(num_experts=128, experts_per_token=8, expert_intermediate_size=768,
+                                               normalize_top_k=True)),
 }
 
 

@@ -418,16 +418,17 @@ def _full_sequence(params, config, input_ids, *, positions=None, attention_mask=
 
 def forward_with_cache(params: Params, config: ModelConfig, input_ids: jax.Array, positions: jax.Array, cache: Any,
                        attend: Attend | None = None, *, last_token_only: bool = False, expert_ids=None,
-                       with_routing: bool = False):
+                       with_routing: bool = False, mesh=None):
     """Forward T new tokens [B, T] at ``positions`` [B, T] against a KV cache; returns (logits, cache).
 
     ``attend`` defaults to ``contiguous_attend(positions)`` (``cache`` from ``init_cache``). With
     ``last_token_only`` the logits are [B, 1, V] for the last column (a prefill needs no more).
     A mixture of experts: ``with_routing`` returns (logits, cache, Routing) too, for the new tokens
-    (padding slots, negative positions, not counted in its summaries); ``expert_ids`` as in ``forward``.
+    (padding slots, negative positions, not counted in its summaries); ``expert_ids`` as in ``forward``;
+    ``mesh``: the one its experts are split over (``moe.expert_parallel``; an engine replica's mesh).
     """
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, attend or contiguous_attend(positions), dtype, **_layout(params))
+    model = Transformer(config, attend or contiguous_attend(positions), dtype, mesh=mesh, **_layout(params))
     logits, cache, routing = model.apply({"params": params}, input_ids, positions, cache, last_token_only,
                                          real=positions >= 0, expert_ids=expert_ids)
     return (logits, cache, routing) if with_routing else (logits, cache)

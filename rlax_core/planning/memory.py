@@ -24,6 +24,7 @@ from jax.sharding import AbstractMesh
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.placement import lora_mode_for
+from rlax_core.inference.sharding import check_expert_parallel
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.attention import fits as attention_fits
 from rlax_core.models.config import ModelConfig
@@ -124,16 +125,23 @@ def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, ...]) ->
 
 def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
                  name: str = "model", lora: LoraConfig | None = None) -> MemoryPlan:
-    """One engine replica's bytes per chip: it spans ``engine.tensor_parallel`` chips of a host.
+    """One engine replica's bytes per chip: it spans ``engine.chips_per_replica`` chips of a host
+    (tensor_parallel x expert_parallel: a mixture of experts' experts split over the latter, the
+    rest of the model, the KV pool and the activations over the former only).
 
     ``lora``: the adapters of a LoRA run's versions, which the engine applies as ``engine.lora_mode``
     resolves on this chip (``_engine_lora_parts``).
     """
-    tp = engine.tensor_parallel
-    if hardware.chips_per_host % tp:
-        raise ConfigError("engine.tensor_parallel", f"{tp} does not divide hardware.rollout.chips_per_host="
-                          f"{hardware.chips_per_host}: a replica spans chips of one host")
-    weights = _sharded_bytes(model, dtype, (1, 1, 1, 1, tp))
+    tp, ep, chips = engine.tensor_parallel, engine.expert_parallel, engine.chips_per_replica
+    if hardware.chips_per_host % chips:
+        key = "engine.tensor_parallel" if ep == 1 else "engine.expert_parallel"
+        raise ConfigError(key, f"tensor_parallel {tp} x expert_parallel {ep} = {chips} does not divide "
+                          f"hardware.rollout.chips_per_host={hardware.chips_per_host}: a replica spans chips of one host")
+    try:
+        check_expert_parallel(ep, model)
+    except ValueError as error:
+        raise ConfigError("engine.expert_parallel", str(error)) from None
+    weights = _sharded_bytes(model, dtype, (1, 1, ep, 1, tp))
     kv_split = tp if model.num_kv_heads % tp == 0 else 1
     heads_split = tp if model.num_heads % tp == 0 else 1
     cache_bytes = itemsize(engine.cache_dtype)
@@ -144,6 +152,8 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     # kernel cannot tile) the float32 scores and their exponentials [B, Hq, T, T]. B is the largest
     # prefill batch, T the largest prompt bucket.
     batch, length = engine.prefill_batch, engine.prefill_buckets[-1]
+    # The replica's rows are whole on each chip (expert=1): under expert parallelism each chip takes
+    # its share and gathers them all back before its experts run (``models.moe.expert_parallel``).
     prefill = batch * length * act_bytes * (
         3 * model.hidden_size + (model.num_heads // heads_split + 2 * model.num_kv_heads // kv_split) * model.head_dim
         + _feed_forward_width(model, tp, expert=1))
@@ -154,7 +164,7 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     decode = 4 * engine.num_slots * model.vocab_size * _F32
     if hardware.chip == CPU:  # the dense decode window: every layer's K and V of every slot, whole length
         decode += kv_per_token * engine.num_slots * engine.pages_per_sequence * engine.page_size
-    replicas = hardware.chips // tp
+    replicas = hardware.chips // chips
     lora_parts = {} if lora is None or not lora.enabled else _engine_lora_parts(model, engine, hardware, dtype, lora)
     # Only a drained swap holds the next version beside the current one for long; continue and
     # recompute install it at once, the current one dropped first (``Engine.update_weights``).
@@ -168,9 +178,10 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     parts["KV pool"] = num_pages * page_bytes
     return MemoryPlan(
         role="rollout", model=name, chip=hardware.chip, chips=hardware.chips,
-        layout=f"{replicas} replica(s) x tensor_parallel {tp}", bytes_per_chip=hardware.bytes_per_chip,
-        parts=parts, num_pages=num_pages, page_size=engine.page_size,
-        knobs={"weights": "raise engine.tensor_parallel (chips per replica)",
+        layout=f"{replicas} replica(s) x tensor_parallel {tp}" + (f" x expert_parallel {ep}" if ep > 1 else ""),
+        bytes_per_chip=hardware.bytes_per_chip, parts=parts, num_pages=num_pages, page_size=engine.page_size,
+        knobs={"weights": "raise engine.tensor_parallel (chips per replica), or engine.expert_parallel (a "
+                          "mixture of experts' experts)",
                "incoming weights": "raise engine.tensor_parallel (a swap holds the next version beside the current)",
                "KV pool": "lower engine.num_pages (or page_size), or raise engine.tensor_parallel",
                "activations": "lower engine.max_prefill_batch or the largest prefill bucket (prefill), "
@@ -211,20 +222,21 @@ def _engine_lora_parts(model: ModelConfig, engine: EngineConfig, hardware: Slice
     prefill's x @ A, float32 [batch, bucket, rank] per adapted projection of one layer (decode's
     [num_slots, rank] is smaller).
     """
-    tp = engine.tensor_parallel
+    sizes = (1, 1, engine.expert_parallel, 1, engine.tensor_parallel)
+    one_device = engine.chips_per_replica == 1
     if lora_mode_for(engine.lora_mode, platform_of(hardware.chip)) == "merged":
         targets = set(lora.targets)
-        if tp == 1:  # one device fuses q/k/v and gate/up: adapting one part merges the whole fused kernel
+        if one_device:  # one device fuses q/k/v and gate/up: adapting one part merges the whole fused kernel
             for fused in ({"q", "k", "v"}, {"gate", "up"}):
                 targets |= fused if targets & fused else set()
         kernels = _targeted_kernels(model, dataclasses.replace(lora, targets=tuple(sorted(targets))))
-        return {"merged kernels": _tree_bytes(*kernels, dtype, (1, 1, 1, 1, tp))}
+        return {"merged kernels": _tree_bytes(*kernels, dtype, sizes)}
     stacked = lambda: init_adapters(model, lora, jax.random.key(0))
-    if tp == 1:
+    if one_device:
         fused = jax.eval_shape(lambda: decoding_adapters(stacked(), model, lora, fuse=True))
         adapters = sum(leaf.size * _F32 for leaf in jax.tree.leaves(fused))
     else:
-        adapters = _tree_bytes(jax.eval_shape(stacked), adapter_logical_axes(lora), "float32", (1, 1, 1, 1, tp))
+        adapters = _tree_bytes(jax.eval_shape(stacked), adapter_logical_axes(lora), "float32", sizes)
     low_rank = engine.prefill_batch * engine.prefill_buckets[-1] * lora.rank * len(lora.targets) * _F32
     return {"adapters": 2 * adapters, "adapter activations": low_rank}
 
@@ -309,7 +321,8 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
         parts["compiled code"] = TRAINER_CODE_BYTES
     return MemoryPlan(
         role="trainer", model=name, chip=hardware.chip, chips=hardware.chips,
-        layout=f"mesh data {data} x fsdp {fsdp}{f' x context {context}' if context > 1 else ''} x tensor {tensor}, "
+        layout=f"mesh data {data} x fsdp {fsdp}{f' x expert {expert}' if expert > 1 else ''}"
+               f"{f' x context {context}' if context > 1 else ''} x tensor {tensor}, "
                f"{rows} row(s) per chip per micro-batch",
         bytes_per_chip=hardware.bytes_per_chip, parts=parts,
         knobs={"parameters": "raise trainer.mesh.fsdp or trainer.mesh.tensor (or the chips)",

@@ -96,7 +96,7 @@ def test_replicas_come_from_the_config_and_an_engine_is_one(stories, small_engin
     every = ReplicatedEngine(dataclasses.replace(small_engine_config, replicas=0, num_pages=16, max_new_tokens=8),
                              model.config, model.params)
     assert len(every.engines) == jax.local_device_count()
-    with pytest.raises(ValueError, match="replicas=999 but this process has 8 device.s., and engine.tensor_parallel=1 needs 999"):
+    with pytest.raises(ValueError, match="replicas=999 but this process has 8 device.s., and 1 device.s. per replica .engine.tensor_parallel x expert_parallel. need 999"):
         ReplicatedEngine(dataclasses.replace(small_engine_config, replicas=999), model.config, model.params)
     with pytest.raises(ValueError, match="an Engine is one replica"):
         Engine(dataclasses.replace(small_engine_config, replicas=2), model.config, model.params)

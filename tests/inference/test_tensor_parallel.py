@@ -89,9 +89,9 @@ def test_replicas_of_four_devices_each_split_the_host():
 
 def test_a_replica_needs_as_many_devices_as_its_tensor_parallel_degree():
     config, params = _model("llama")
-    with pytest.raises(ValueError, match="tensor_parallel=8 needs that many devices; got 3"):
+    with pytest.raises(ValueError, match="tensor_parallel=8 x expert_parallel=1 needs 8 devices; got 3"):
         Engine(dataclasses.replace(CONFIG, tensor_parallel=8), config, params, devices=jax.local_devices()[:3])
-    with pytest.raises(ValueError, match="replicas=3 but this process has 8 device.s., and engine.tensor_parallel=3 needs 9"):
+    with pytest.raises(ValueError, match="replicas=3 but this process has 8 device.s., and 3 device.s. per replica .engine.tensor_parallel x expert_parallel. need 9"):
         ReplicatedEngine(dataclasses.replace(CONFIG, replicas=3, tensor_parallel=3), config, params)
 
 

@@ -56,6 +56,10 @@ COMPILED = [
     ("configs/qwen25_7b_math_dataflow_tpu.yaml", [], "trainer", 27.36 * GIB),
     ("configs/qwq32b_code_lora_tpu.yaml", [], "rollout", 28.39 * GIB),
     ("configs/qwq32b_code_lora_tpu.yaml", [], "trainer", 42.81 * GIB),
+    # A mixture of experts: the engine tensor_parallel 2 x expert_parallel 4, the trainer fsdp 4 x expert 8.
+    ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "rollout", 30754530528),
+    ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "filter", 28791171808),
+    ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "trainer", 40.81 * GIB),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", [], "rollout", 17421312),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", [], "trainer", 104943488),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", ["hardware.rollout.chip=v5p"], "rollout", 18662112),

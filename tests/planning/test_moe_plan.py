@@ -1,9 +1,12 @@
 """The planner's mixture of experts: expert weights and their optimizer state per chip are what the trainer
 places on an expert-parallel mesh, and the expert axis divides them."""
 
+import dataclasses
+
 import jax
 import pytest
 
+from rlax_core.config import ConfigError
 from rlax_core.models.config import MoeConfig, toy_moe_config
 from rlax_core.parallel.mesh import make_mesh
 from rlax_core.planning.hardware import SliceSpec
@@ -52,3 +55,35 @@ def test_a_rollout_replica_holds_every_expert_and_its_routed_activations():
                           prefill_buckets=(8,), attention_impl="window")
     plan = plan_rollout(MODEL, engine, HARDWARE, dtype="float32")
     assert plan.parts["weights"] == MODEL.num_params * 4
+
+
+@pytest.mark.skipif(jax.local_device_count() < 8, reason="needs 8 devices (tests/conftest.py)")
+@pytest.mark.parametrize("expert_parallel, tensor_parallel", [(8, 1), (4, 2)])
+def test_the_plan_counts_the_weights_and_kv_pool_an_expert_parallel_engine_places(expert_parallel, tensor_parallel):
+    from rlax_core.inference.engine import Engine
+    from rlax_core.models.transformer import init_params
+
+    engine_config = EngineConfig(num_slots=2, page_size=4, num_pages=12, max_prompt_len=8, max_new_tokens=8,
+                                 prefill_buckets=(8,), attention_impl="window", expert_parallel=expert_parallel,
+                                 tensor_parallel=tensor_parallel)
+    engine = Engine(engine_config, MODEL, init_params(MODEL, jax.random.key(0)))
+    device = engine.devices[0]
+    plan = plan_rollout(MODEL, engine_config, HARDWARE, dtype="float32")
+    assert plan.parts["weights"] == _bytes_on(device, jax.tree.leaves(engine.params))
+    assert plan.parts["KV pool"] == _bytes_on(device, (*engine.cache.k, *engine.cache.v))
+    # Only the experts are divided over the expert axis: the rest is what tensor_parallel alone leaves.
+    unsplit = plan_rollout(MODEL, dataclasses.replace(engine_config, expert_parallel=1), HARDWARE, dtype="float32")
+    expert_bytes = 2 * 3 * 8 * MODEL.hidden_size * 64 * 4 // tensor_parallel  # 2 layers x gate/up/down x 8 experts
+    assert unsplit.parts["weights"] - plan.parts["weights"] == expert_bytes * (expert_parallel - 1) // expert_parallel
+    assert f"1 replica(s) x tensor_parallel {tensor_parallel} x expert_parallel {expert_parallel}" == plan.layout
+
+
+def test_the_planner_refuses_expert_parallelism_the_model_or_host_cannot_take():
+    dense = dataclasses.replace(MODEL, moe=None, architecture="llama")
+    with pytest.raises(ConfigError, match="expert_parallel=2: the model is dense"):
+        plan_rollout(dense, EngineConfig(expert_parallel=2), HARDWARE, dtype="float32")
+    with pytest.raises(ConfigError, match="expert_parallel=16 does not divide the model's 8 experts"):
+        plan_rollout(MODEL, EngineConfig(expert_parallel=16), SliceSpec(chip="cpu", chips_per_host=16, memory_gib=1),
+                     dtype="float32")
+    with pytest.raises(ConfigError, match="tensor_parallel 2 x expert_parallel 8 = 16 does not divide"):
+        plan_rollout(MODEL, EngineConfig(expert_parallel=8, tensor_parallel=2), HARDWARE, dtype="float32")
