@@ -39,11 +39,11 @@ quickstart: setup-run
 
 # The default lane: everything but tests marked slow (and the TPU and GPU compile lanes, each in its own environment).
 test: setup-test
-	$(PY) -m pytest -m "not slow and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 900 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 900 --durations 20 $(PYTEST_ARGS)
 
 # The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs).
 test-slow: setup-test
-	$(PY) -m pytest -m "slow and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 --durations 20 $(PYTEST_ARGS)
 
 # The repository alone (tracked and new files, no ../shared beside it) copied to a temporary folder:
 # its default test lane and the quickstart there. The copy's venv comes from uv's cache.
