@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # The repository alone, as a user who cloned it has it: tracked and new (not ignored) files copied to
 # a temporary folder with nothing beside it (no ../shared, no RLAX_SHARED_DIR), then the default test
-# lane and the quickstart run there (the make targets in ALONE_TARGETS, by default `test quickstart`;
-# CI runs `make test` in its clean clone already and passes `quickstart` alone). The copy builds its
-# own .venv (uv's cache makes that quick);
+# lane and the quickstart run there. The copy builds its own .venv (uv's cache makes that quick);
 # Prism and the GCS emulator are reused from their caches under $HOME.
 # Kept on failure (its path is printed) so that logs can be read; removed when both pass.
 set -euo pipefail
@@ -16,14 +14,8 @@ mkdir -p "$copy"
 echo "test_alone: the repository copied to $copy ($(du -sh "$copy" | cut -f1)); nothing beside it: $(ls -A "$work")"
 unset RLAX_SHARED_DIR
 cd "$copy"
-for target in ${ALONE_TARGETS:-test quickstart}; do
-  case "$target" in
-    quickstart)
-      make quickstart OUTPUT=runs/quickstart
-      test -s runs/quickstart/report.json ;;
-    test) make test ;;
-    *) echo "test_alone: unknown target '$target' in ALONE_TARGETS (test, quickstart)" >&2; exit 2 ;;
-  esac
-done
-echo "test_alone: make ${ALONE_TARGETS:-test quickstart} passed in $copy"
+make test
+make quickstart OUTPUT=runs/quickstart
+test -s runs/quickstart/report.json
+echo "test_alone: make test and make quickstart passed in $copy"
 rm -rf "$work"
