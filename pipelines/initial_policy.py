@@ -56,7 +56,7 @@ def prepare_policy(run_config) -> str:
     if made is None and (is_remote(path) or not Path(path).exists()):
         log.info("upcycling %s into %d experts (%d per token) at %s", model.path, model.upcycle.num_experts,
                  model.upcycle.experts_per_token, path)
-        _write(model, path, wanted)
+        write_upcycled(model, path, wanted)
         made = read_record(path)
     require(made is not None, "model.upcycle", f"{path} exists but holds no {RECORD}: this run did not make it; "
                                                "move it away or choose another run folder")
@@ -78,7 +78,9 @@ def read_record(path: str) -> dict[str, Any] | None:
     return json.loads(storage.read(RECORD)) if storage.exists(RECORD) else None
 
 
-def _write(model, path: str, record: dict[str, Any]) -> None:
+def write_upcycled(model, path: str, record: dict[str, Any]) -> None:
+    """Upcycle ``model`` into ``path`` with ``record`` beside it. Locally the folder lands whole by a
+    rename (a job that loses the race keeps the one there); on gs:// the record is written last."""
     from rlax_core.models.upcycle import upcycle_folder
     from rlax_core.utils.paths import is_remote
     from rlax_core.utils.storage import open_storage

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipelines.config import load_run_config, policy_shape
-from pipelines.initial_policy import RECORD, _write, prepare_policy
+from pipelines.initial_policy import RECORD, prepare_policy, write_upcycled
 from pipelines.plan import memory_plans
 from pipelines.run_folder import claim, release
 from rlax_core.config import ConfigError
@@ -90,7 +90,7 @@ def test_the_upcycled_policy_is_made_once_in_the_run_folder_and_reused(tmp_path)
     assert prepare_policy(moe_config(tmp_path / "run")) == path
     assert {p.name: p.stat().st_mtime_ns for p in Path(path).iterdir()} == files
     # A job that lost the race to make it (two jobs started together) keeps the one there and leaves no staging.
-    _write(config.model, path, {"lost": "race"})
+    write_upcycled(config.model, path, {"lost": "race"})
     assert {p.name: p.stat().st_mtime_ns for p in Path(path).iterdir()} == files
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["upcycled_model"]
 
