@@ -1,6 +1,8 @@
 """The records that flow between pipelines: one module owns their schemas.
 
 ``Example``  a prompt with its reference answer (curation -> filtering -> RL -> evaluation).
+``SftExample``      a supervised target: a prompt and its completion, or a whole chat (post-training).
+``PreferencePair``  one prompt's chosen and rejected completions (DPO, reward models).
 ``Rollout``  one sampled completion, stamped with the weight version that generated it; or one
              multi-turn episode (docs/multi_turn.md): its completion is every turn with the
              observations between them, and three more fields say which tokens the policy sampled,
@@ -69,6 +71,39 @@ ROLLOUT_SCHEMA = pa.schema(
 # Fields a row may leave out (they are null then): rollouts written before episodes existed, and
 # every single-turn rollout, need not name them.
 OPTIONAL_ROLLOUT_FIELDS = ("policy_mask", "turn_versions", "episode", "token_versions", "routed_experts")
+
+# Post-training (docs/post_training.md). Written by the rejection-sampling pipeline (verified samples
+# of the filter, or a teacher's) or brought by users; read by the SFT, DPO and reward-model jobs.
+SFT_EXAMPLE_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),  # stable: the source example's id + the completion's hash
+        pa.field("source", pa.string()),
+        # Either a prompt (text; chat messages JSON-encoded) with its completion (text) ...
+        pa.field("prompt", pa.string()),
+        pa.field("completion", pa.string()),
+        # ... or a whole conversation: JSON list of {"role": "system"|"user"|"assistant"|"tool", "content"}.
+        pa.field("messages", pa.string()),
+        pa.field("example_id", pa.string()),  # the Example it came from, when it came from one
+        pa.field("pass_rate", pa.float64()),  # that prompt's pass rate when it was generated
+        pa.field("generator", pa.string()),  # the model (and version) that wrote the completion
+        pa.field("meta", pa.string()),  # JSON object
+    ]
+)
+PREFERENCE_PAIR_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("source", pa.string()),
+        pa.field("prompt", pa.string(), nullable=False),  # text; chat messages JSON-encoded
+        pa.field("chosen", pa.string(), nullable=False),  # the preferred completion (e.g. verified)
+        pa.field("rejected", pa.string(), nullable=False),  # the other one (e.g. failed), same prompt
+        pa.field("example_id", pa.string()),
+        pa.field("pass_rate", pa.float64()),
+        pa.field("generator", pa.string()),
+        pa.field("meta", pa.string()),  # JSON object: the two samples' rewards, ...
+    ]
+)
+SFT_EXAMPLE_FIELDS = tuple(SFT_EXAMPLE_SCHEMA.names)
+PREFERENCE_PAIR_FIELDS = tuple(PREFERENCE_PAIR_SCHEMA.names)
 
 EXAMPLE_FIELDS = tuple(EXAMPLE_SCHEMA.names)
 ROLLOUT_FIELDS = tuple(ROLLOUT_SCHEMA.names)
