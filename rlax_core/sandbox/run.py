@@ -156,6 +156,12 @@ def _walk_symlinks(path: str, symlinks: dict[str, str]) -> str:
 _warned_isolation = False
 
 
+def launcher_process() -> subprocess.Popen:
+    """This process's sandbox launcher (the zygote), started if it is not running: a caller that
+    watches its health, or a test that kills it to see the next sandbox start it again."""
+    return _Launcher.get(_python_and_mounts()[0]).process
+
+
 class _Launcher:
     """The zygote: one ``launcher.py --serve`` per process, forking a handler per sandbox.
 
@@ -226,11 +232,15 @@ class _Launcher:
                 sink.write(job)
         except BrokenPipeError:
             pass  # the handler died before reading it: its reply says so
-        return _reply(reply_read, timeout)
+        return read_reply(reply_read, timeout)
 
 
-def _reply(fd: int, timeout: float) -> dict:
-    """The handler's report from the reply pipe, within ``timeout`` (past it, the handler's group is killed)."""
+def read_reply(fd: int, timeout: float) -> dict:
+    """The handler's report from the reply pipe ``fd`` (closed here), within ``timeout``.
+
+    The handler writes its pid on the first line, then its report; past the deadline its process
+    group is killed (``TimeoutError``), and a handler that never wrote its pid raises
+    ``SandboxUnavailable``."""
     deadline, data = time.monotonic() + timeout, bytearray()
     try:
         while True:

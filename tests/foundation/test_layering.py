@@ -212,3 +212,15 @@ def test_rlax_train_runs_with_beam_blocked(tmp_path):
     done = _without_beam(code, tmp_path, 900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert (output / "checkpoints" / "2").is_dir(), sorted(p.name for p in (output / "checkpoints").iterdir())
+
+
+def test_tests_use_only_the_sandboxs_public_names():
+    """The sandbox is the isolation boundary: its tests go through what callers may use, so that a
+    change of its insides cannot keep a test green while a caller breaks."""
+    offenders = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlax_core.sandbox"):
+                offenders += [f"{path.relative_to(REPO)} imports {node.module}.{alias.name}"
+                              for alias in node.names if alias.name.startswith("_")]
+    assert not offenders, offenders

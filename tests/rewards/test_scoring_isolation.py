@@ -129,13 +129,13 @@ def test_the_outer_timeout_kills_a_handler_that_never_reports():
     import subprocess
     import sys
 
-    from rlax_core.sandbox.run import _reply
+    from rlax_core.sandbox.run import read_reply
 
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     read_end, write_end = os.pipe()
     os.write(write_end, b"%d\n" % stuck.pid)  # a handler's first line: its pid, then silence
     with pytest.raises(TimeoutError, match="did not return"):
-        _reply(read_end, 0.5)
+        read_reply(read_end, 0.5)
     assert stuck.wait(timeout=10) == -signal.SIGKILL
     os.close(write_end)
 
@@ -144,10 +144,10 @@ def test_the_launcher_is_started_again_after_it_died():
     import os
     import signal
 
-    from rlax_core.sandbox.run import _Launcher, _python_and_mounts
+    from rlax_core.sandbox.run import launcher_process
 
     assert run_sandboxed({"a.py": "print('first')"}, ["a.py"], LIMITS).stdout == "first\n"
-    server = _Launcher.get(_python_and_mounts()[0]).process
+    server = launcher_process()
     os.kill(server.pid, signal.SIGKILL)
     server.wait(timeout=10)
     assert run_sandboxed({"a.py": "print('again')"}, ["a.py"], LIMITS).stdout == "again\n"
