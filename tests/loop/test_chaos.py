@@ -28,6 +28,7 @@ from rlax_core.training.checkpoint import Checkpointer
 from rlax_core.utils.metrics import read_metrics
 from rlax_core.weights import WeightStore
 from rlax_core.weights import manifest as mf
+from tests.support.tiny_launch import tiny_launch_overrides
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
@@ -39,13 +40,8 @@ STEPS, PROMPTS, SAMPLES = 4, 2, 2
 
 
 def _overrides(output: Path) -> list[str]:
-    return [f"run.output_dir={output}", f"trainer.total_steps={STEPS}", f"trainer.groups_per_step={PROMPTS}",
-            "trainer.max_staleness=0", "trainer.checkpoint_every=1", "trainer.wait_timeout_s=400",
-            "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]", "engine.max_new_tokens=8",
-            "engine.num_slots=8", "trainer.max_seq_len=80", f"loop.sampling.samples_per_prompt={SAMPLES}",
-            "loop.sampling.stop_token_ids=[1,2,13]", "loop.max_runtime_s=900", "loop.stall_polls=240",
-            # 4 rows a step: the recipe's 16 micro-batches would pad them to 16 per device shard
-            "trainer.micro_batches=1"]
+    return tiny_launch_overrides(output, steps=STEPS, prompts=PROMPTS, samples=SAMPLES, max_staleness=0,
+                                 checkpoint_every=1, wait_timeout_s=400, max_runtime_s=900, stall_polls=240)
 
 
 class Chaos:

@@ -11,14 +11,13 @@ import pytest
 
 from pipelines.runners import cached_prism_binary
 from rlax_core.tasks.story import story_examples, write_jsonl
+from tests.support.tiny_launch import tiny_launch_overrides
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
 
 REPO = Path(__file__).resolve().parents[2]
-OVERRIDES = ["trainer.total_steps=2", "trainer.groups_per_step=2", "trainer.micro_batches=1",
-             "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]", "engine.max_new_tokens=8",
-             "engine.num_slots=8", "trainer.max_seq_len=80", "loop.sampling.samples_per_prompt=2", "loop.sampling.stop_token_ids=[1,2,13]"]
+OVERRIDES = tiny_launch_overrides(steps=2)
 
 
 def test_a_trainer_failure_inside_launch_is_one_line_with_the_trainers_exception_message(tmp_path):

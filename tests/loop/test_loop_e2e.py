@@ -20,6 +20,7 @@ from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.utils.metrics import read_metrics
 from rlax_core.utils.startup import HOPS as STARTUP_HOPS, startup_timeline
 from rlax_core.utils.timeline import HOPS, step_timeline
+from tests.support.tiny_launch import tiny_launch_overrides
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
@@ -30,13 +31,8 @@ STEPS, PROMPTS, SAMPLES = 4, 2, 2
 
 
 def _overrides(tmp_path, k):
-    return [f"run.output_dir={tmp_path / 'run'}", f"trainer.total_steps={STEPS}", f"trainer.groups_per_step={PROMPTS}",
-            f"trainer.max_staleness={k}", "trainer.checkpoint_every=1", "trainer.wait_timeout_s=300",
-            "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]", "engine.max_new_tokens=8",
-            "engine.num_slots=8", "trainer.max_seq_len=80", f"loop.sampling.samples_per_prompt={SAMPLES}",
-            "loop.sampling.stop_token_ids=[1,2,13]", "loop.max_runtime_s=900",
-            # 4 rows a step: the recipe's 16 micro-batches would pad them to 16 per device shard
-            "trainer.micro_batches=1"]
+    return tiny_launch_overrides(tmp_path / "run", steps=STEPS, prompts=PROMPTS, samples=SAMPLES, max_staleness=k,
+                                 checkpoint_every=1, wait_timeout_s=300, max_runtime_s=900)
 
 
 def _train_set(tmp_path):

@@ -16,6 +16,7 @@ from pipelines.runners import cached_prism_binary
 from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.tasks.story import story_examples, write_jsonl
 from rlax_core.utils.metrics import read_metrics
+from tests.support.tiny_launch import tiny_launch_overrides
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
@@ -27,12 +28,10 @@ STEPS, PROMPTS, SAMPLES, TURNS = 3, 2, 2, 2
 def test_the_streaming_loop_trains_on_episodes_every_group_once_with_per_turn_versions(tmp_path):
     train_set = tmp_path / "train.jsonl"
     write_jsonl(story_examples("train", 16), train_set)
-    overrides = [f"run.output_dir={tmp_path / 'run'}", f"trainer.total_steps={STEPS}",
-                 f"trainer.groups_per_step={PROMPTS}", "trainer.max_staleness=1", "trainer.checkpoint_every=1",
-                 "trainer.wait_timeout_s=300", "trainer.micro_batches=1", "trainer.max_seq_len=96",
-                 "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]", "engine.max_new_tokens=32",
-                 "engine.num_slots=8", f"loop.sampling.samples_per_prompt={SAMPLES}", "loop.sampling.stop_token_ids=[1,2,13]",
-                 "loop.max_runtime_s=900", "loop.env.name=word_chain", "loop.env.tools=[]",
+    overrides = [*tiny_launch_overrides(tmp_path / "run", steps=STEPS, prompts=PROMPTS, samples=SAMPLES, max_staleness=1,
+                                        max_new_tokens=32, max_seq_len=96, checkpoint_every=1, wait_timeout_s=300,
+                                        max_runtime_s=900),
+                 "loop.env.name=word_chain", "loop.env.tools=[]",
                  f"loop.env.max_turns={TURNS}", "loop.env.max_turn_tokens=12", "loop.env.max_tokens=96",
                  "loop.env.judge_answer=false"]
     launch(CONFIG, overrides, [], train_set=str(train_set), timeout_s=900)

@@ -15,6 +15,7 @@ from pipelines.runners import cached_prism_binary, scratch_dir
 from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.tasks.story import story_examples, write_jsonl
 from tests.support.processes import has_exited
+from tests.support.tiny_launch import tiny_launch_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "configs" / "quickstart.yaml")
@@ -77,10 +78,8 @@ def test_prism_dies_with_a_sigkilled_parent(tmp_path):
 
 
 def _overrides(tmp_path, total_steps):
-    return [f"run.output_dir={tmp_path / 'run'}", f"trainer.total_steps={total_steps}", "trainer.groups_per_step=2",
-            "trainer.max_staleness=1", "engine.max_prompt_len=64", "engine.prefill_buckets=[32,64]",
-            "engine.max_new_tokens=8", "engine.num_slots=8", "loop.sampling.samples_per_prompt=2",
-            "loop.sampling.stop_token_ids=[1,2,13]", "loop.max_runtime_s=600", "loop.stall_polls=400"]
+    return tiny_launch_overrides(tmp_path / "run", steps=total_steps, max_staleness=1, max_seq_len=None,
+                                 micro_batches=None, max_runtime_s=600, stall_polls=400)
 
 
 def _rollout_argv(tmp_path, overrides):
