@@ -64,6 +64,27 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     return plans
 
 
+def layout_warnings(config) -> list[str]:
+    """What the plan's bytes cannot show but the compiled programs will pay: a mixture of experts whose
+    experts split into partial 128-lane tiles on a TPU role (``rlax_core.planning.tiles``)."""
+    from pipelines.config import policy_shape
+    from rlax_core.parallel.mesh import mesh_shape
+    from rlax_core.planning.tiles import expert_tile_warning
+
+    hardware = config.hardware
+    if hardware is None or (hardware.rollout is None and hardware.trainer is None):
+        return []
+    model = policy_shape(config)
+    found = []
+    if hardware.rollout is not None:
+        found.append(expert_tile_warning(model, "rollout", hardware.rollout.chip, config.engine.tensor_parallel,
+                                         "engine.tensor_parallel"))
+    if hardware.trainer is not None:
+        tensor = mesh_shape(config.trainer.mesh, hardware.trainer.chips)[-1]
+        found.append(expert_tile_warning(model, "trainer", hardware.trainer.chip, tensor, "trainer.mesh.tensor"))
+    return [warning for warning in found if warning]
+
+
 def pool_occupancy(config, plan: MemoryPlan) -> str:
     """The rollout pool's pages and tokens and the sequences that decode at once at the recipe's mean
     and maximum response lengths (``loop.response_lengths``), under each admission."""
@@ -89,6 +110,8 @@ def _name_of(path: str) -> str:
 def check_memory(config, roles=ROLES) -> None:
     """Refuse (``ConfigError``: the numbers and the knobs) a config whose roles do not fit their chips."""
     refuse_unless_fits(memory_plans(config, roles))
+    for warning in layout_warnings(config):
+        log.warning(warning)
 
 
 def recipe_paths() -> list[Path]:
@@ -133,6 +156,9 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         for source, config in configs.items():
             for plan in memory_plans(config, roles=("rollout",)):
                 print(f"{Path(source).name if source else '(defaults)'}: {pool_occupancy(config, plan)}")
+    for source, config in configs.items():
+        for warning in layout_warnings(config):
+            print(f"{Path(source).name if source else '(defaults)'}: warning: {warning}", file=sys.stderr)
     failing = [(name, plan) for name, plan in rows if not plan.fits]
     for name, plan in failing:
         print(f"{name}: {plan.role} does not fit; turn: {plan.advice()}", file=sys.stderr)

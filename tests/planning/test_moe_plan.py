@@ -2,6 +2,7 @@
 places on an expert-parallel mesh, and the expert axis divides them."""
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import pytest
@@ -87,3 +88,30 @@ def test_the_planner_refuses_expert_parallelism_the_model_or_host_cannot_take():
                      dtype="float32")
     with pytest.raises(ConfigError, match="tensor_parallel 2 x expert_parallel 8 = 16 does not divide"):
         plan_rollout(MODEL, EngineConfig(expert_parallel=8, tensor_parallel=2), HARDWARE, dtype="float32")
+
+
+def test_the_planner_warns_where_an_experts_units_split_into_partial_128_lane_tiles():
+    from rlax_core.planning.tiles import expert_tile_warning
+
+    qwen3_30b = dataclasses.replace(MODEL, moe=dataclasses.replace(MODEL.moe, expert_intermediate_size=768))
+    warning = expert_tile_warning(qwen3_30b, "rollout", "v6e", 4, "engine.tensor_parallel")
+    assert "192 per v6e chip" in warning and "engine.tensor_parallel in [1, 2, 3, 6]" in warning
+    assert expert_tile_warning(qwen3_30b, "rollout", "v6e", 2, "engine.tensor_parallel") is None  # 384 units
+    assert expert_tile_warning(qwen3_30b, "rollout", "h100", 4, "engine.tensor_parallel") is None  # no lane tiles
+    assert expert_tile_warning(MODEL, "trainer", "v5p", 1, "trainer.mesh.tensor") is None  # nothing split
+    narrow = expert_tile_warning(MODEL, "trainer", "v5p", 2, "trainer.mesh.tensor")  # 64 units: no whole tile at all
+    assert "32 per v5p chip" in narrow and "split experts instead" in narrow
+
+
+def test_rlax_plan_prints_the_tile_warning_for_the_30b_recipe_at_tensor_parallel_4(capsys):
+    import argparse
+
+    from pipelines.plan import run
+
+    args = argparse.Namespace(config=str(Path(__file__).resolve().parents[2] / "configs" / "qwen3_30b_a3b_math_tpu.yaml"), recipes=False, markdown=False,
+                              overrides=["engine.tensor_parallel=4", "engine.expert_parallel=2"])
+    run(args, [])
+    assert "warning: rollout: each expert's 768 units over engine.tensor_parallel=4 are 192 per v6e chip" in \
+        capsys.readouterr().err
+    run(argparse.Namespace(**{**vars(args), "overrides": []}), [])
+    assert "warning" not in capsys.readouterr().err  # the recipe as shipped: 384 units per chip
