@@ -1,21 +1,27 @@
-"""Rollout tokens/s with pages on demand against whole-budget reservations, one small pool, same run.
+"""Sequences per decode step with pages on demand against whole-budget reservations, one small pool.
 
-    .venv/bin/python benchmarks/engine_memory.py
+    .venv/bin/python benchmarks/engine_memory.py --repeats 3
 
-A long-tail length workload on stories260K (CPU, float32, one engine, the same config but
-``engine.admission``): every sample may take ``--budget`` new tokens, most stop early (at the first
-"." or the end of the story, a few dozen tokens) and one in ``--long-every`` runs to the budget (EOS
-ignored). The pool holds ``--pool-budgets`` whole budgets.
+A decode-dominated long-tail workload on stories260K (CPU, float32, one engine, the same config but
+``engine.admission``): every sample may take ``--budget`` new tokens; most write a story to its end
+(EOS, a few hundred tokens) and one prompt in ``--long-every`` ignores EOS and runs to the budget.
+The pool holds ``--pool-budgets`` whole budgets.
 
 * ``reserve`` (the baseline, the engine before pages on demand): a sample is admitted when its whole
   budget's pages are free, so the pool bounds the running sequences at ``--pool-budgets``.
 * ``on_demand``: a sample takes its prompt's pages and one decode call's look-ahead and grows as it
   writes; the pool running out preempts the sample queued last, which later resumes.
 
-Both run the same requests, warmed up first (so neither pays for compilation), ``--repeats`` times
-interleaved; each side's best run counts. ``mean_running`` is tokens per decode step (the sequences
-decoding at once). ``tokens_identical``: every token of every sample equal in both and in a run on a
-pool that holds every sample's budget. The JSON carries the machine's load average.
+The headline is ``mean_running``: sequences decoding at once (tokens per decode step), what an
+accelerator's decode step is paid for by (it reads the weights once a step however many sequences
+run). ``tokens_per_s`` stands beside it: on a CPU a decode step costs more as more sequences run, so
+its ratio is not the accelerator's. Both sides run the same requests, warmed up first (neither pays
+for compilation), ``--repeats`` times interleaved (a slow moment of the machine hits both); each
+side's best run counts. One more run per side synchronizes after every compiled call to split its
+time between prefill (prompts and preempted samples' recomputation) and decode
+(``seconds_split``; that run's time is not the tokens/s one). ``tokens_identical``: every token of every
+sample equal in both and in a run on a pool that holds every sample's budget. The JSON carries the
+machine's load average before and after.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+import jax
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -42,19 +50,57 @@ MODEL = REPO / "pipelines" / "assets" / "stories260K"
 PROMPT_TOKENS = 16
 
 
-def workload(tokenizer, prompts: int, samples: int, budget: int, long_every: int) -> list[Request]:
-    """Prompts of the stories' openings; most samples stop at the first full stop, every
-    ``long_every``-th prompt's samples ignore EOS and run to the budget."""
+def workload(tokenizer, prompts: int, samples: int, budget: int, long_every: int, stop: str) -> list[Request]:
+    """Prompts of the stories' openings; most samples write to the story's end (EOS: 240-530 tokens
+    for stories260K at temperature 1), or with ``stop="period"`` to their first full stop (a few dozen,
+    for a quick run); every ``long_every``-th prompt's samples ignore EOS and run to the budget."""
     period = tokenizer.encode(".", add_bos=False)[-1]
     rows = story_examples("train", prompts)
     requests = []
     for i, row in enumerate(rows):
         long = i % long_every == long_every - 1
+        stops = (period,) if stop == "period" and not long else ()
         sampling = SamplingParams(temperature=1.0, max_new_tokens=budget, samples_per_prompt=samples,
-                                  stop_token_ids=() if long else (period,), ignore_eos=long)
+                                  stop_token_ids=stops, ignore_eos=long)
         requests.append(Request(tokenizer.encode(row["prompt"], add_bos=True)[:PROMPT_TOKENS], sampling,
                                 prompt_id=i, seed=17))
     return requests
+
+
+def resume_buckets(longest: int) -> tuple[int, ...]:
+    """The prompts' bucket and powers of 4 up to the longest sample a preempted one recomputes."""
+    buckets = [PROMPT_TOKENS]
+    while buckets[-1] < longest:
+        buckets.append(buckets[-1] * 4)
+    return tuple(buckets)
+
+
+class PhaseClock:
+    """Seconds in each compiled program of one engine, each call waited for: the engine dispatches
+    a prefill without waiting (the next decode call's results wait for it), so without this a
+    prefill's time would land on the decode after it."""
+
+    def __init__(self, engine: Engine):
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        # The engine's programs, wrapped for this one measurement (a benchmark, not a caller): prompts'
+        # prefill; a preempted sample's prompt and tokens so far, recomputed into its new pages; decode.
+        engine._prefill, engine._decode = self._clocked(engine._prefill, "prefill"), self._clocked(engine._decode, "decode")
+        extend = engine._extend_pages
+
+        def recompute(*args):
+            started = time.perf_counter()
+            extend(*args)
+            jax.block_until_ready(engine._cache)
+            self.seconds["prefill"] += time.perf_counter() - started
+        engine._extend_pages = recompute
+
+    def _clocked(self, program, phase):
+        def run(*args, **kwargs):
+            started = time.perf_counter()
+            out = jax.block_until_ready(program(*args, **kwargs))
+            self.seconds[phase] += time.perf_counter() - started
+            return out
+        return run
 
 
 def timed(engine: Engine, requests: list[Request]) -> tuple[float, list, dict]:
@@ -67,22 +113,24 @@ def timed(engine: Engine, requests: list[Request]) -> tuple[float, list, dict]:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--budget", type=int, default=256)
-    parser.add_argument("--long-every", type=int, default=16)
+    parser.add_argument("--budget", type=int, default=1024)
+    parser.add_argument("--stop", choices=("eos", "period"), default="eos")
+    parser.add_argument("--long-every", type=int, default=8)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--pool-budgets", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
 
+    load_before = os.getloadavg()
     model, tokenizer = from_pretrained(MODEL), load_tokenizer(MODEL)
-    requests = workload(tokenizer, args.prompts, args.samples, args.budget, args.long_every)
+    requests = workload(tokenizer, args.prompts, args.samples, args.budget, args.long_every, args.stop)
     page_size = 16
     budget_pages = -(-(PROMPT_TOKENS + args.budget) // page_size)
     # Buckets past the prompts' for a resumed sample: it recomputes its prompt and tokens so far.
     small = EngineConfig(num_slots=args.slots, page_size=page_size, max_prompt_len=PROMPT_TOKENS,
-                         max_new_tokens=args.budget, prefill_buckets=(PROMPT_TOKENS, 64, 256),
+                         max_new_tokens=args.budget, prefill_buckets=resume_buckets(PROMPT_TOKENS + args.budget),
                          decode_steps_per_call=16, attention_impl="window",
                          num_pages=args.pool_budgets * budget_pages + 1)
     big = dataclasses.replace(small, num_pages=args.slots * budget_pages + 1)
@@ -104,15 +152,23 @@ def main(argv=None) -> dict:
                        "decode_steps": stats["decode_steps"], "mean_running": stats["tokens"] / stats["decode_steps"],
                        "peak_pages_in_use": engines[name].pages.peak_in_use}
     sides["on_demand"]["preemptions"] = best["on_demand"][2]["preemptions"]
+    for name, engine in engines.items():  # the synchronized run: where each side's time goes
+        clock = PhaseClock(engine)
+        timed(engine, requests)
+        total = sum(clock.seconds.values())
+        sides[name]["seconds_split"] = {phase: {"seconds": seconds, "share": seconds / total}
+                                        for phase, seconds in clock.seconds.items()}
     tokens = lambda completions: [c.completion_ids for c in completions]
     lengths = sorted(len(c.completion_ids) for c in reference)
     out = {"benchmark": "engine_memory", "model": "stories260K", "dtype": "float32", "slots": args.slots,
            "pool_pages": small.num_pages - 1, "budget_pages": budget_pages, "samples": len(reference),
            "completion_tokens": {"mean": sum(lengths) / len(lengths), "median": lengths[len(lengths) // 2],
                                  "max": lengths[-1]},
-           **sides, "speedup": sides["on_demand"]["tokens_per_s"] / sides["reserve"]["tokens_per_s"],
+           "repeats_interleaved": args.repeats, **sides,
+           "running_ratio": sides["on_demand"]["mean_running"] / sides["reserve"]["mean_running"],
+           "tokens_per_s_ratio": sides["on_demand"]["tokens_per_s"] / sides["reserve"]["tokens_per_s"],
            "tokens_identical": tokens(best["reserve"][1]) == tokens(best["on_demand"][1]) == tokens(reference),
-           "loadavg": os.getloadavg()}
+           "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     print(json.dumps(out, indent=1))
     return out
 
