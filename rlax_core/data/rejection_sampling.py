@@ -117,20 +117,20 @@ def select_verified(samples: Sequence[Sample], selection: SampleSelection, examp
 def preference_pairs(samples: Sequence[Sample], selection: SampleSelection,
                      example_id: str) -> list[tuple[Sample, Sample]]:
     """(chosen, rejected) pairs of one prompt: a verified sample against a failed one, at most
-    ``pairs_per_prompt``. Pair ``d * S + s`` (S the smaller side, L the larger) takes the smaller
-    side's sample ``s`` and the larger side's sample ``(s + d) mod L``: every pair at most once, and
-    each of the first L pairs uses every sample of the larger side once."""
+    ``pairs_per_prompt``. With L samples on the larger side and S on the smaller, pair ``b * L + l``
+    takes the larger side's sample ``l`` and the smaller side's ``(l + b) mod S``: every pair at most
+    once, the first L pairs use every sample of the larger side once and the smaller side's in turn."""
     in_order = ordered(samples, selection, example_id)
     chosen, _ = distinct([s for s in in_order if s.correct])
     rejected, _ = distinct([s for s in in_order if not s.correct and s.key not in {c.key for c in chosen}])
-    smaller, larger = (chosen, rejected) if len(chosen) <= len(rejected) else (rejected, chosen)
+    smaller, larger = (chosen, rejected) if len(chosen) < len(rejected) else (rejected, chosen)
     pairs = []
-    for d in range(len(larger)):
-        for s, sample in enumerate(smaller):
+    for block in range(len(smaller)):
+        for index, sample in enumerate(larger):
             if len(pairs) == selection.pairs_per_prompt:
                 return pairs
-            other = larger[(s + d) % len(larger)]
-            pairs.append((sample, other) if smaller is chosen else (other, sample))
+            other = smaller[(index + block) % len(smaller)]
+            pairs.append((sample, other) if larger is chosen else (other, sample))
     return pairs
 
 
