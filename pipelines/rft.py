@@ -88,10 +88,10 @@ def build(pipeline: beam.Pipeline, config: RftConfig) -> None:
     unread = unreadable | "UnreadableOutcome" >> beam.Map(lambda row: {"reason": row["reason"], "pass_rate": None,
                                                                          "sft": 0, "pairs": 0, "duplicates": 0})
     ((outcomes, unread) | "Outcomes" >> beam.Flatten() | "AllOutcomes" >> beam.combiners.ToList()
-     | "Stats" >> beam.Map(_stats, config) | "WriteStats" >> WriteJsonFile(f"{out}/stats.json"))
+     | "Stats" >> beam.Map(rft_stats, config) | "WriteStats" >> WriteJsonFile(f"{out}/stats.json"))
 
 
-def _stats(outcomes: list[dict], config: RftConfig) -> dict:
+def rft_stats(outcomes: list[dict], config: RftConfig) -> dict:
     reasons = Counter(o["reason"] for o in outcomes)
     rates = [o["pass_rate"] for o in outcomes if o["pass_rate"] is not None]
     selection = config.sample_selection()
@@ -99,6 +99,7 @@ def _stats(outcomes: list[dict], config: RftConfig) -> dict:
             "skipped": reasons[SKIPPED], "unreadable": sum(n for r, n in reasons.items() if r not in (None, UNSOLVED, SKIPPED)),
             "sft_examples": sum(o["sft"] for o in outcomes), "pairs": sum(o["pairs"] for o in outcomes),
             "duplicates": sum(o["duplicates"] for o in outcomes),
+            "all_passed": sum(rate == 1.0 for rate in rates),  # prompts that can give no pair
             "mean_pass_rate": sum(rates) / len(rates) if rates else None,
             "samples_per_prompt": config.generation.sampling.samples_per_prompt,
             "generator": config.generation_spec().label, "generator_path": config.generator,

@@ -1,6 +1,5 @@
 """`rlax rft`: the generator resolved (the policy, or a teacher), bad input as one line, and a run on stories260K."""
 
-import argparse
 import json
 import signal
 from pathlib import Path
@@ -50,6 +49,20 @@ def test_beam_rft_left_empty_takes_the_filters_options():
     beam = BeamSpec(filter={"machine_type": "g2-standard-8"})
     assert beam.args("rft") == beam.args("filter") == ["--machine_type=g2-standard-8"]
     assert BeamSpec(filter={"machine_type": "a"}, rft={"machine_type": "b"}).args("rft") == ["--machine_type=b"]
+
+
+def test_the_stats_add_up_over_every_outcome():
+    config, _ = _resolve(["--config", "configs/rft_stories260k.yaml"])
+    outcomes = [{"reason": None, "pass_rate": 1.0, "sft": 2, "pairs": 0, "duplicates": 3},
+                {"reason": None, "pass_rate": 0.5, "sft": 1, "pairs": 2, "duplicates": 0},
+                {"reason": "unsolved", "pass_rate": 0.0, "sft": 0, "pairs": 0, "duplicates": 0},
+                {"reason": "skipped", "pass_rate": None, "sft": 0, "pairs": 0, "duplicates": 0},
+                {"reason": "malformed_json", "pass_rate": None, "sft": 0, "pairs": 0, "duplicates": 0}]
+    stats = rft.rft_stats(outcomes, config)
+    assert (stats["prompts"], stats["prompts_with_data"], stats["unsolved"], stats["skipped"], stats["unreadable"]) == (5, 2, 1, 1, 1)
+    assert (stats["sft_examples"], stats["pairs"], stats["duplicates"], stats["all_passed"]) == (3, 2, 3, 1)
+    assert stats["mean_pass_rate"] == 0.5 and stats["generator"] == "stories260K"
+    assert (stats["max_per_prompt"], stats["selection"], stats["pairs_per_prompt"]) == (2, "shortest", 2)
 
 
 CASES = [
@@ -109,6 +122,7 @@ def test_rft_on_the_story_task_keeps_verified_samples_from_a_teacher_and_dead_le
     assert stats["prompts_with_data"] + stats["unsolved"] == 8 and stats["prompts_with_data"] >= 1
     assert (stats["sft_examples"], stats["pairs"]) == (len(sft), len(pairs)) and sft and pairs
     assert stats["generator"] == "stories260K" and stats["generator_path"] == STORIES
+    assert stats["all_passed"] == sum(1 for rate in {r["example_id"]: r["pass_rate"] for r in sft}.values() if rate == 1.0)
     by_prompt = {}
     for row in sft:
         by_prompt.setdefault(row["example_id"], []).append(row)
