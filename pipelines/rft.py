@@ -70,6 +70,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[RftConfig, list[str]]:
     name = generator_name(generator, config.generation.name)
     config = dataclasses.replace(config, generator=generator,
                                  generation=dataclasses.replace(config.generation, name=name))
+    if run_config.hardware is not None:  # a recipe that declares its workers: the generator's engine must fit them
+        from pipelines.plan import check_memory
+
+        check_memory(dataclasses.replace(run_config, rft=config), roles=("rft",))
     return config, run_config.beam.args("rft")
 
 

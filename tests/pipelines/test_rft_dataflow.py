@@ -15,6 +15,7 @@ from rlax_core.data.records import EXAMPLE_SCHEMA, make_example, to_table
 from tests.pipelines.test_dataflow_jobs import MAX_JOB_BYTES, MODEL, RECIPES, _check_accelerator_job, offline  # noqa: F401
 
 RECIPE = "configs/rft_dataflow_gpu.yaml"
+TPU_RECIPE = "qwen25_7b_math_dataflow_tpu.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +51,19 @@ def test_the_rft_job_is_the_same_size_for_100_and_100000_prompts(prompt_sets, ca
     assert prompt_sets[100_000].stat().st_size > 10 * jobs[100_000]["size_bytes"]  # the data would show
 
 
-@pytest.mark.parametrize("recipe", ["qwen25_7b_math_dataflow_tpu.yaml"])
+@pytest.mark.parametrize("recipe", [TPU_RECIPE])
 def test_rft_runs_on_a_recipes_filter_workers(recipe, capsys, offline):
     # beam.rft left empty: the recipe's filter workers (the same engine, the same accelerator).
     job = _dry_run(capsys, ["rft", "--config", f"configs/{recipe}", "rft.input=gs://b/prompts/*.parquet",
                             "rft.output=gs://b/rft", f"rft.generator={MODEL}"])
     assert job["dry_run"] == "rft" and job["job_type"] == "JOB_TYPE_BATCH"
     _check_accelerator_job(job, recipe)
+
+
+def test_a_generator_that_does_not_fit_the_recipes_filter_workers_is_refused_before_translating(capsys, offline):
+    # The 7B TPU recipe's filter workers are v5e chips of 16 GiB: a float32 7B teacher on one chip is refused.
+    code = main(["rft", "--config", f"configs/{TPU_RECIPE}", "rft.input=gs://b/prompts/*.parquet", "rft.output=gs://b/rft",
+                 "rft.generator=gs://my-rlax-bucket/models/Qwen2.5-7B", "--dry_run=True"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and error.startswith("rlax rft: config error: hardware: rft: Qwen2.5-7B on 64 x v5e")
+    assert "does not fit" in error and "tensor_parallel" in error
