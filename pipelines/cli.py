@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "quickstart": "pipelines.quickstart",
     "curate": "pipelines.curate",
     "filter": "pipelines.filter_difficulty",
+    "rft": "pipelines.rft",
     "evaluate": "pipelines.evaluate",
     "generate": "pipelines.generate",
     "train": "pipelines.train",

@@ -13,6 +13,7 @@ that reads it; this module only assembles them::
     curate:    rlax_core.data.curation.CurateConfig (Beam curation pipeline)
     filter:    pipelines.sections.FilterConfig      (difficulty filtering)
     evaluate:  pipelines.sections.EvaluateConfig    (offline evaluation)
+    rft:       pipelines.sections.RftConfig         (rejection-sampling data: SFT rows and preference pairs)
     loop:      rlax_core.rollout.LoopConfig         (the streaming rollout side of the online loop)
     hardware:  rlax_core.planning.HardwareConfig    (chips of the rollout fleet and the trainer: ``rlax plan``)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
@@ -44,7 +45,7 @@ from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
 from pipelines.beam_args import merge_beam_args
 from pipelines.run_folder import UPCYCLED_MODEL
-from pipelines.sections import EvaluateConfig, FilterConfig
+from pipelines.sections import EvaluateConfig, FilterConfig, RftConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The recipes are the repository's configs/; setup.py installs the same files as pipelines/configs,
@@ -111,7 +112,7 @@ class ModelSpec:
 
 
 OptionValue = Union[str, int, float, bool, tuple[str, ...]]
-BEAM_COMMANDS = ("curate", "filter", "evaluate", "rollout")
+BEAM_COMMANDS = ("curate", "filter", "evaluate", "rollout", "rft")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +122,8 @@ class BeamSpec:
     ``options`` hold what every pipeline of the run shares (project, region, temp_location, container
     image); ``curate``, ``filter``, ``evaluate`` and ``rollout`` hold what only that command's job
     takes (CPU machines for curation, accelerator workers for the model's jobs, Streaming Engine for
-    rollouts) and win over ``options`` key by key; the set options (``experiments``,
+    rollouts) and win over ``options`` key by key; ``rft`` left empty takes ``filter``'s (the same
+    engine on the same workers); the set options (``experiments``,
     ``dataflow_service_options``) add their entries to the shared ones instead. Flags typed on the
     command line are merged over both by the same rule (``pipelines.beam_args.merge_beam_args``);
     ``false`` drops a flag. A list value repeats its flag
@@ -135,6 +137,7 @@ class BeamSpec:
     filter: dict[str, OptionValue] = field(default_factory=dict)
     evaluate: dict[str, OptionValue] = field(default_factory=dict)
     rollout: dict[str, OptionValue] = field(default_factory=dict)
+    rft: dict[str, OptionValue] = field(default_factory=dict)
 
     def __post_init__(self):
         for section in ("options", *BEAM_COMMANDS):
@@ -148,7 +151,7 @@ class BeamSpec:
         """The flags of ``command``'s job: the runner, ``options``, then the command's own section."""
         require(command in BEAM_COMMANDS, "command", f"one of {', '.join(BEAM_COMMANDS)}")
         flags = [f"--runner={self.runner}"] if self.runner else []
-        own = getattr(self, command)
+        own = getattr(self, command) or (self.filter if command == "rft" else {})
         shared = {key: value for key, value in self.options.items() if own.get(key) is not False}
         return flags + merge_beam_args(_flags(shared), _flags(own))
 
@@ -175,6 +178,7 @@ class RunConfig:
     curate: CurateConfig = field(default_factory=CurateConfig)
     filter: FilterConfig = field(default_factory=FilterConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    rft: RftConfig = field(default_factory=RftConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     hardware: Optional[HardwareConfig] = None  # undeclared: nothing to plan against (rlax plan says so)
     beam: BeamSpec = field(default_factory=BeamSpec)

@@ -24,7 +24,7 @@ from pipelines.config import template_of
 from rlax_core.planning.memory import MemoryPlan, gib, plan_rollout, plan_trainer, refuse_unless_fits
 
 HELP = "memory per chip of the rollout engine and the trainer against the config's declared hardware"
-ROLES = ("rollout", "trainer", "filter", "evaluate")
+ROLES = ("rollout", "trainer", "filter", "evaluate", "rft")
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,14 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     # Difficulty filtering and evaluation run an engine on their workers (by default the rollouts' kind).
     generations = [("filter", config.filter.generation, config.filter.generation.model)]
     generations += [("evaluate", config.evaluate.generation, path) for path in config.evaluate.models]
+    if config.rft.input:  # a run that makes rejection-sampling data: its generator, on the filter's workers
+        generations.append(("rft", config.rft.generation, config.rft.generator or config.policy_path()))
     for role, generation, path in generations:
-        if role in roles and path and hardware.workers_of(role) is not None:
+        workers = hardware.workers_of("filter" if role == "rft" else role)
+        if role in roles and path and workers is not None:
             shape = read_model_config(template_of(resolve_asset(path)))
             plans.append(dataclasses.replace(
-                plan_rollout(shape, generation.engine, hardware.workers_of(role), generation.dtype, _name_of(path)),
-                role=role))
+                plan_rollout(shape, generation.engine, workers, generation.dtype, _name_of(path)), role=role))
     if "trainer" in roles and hardware.trainer is not None:
         plans.append(plan_trainer(model, config.trainer, hardware.trainer,
                                   rows_per_step=config.rows_per_step(),

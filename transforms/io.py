@@ -164,15 +164,15 @@ class ReadRawRecords(beam.PTransform):
 
 
 class WriteExamples(beam.PTransform):
-    """Example rows as ``PREFIX-SSSSS-of-NNNNN.parquet`` with the shared Example schema."""
+    """Rows as ``PREFIX-SSSSS-of-NNNNN.parquet`` with the Example schema, or another of ``rlax_core.data.records``."""
 
-    def __init__(self, prefix: str, num_shards: int = 0):
+    def __init__(self, prefix: str, num_shards: int = 0, schema=EXAMPLE_SCHEMA):
         super().__init__()
-        self.prefix, self.num_shards = prefix, num_shards
+        self.prefix, self.num_shards, self.schema = prefix, num_shards, schema
 
     def expand(self, examples):
         return examples | "WriteParquet" >> beam.io.WriteToParquet(
-            self.prefix, schema=EXAMPLE_SCHEMA, file_name_suffix=".parquet", num_shards=self.num_shards)
+            self.prefix, schema=self.schema, file_name_suffix=".parquet", num_shards=self.num_shards)
 
 
 class WriteJsonLines(beam.PTransform):

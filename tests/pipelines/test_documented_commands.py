@@ -189,12 +189,14 @@ def _local_runs() -> dict[str, list[str]]:
 
 def test_every_local_command_is_run_here_or_by_a_named_test():
     runs = _local_runs()
-    assert set(runs) == {"configs/filter_stories260k.yaml", "configs/evaluate_stories260k.yaml", "docs/dataflow.md"}
+    assert set(runs) == {"configs/filter_stories260k.yaml", "configs/evaluate_stories260k.yaml",
+                         "configs/rft_stories260k.yaml", "docs/dataflow.md"}
     assert all(c.startswith(WORKER_IMAGE) for c in runs["docs/dataflow.md"])
 
 
-@pytest.mark.slow  # two small Beam jobs on stories260K
-@pytest.mark.parametrize("document", ["configs/filter_stories260k.yaml", "configs/evaluate_stories260k.yaml"])
+@pytest.mark.slow  # three small Beam jobs on stories260K
+@pytest.mark.parametrize("document", ["configs/filter_stories260k.yaml", "configs/evaluate_stories260k.yaml",
+                                      "configs/rft_stories260k.yaml"])
 def test_the_small_recipes_header_commands_run_as_written(document, tmp_path):
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
     (tmp_path / "configs").symlink_to(REPO / "configs")
@@ -207,4 +209,4 @@ def test_the_small_recipes_header_commands_run_as_written(document, tmp_path):
     script = "\n".join(["set -euo pipefail", *(c.partition("  #")[0] for c in _local_runs()[document])])
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, f"{script}\n---\n{(done.stdout + done.stderr)[-4000:]}"
-    assert "rlax filter: kept" in done.stdout or "rlax evaluate:" in done.stdout
+    assert any(said in done.stdout for said in ("rlax filter: kept", "rlax evaluate:", "rlax rft:"))
