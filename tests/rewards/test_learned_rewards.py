@@ -185,3 +185,26 @@ def test_the_pairwise_judge_compares_the_samples_of_one_group(story_judge):
     assert [info["judge_comparisons"] for _, info in results] == [4, 4, 4, 0]
     assert sum(reward for reward, _ in results[:3]) == pytest.approx(1.5)  # win rates of a group share the wins
     assert results[3][0] == 0.5 and all(info["judge_text"] for _, info in results[:3])
+
+
+def test_a_reward_model_without_saved_stats_is_refused_under_normalize_saved(tmp_path):
+    policy = from_pretrained(STORIES / "stories260K.bin")
+    config = reward_model_config(policy.config)
+    export_hf(tmp_path, config, init_reward_params(policy.params), tokenizer_source=STORIES / "tok512.model")
+    with pytest.raises(RewardUnavailable, match="no saved score statistics") as caught:
+        Rewarder(_rewards(reward_model={"path": str(tmp_path)}))
+    assert "\n" not in str(caught.value)
+
+
+def test_the_configurations_on_the_reward_models_page_load():
+    import re
+
+    import yaml
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reward_models.md").read_text()
+    blocks = [yaml.safe_load(body)["rewards"] for body in re.findall(r"^```yaml\n(.*?)^```", page, re.S | re.M)]
+    assert len(blocks) == 2
+    for block in blocks:
+        config = from_dict(RewardConfig, block)
+        assert set(config.terms) & {"reward_model", "judge"}
+    assert "{completion}" in from_dict(RewardConfig, blocks[1]).judge.template
