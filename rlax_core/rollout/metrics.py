@@ -27,6 +27,8 @@ def group_summary(group: dict, *, written: bool) -> dict:
         "rewards": [row["reward"] for row in rows],
         "passes": [bool(info.get("pass", False)) for info in infos],
         "learned": {name: scores for name, scores in learned.items() if any(s is not None for s in scores)},
+        # Judge answers where nothing parsed (scored by the judge's stated default).
+        "judge_unparsed": sum(info.get("terms", {}).get("judge", {}).get("judge_parsed") is False for info in infos),
         "lengths": [len(row["completion_ids"]) for row in rows],
         "versions": [row["policy_version"] for row in rows],
         "generate_seconds": group["generate_seconds"],
@@ -69,6 +71,8 @@ def learned_reward_metrics(summaries: list[dict]) -> dict:
         if pairs:
             row[f"{name}_mean"] = sum(score for score, _ in pairs) / len(pairs)
             row[f"{name}_pass_correlation"] = pearson([score for score, _ in pairs], [p for _, p in pairs])
+    if "judge_mean" in row:
+        row["judge_parse_failures"] = sum(s.get("judge_unparsed", 0) for s in summaries)
     return row
 
 

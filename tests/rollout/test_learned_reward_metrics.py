@@ -15,6 +15,8 @@ def _group(slot, scores, passes, learned="reward_model"):
         terms = {"task": {"score": float(passed), "pass": passed}}
         if learned:
             terms[learned] = {"score": score, "raw_score": score}
+            if learned == "judge":
+                terms[learned]["judge_parsed"] = score > 0.5
         rows.append({"reward": score, "reward_info": json.dumps({"pass": passed, "terms": terms}),
                      "completion_ids": [1, 2, 3], "policy_version": 4})
     return {"key": (7, slot), "rows": rows, "generate_seconds": 1.0, "worker": "w"}
@@ -42,4 +44,5 @@ def test_without_a_learned_reward_nothing_is_added_and_constant_sides_have_no_co
     assert not any(key.startswith(("reward_model", "judge")) for key in row)
     judged = step_metrics(1, [group_summary(_group(0, [0.2, 0.9], [True, True], learned="judge"), written=True)])
     assert judged["judge_mean"] == pytest.approx(0.55) and judged["judge_pass_correlation"] is None
+    assert judged["judge_parse_failures"] == 1  # the 0.2 was the default of an answer that did not parse
     assert pearson([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
