@@ -354,9 +354,7 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
                "activations": "raise trainer.micro_batches (rows per chip) or trainer.mesh.tensor, set "
                               "trainer.remat, or lower trainer.max_seq_len",
                "adapter activations": "raise trainer.micro_batches, set trainer.remat, or lower trainer.lora.rank",
-               "compiled code": "nothing: XLA's generated code",
-               "reward model weights": "loop.rewards.reward_model.dtype: bfloat16, or a smaller reward model",
-               "reward model activations": "lower loop.rewards.reward_model.batch_size or max_length"})
+               "compiled code": "nothing: XLA's generated code"})
 
 
 def _lora_parts(model: ModelConfig, trainer: TrainerConfig, dtype: str, sizes, base: int) -> dict[str, int]:
