@@ -235,8 +235,14 @@ class RolloutStream(beam.PTransform):
             | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
             | "Redistribute" >> beam.Reshuffle()
             | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, Shared()), version)
-            | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec))
         )
+        placement = spec.rewards.reward_model
+        if "reward_model" in spec.rewards.terms and placement.placement == "own_stage":
+            # The Reshuffle ends the fused generation stage: scoring runs where its hints place it.
+            scored = (scored | "ToRewardStage" >> beam.Reshuffle()
+                      | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec)).with_resource_hints(**placement.resource_hints))
+        else:
+            scored = scored | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec))
         assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(
             AssembleGroups.DROPPED, main="kept")
         written = assembled.kept | "WriteGroups" >> beam.ParDo(WriteGroups(spec)).with_output_types(StepSummary)

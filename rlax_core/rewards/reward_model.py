@@ -33,6 +33,9 @@ from rlax_core.config import require
 from rlax_core.rewards.registry import RewardResult, RewardTerm, RewardUnavailable, Sample, register_reward, scoring_failure
 
 
+RESOURCE_HINTS = ("accelerator", "min_ram", "cpu_count")  # Beam's resource hints a stage may carry
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardModelConfig:
     path: str = ""  # a sequence-classification model folder (local or gs://)
@@ -42,8 +45,17 @@ class RewardModelConfig:
     batch_size: int = 16  # sequences per forward (padded to it, so one compiled shape per length bucket)
     max_length: int = 1024  # prompt + completion tokens read; longer texts keep their first tokens
     dtype: str = "float32"
+    # Where the scoring runs: "rollout_worker" (ScoreRollouts fused with generation: the reward model on
+    # the policy's own devices) or "own_stage" (a Reshuffle before ScoreRollouts, which runs on workers
+    # with ``resource_hints``, Beam's accelerator / min_ram / cpu_count: for a model that does not fit).
+    placement: Literal["rollout_worker", "own_stage"] = "rollout_worker"
+    resource_hints: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        unknown = sorted(set(self.resource_hints) - set(RESOURCE_HINTS))
+        require(not unknown, "resource_hints", f"unknown hint(s) {unknown}; Beam's are {', '.join(RESOURCE_HINTS)}")
+        require(self.placement == "own_stage" or not self.resource_hints, "resource_hints",
+                "apply to placement: own_stage (on the rollout worker the scoring shares its devices)")
         require(self.calibration_samples >= 2, "calibration_samples", "must be >= 2 (a std needs two scores)")
         require(self.batch_size >= 1, "batch_size", "must be >= 1")
         require(self.max_length >= 2, "max_length", "must be >= 2")

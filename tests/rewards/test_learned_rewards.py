@@ -203,7 +203,7 @@ def test_the_configurations_on_the_reward_models_page_load():
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "reward_models.md").read_text()
     blocks = [yaml.safe_load(body)["rewards"] for body in re.findall(r"^```yaml\n(.*?)^```", page, re.S | re.M)]
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for block in blocks:
         config = from_dict(RewardConfig, block)
         assert set(config.terms) & {"reward_model", "judge"}
