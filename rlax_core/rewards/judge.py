@@ -68,15 +68,19 @@ class JudgeConfig:
         require(fields <= allowed, "template", f"unknown placeholder(s) {sorted(fields - allowed)}; a {self.mode} "
                 f"template may name {', '.join(sorted(allowed))}")
         for name in ("score_pattern", "verdict_pattern"):
-            try:
-                groups = re.compile(getattr(self, name)).groups
-            except re.error as error:
-                groups = -1
-                require(False, name, f"not a regular expression: {error}")
-            require(groups >= 1, name, "needs a capturing group: group 1 is what is read")
+            require(_capturing_groups(getattr(self, name)) >= 1, name,
+                    "needs to be a regular expression with a capturing group: group 1 is what is read")
         require(self.max_score > 0, "max_score", "must be > 0")
         require(self.max_new_tokens >= 1 and self.max_prompt_len >= 16, "max_new_tokens", "the judge needs room "
                 "to answer (max_new_tokens >= 1, max_prompt_len >= 16)")
+
+
+def _capturing_groups(pattern: str) -> int:
+    """The pattern's capturing groups; -1 when it is no regular expression."""
+    try:
+        return re.compile(pattern).groups
+    except re.error:
+        return -1
 
 
 def fill_template(template: str, example: Mapping[str, Any], **completions: str) -> str:

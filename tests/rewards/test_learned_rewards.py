@@ -114,7 +114,8 @@ def test_the_judge_template_is_filled():
     ({"template": "Rate {question}:"}, "judge.template: has no {completion} placeholder"),
     ({"mode": "pairwise", "template": "{question} {completion_a}"}, "judge.template: has no {completion_b} placeholder"),
     ({"template": "{completion} {answer}"}, "unknown placeholder"),
-    ({"score_pattern": r"\d+"}, "needs a capturing group"),
+    ({"score_pattern": r"\d+"}, "needs to be a regular expression with a capturing group"),
+    ({"verdict_pattern": "(A"}, "needs to be a regular expression"),
 ])
 def test_a_bad_judge_template_is_refused_in_one_line(section, message):
     with pytest.raises(ConfigError, match=message) as caught:
