@@ -49,7 +49,7 @@ def test_the_reward_model_term_scores_prompt_and_completion_normalised_by_the_sa
         rendered, add_bos = render_for_reward_model(EXAMPLE, text, tokenizer)
         assert rendered == EXAMPLE["prompt"] + text and add_bos  # stories260K has no chat template
         ids = np.asarray([tokenizer.encode(rendered, add_bos=True)])
-        raw = float(sequence_scores(params, config, ids, np.ones_like(ids))[0])
+        raw = float(jax.jit(sequence_scores, static_argnames="config")(params, config, ids, np.ones_like(ids))[0])
         np.testing.assert_allclose(info["terms"]["reward_model"]["raw_score"], raw, atol=1e-4)
         np.testing.assert_allclose(reward, (raw - 0.5) / 2.0, atol=1e-4)
 

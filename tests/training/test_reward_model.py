@@ -20,11 +20,19 @@ from rlax_core.training.reward_model import (bradley_terry_loss, init_reward_par
 
 POLICY = toy_config(tie_word_embeddings=False)
 RM = reward_model_config(POLICY)
+# Jitted once per shape: the transformer run op by op is what made these tests slow.
+scores_of = jax.jit(sequence_scores, static_argnames="config")
+hidden_of = jax.jit(hidden_states, static_argnames="config")
 
 
 @pytest.fixture(scope="module")
-def reward_params():
-    params = init_reward_params(init_params(POLICY, jax.random.key(0)))
+def policy_params():
+    return init_params(POLICY, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def reward_params(policy_params):
+    params = init_reward_params(policy_params)
     params["score"]["kernel"] = jax.random.normal(jax.random.key(1), params["score"]["kernel"].shape) * 0.3
     return params
 
@@ -33,20 +41,20 @@ def test_the_score_is_the_head_on_the_last_real_token_whatever_the_padding(rewar
     rng = np.random.default_rng(0)
     ids = rng.integers(3, POLICY.vocab_size, (3, 10))
     mask = np.array([[1] * 10, [1] * 7 + [0] * 3, [1] * 2 + [0] * 8])
-    scores = np.asarray(sequence_scores(reward_params, RM, ids, mask))
+    scores = np.asarray(scores_of(reward_params, RM, ids, mask))
+    alone = {k: v for k, v in reward_params.items() if k != "score"}
     for row, length in enumerate(mask.sum(1)):
-        alone = {k: v for k, v in reward_params.items() if k != "score"}
-        hidden = np.asarray(hidden_states(alone, RM, ids[row:row + 1, :length]))[0, -1]
+        hidden = np.asarray(hidden_of(alone, RM, ids[row:row + 1, :length]))[0, -1]
         np.testing.assert_allclose(scores[row], hidden @ np.asarray(reward_params["score"]["kernel"]), atol=1e-5)
     assert "lm_head" not in reward_params
     assert jax.tree.structure(reward_logical_axes(RM), is_leaf=lambda x: isinstance(x, tuple)) == \
         jax.tree.structure(reward_params)
 
 
-def test_a_new_reward_model_scores_every_pair_at_zero():
-    params = init_reward_params(init_params(POLICY, jax.random.key(0)))
-    ids = np.ones((2, 5), np.int32)
-    np.testing.assert_array_equal(sequence_scores(params, RM, ids, np.ones_like(ids)), 0.0)
+def test_a_new_reward_model_scores_every_pair_at_zero(policy_params):
+    params = init_reward_params(policy_params)
+    ids = np.ones((3, 10), np.int32)  # the shape the test above compiled
+    np.testing.assert_array_equal(scores_of(params, RM, ids, np.ones_like(ids)), 0.0)
 
 
 def _numpy_loss(chosen, rejected, margin, center):
@@ -95,13 +103,15 @@ def test_bradley_terry_learns_a_preference():
     words = ["the cat", "a dog", "my hat", "one sun", "red car", "big tree", "old man", "sea"]
     pairs = [{"id": str(i), "prompt": f"{w}:", "chosen": " good", "rejected": " bad"} for i, w in enumerate(words)]
     train, held_out = pair_batch(pairs[:6], _Bytes(), 12), pair_batch(pairs[6:], _Bytes(), 12)
-    params = init_reward_params(init_params(POLICY, jax.random.key(0)))
+    small = toy_config(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+    config = reward_model_config(small)
+    params = init_reward_params(init_params(small, jax.random.key(0)))
     optimizer = optax.adam(1e-2)
     state = optimizer.init(params)
 
     @jax.jit
     def step(params, state):
-        (loss, metrics), grads = jax.value_and_grad(pair_loss, has_aux=True)(params, RM, train, 0.01)
+        (loss, metrics), grads = jax.value_and_grad(pair_loss, has_aux=True)(params, config, train, 0.01)
         updates, state = optimizer.update(grads, state)
         return optax.apply_updates(params, updates), state, loss
 
@@ -109,7 +119,7 @@ def test_bradley_terry_learns_a_preference():
     for _ in range(15):
         params, state, loss = step(params, state)
         first = float(loss) if first is None else first
-    _, metrics = pair_loss(params, RM, held_out)
+    _, metrics = jax.jit(pair_loss, static_argnames="config")(params, config, held_out)
     assert float(loss) < first < 0.7
     assert float(metrics["pair_accuracy"]) == 1.0
 
