@@ -32,6 +32,7 @@ from rlax_core.rollout.schedule import WorkUnit
 from rlax_core.rollout.pacing import StepPacer
 from rlax_core.rollout.spec import RolloutSpec
 from rlax_core.rollout.busy import Busy
+from transforms.reward_stage import PlacedScoring
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,7 @@ class GenerateRollouts(beam.DoFn):
     """
 
     def __init__(self, spec: RolloutSpec, shared: Shared):
-        self._spec = spec
-        self._shared = shared
+        self._spec, self._shared = spec, shared
 
     def setup(self):
         spec = self._spec
@@ -235,14 +235,8 @@ class RolloutStream(beam.PTransform):
             | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
             | "Redistribute" >> beam.Reshuffle()
             | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, Shared()), version)
+            | "Score" >> PlacedScoring(ScoreRollouts(spec), spec.rewards)
         )
-        placement = spec.rewards.reward_model
-        if "reward_model" in spec.rewards.terms and placement.placement == "own_stage":
-            # The Reshuffle ends the fused generation stage: scoring runs where its hints place it.
-            scored = (scored | "ToRewardStage" >> beam.Reshuffle()
-                      | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec)).with_resource_hints(**placement.resource_hints))
-        else:
-            scored = scored | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec))
         assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(
             AssembleGroups.DROPPED, main="kept")
         written = assembled.kept | "WriteGroups" >> beam.ParDo(WriteGroups(spec)).with_output_types(StepSummary)

@@ -61,6 +61,15 @@ class RewardModelConfig:
         require(self.max_length >= 2, "max_length", "must be >= 2")
 
 
+def scoring_stage_hints(rewards) -> dict[str, str] | None:
+    """The Beam resource hints of the scoring stage when a reward model runs on its own stage
+    (``placement: own_stage``); None when scoring stays fused with generation on the rollout worker."""
+    settings = rewards.reward_model
+    if "reward_model" not in rewards.terms or settings.placement != "own_stage":
+        return None
+    return dict(settings.resource_hints)
+
+
 def render_for_reward_model(example, completion: str, tokenizer) -> tuple[str, bool]:
     """``(text, add_bos)`` of prompt + completion in the reward model's own format: its chat template
     with the completion as the assistant's turn where the task chats, else the policy's plain text."""
