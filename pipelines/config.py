@@ -335,6 +335,8 @@ def reward_model_beside(run_config) -> dict[str, int]:
 
     settings = rewards.reward_model
     shape = read_model_config(resolve_asset(settings.path))
+    if shape.moe is None:  # a published causal shape named for the reward model: its score head, no classifier
+        shape = dataclasses.replace(shape, score_head=True)
     return reward_model_parts(shape, settings.batch_size, settings.max_length, settings.dtype)
 
 
