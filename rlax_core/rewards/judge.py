@@ -36,6 +36,7 @@ import numpy as np
 
 from rlax_core.config import require
 from rlax_core.rewards.registry import RewardResult, RewardTerm, Sample, register_reward, scoring_failure
+from rlax_core.rewards.reward_model import process_shared
 
 JUDGE_TEXT_CHARS = 2000  # of the judge's answer kept in reward_info
 
@@ -140,27 +141,35 @@ class Judge(RewardTerm):
 
     def __init__(self, config):
         super().__init__(config)
-        from rlax_core.inference.config import EngineConfig, SamplingParams
-        from rlax_core.inference.engine import Engine
-        from rlax_core.models.checkpoint import from_pretrained
         from rlax_core.models.export import tokenizer_source_of
         from rlax_core.models.tokenizer import load_tokenizer
 
         settings: JudgeConfig = config.judge
         self.settings = settings
-        model = from_pretrained(settings.path, dtype=settings.dtype)
         self.tokenizer = load_tokenizer(settings.tokenizer or tokenizer_source_of(settings.path))
+        self.engine, self.sampling, self._lock = process_shared(
+            ("judge", settings.path, settings.dtype, settings.max_prompt_len, settings.max_new_tokens,
+             settings.num_slots), lambda: self._build_engine(settings))
+        self.parse_failures = 0  # judge answers with no score or verdict: scored by the stated default
+        self._count_lock = threading.Lock()
+
+    @staticmethod
+    def _build_engine(settings: JudgeConfig):
+        """The judge's engine, its greedy sampling, and the lock that lets one generate run at a time."""
+        from rlax_core.inference.config import EngineConfig, SamplingParams
+        from rlax_core.inference.engine import Engine
+        from rlax_core.models.checkpoint import from_pretrained
+
+        model = from_pretrained(settings.path, dtype=settings.dtype)
         buckets = tuple(b for b in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096) if b < settings.max_prompt_len)
         engine = EngineConfig(num_slots=settings.num_slots, max_prompt_len=settings.max_prompt_len,
                               max_new_tokens=settings.max_new_tokens,
                               prefill_buckets=(*buckets, settings.max_prompt_len),
                               num_pages=settings.num_slots * -(-(settings.max_prompt_len + settings.max_new_tokens)
                                                                // 16) + 1)
-        self.engine = Engine(engine, model.config, model.params)
-        self.sampling = SamplingParams(temperature=0.0, max_new_tokens=settings.max_new_tokens,
-                                       stop_token_ids=tuple(model.config.eos_token_ids))
-        self.parse_failures = 0  # judge answers with no score or verdict: scored by the stated default
-        self._lock = threading.Lock()  # one engine: one generate at a time
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=settings.max_new_tokens,
+                                  stop_token_ids=tuple(model.config.eos_token_ids))
+        return Engine(engine, model.config, model.params), sampling, threading.Lock()
 
     def judge_prompts(self, prompts: Sequence[str]) -> list[str]:
         """The judge's greedy answers to ``prompts`` (each rendered as one user turn where it chats)."""
@@ -195,7 +204,7 @@ class Judge(RewardTerm):
     def _result(self, score: float | None, text: str, **info: Any) -> RewardResult:
         parsed = score is not None
         if not parsed:
-            with self._lock:
+            with self._count_lock:
                 self.parse_failures += 1
         return RewardResult(score if parsed else self.settings.default_score,
                             {"judge_text": text[:JUDGE_TEXT_CHARS], "judge_parsed": parsed, **info})
@@ -234,7 +243,7 @@ class Judge(RewardTerm):
                     wins[winner, loser] += 1.0
                 for sample_index in (a, b):
                     said[sample_index].append(text[:JUDGE_TEXT_CHARS // 4])
-            with self._lock:
+            with self._count_lock:
                 self.parse_failures += unparsed
             scores = (win_rates(wins) if self.settings.aggregate == "win_rate" else bradley_terry_strengths(wins))
             for sample_index in members:

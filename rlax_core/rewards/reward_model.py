@@ -93,6 +93,20 @@ def unknown_token_id(tokenizer) -> int | None:
     return None
 
 
+_PROCESS_MODELS: dict[tuple, object] = {}  # one copy per process, whatever the DoFn instances and threads
+_PROCESS_MODELS_LOCK = threading.Lock()
+
+
+def process_shared(key: tuple, build):
+    """``build()`` once per process for ``key``: a Beam worker runs a DoFn instance per thread, each
+    with its own Rewarder, and a model's weights (and a judge's engine) should be held once, as the
+    memory planner counts them."""
+    with _PROCESS_MODELS_LOCK:
+        if key not in _PROCESS_MODELS:
+            _PROCESS_MODELS[key] = build()
+        return _PROCESS_MODELS[key]
+
+
 def length_bucket(length: int, limit: int) -> int:
     """Sequences are padded up to a power of two (at least 16, at most ``limit``): few compiled shapes."""
     return min(limit, max(16, 1 << (max(length, 1) - 1).bit_length()))
@@ -112,7 +126,8 @@ class RewardModelScore(RewardTerm):
 
         settings: RewardModelConfig = config.reward_model
         self.settings = settings
-        model = from_pretrained(settings.path, dtype=settings.dtype)
+        model = process_shared(("reward_model", settings.path, settings.dtype),
+                               lambda: from_pretrained(settings.path, dtype=settings.dtype))
         if not model.config.score_head:
             raise RewardUnavailable(f"reward_model.path {settings.path}: a causal language model, not a reward "
                                     "model (a *ForSequenceClassification with one label)")
@@ -120,7 +135,9 @@ class RewardModelScore(RewardTerm):
         self.tokenizer = load_tokenizer(settings.tokenizer or settings.path)
         self.unknown_id = unknown_token_id(self.tokenizer)
         self.pad_id = self.model_config.pad_token_id or 0
-        self._forward = jax.jit(lambda params, tokens, mask: sequence_scores(params, self.model_config, tokens, mask))
+        shape = self.model_config
+        self._forward = process_shared(("reward_model_forward", shape), lambda: jax.jit(
+            lambda params, tokens, mask: sequence_scores(params, shape, tokens, mask)))
         self.stats = read_score_stats(settings.path) if settings.normalize == "saved" else None
         if settings.normalize == "saved" and self.stats is None:
             raise RewardUnavailable(f"reward_model.path {settings.path}: no saved score statistics (reward_stats.json); "

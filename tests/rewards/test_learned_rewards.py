@@ -209,3 +209,12 @@ def test_the_configurations_on_the_reward_models_page_load():
         config = from_dict(RewardConfig, block)
         assert set(config.terms) & {"reward_model", "judge"}
     assert "{completion}" in from_dict(RewardConfig, blocks[1]).judge.template
+
+
+def test_rewarders_of_one_process_share_one_copy_of_the_reward_model(reward_model_folder):
+    # A Beam worker builds a Rewarder per DoFn instance (per thread): the weights are held once.
+    folder, _, _ = reward_model_folder
+    with Rewarder(_rewards(reward_model={"path": str(folder)})) as first, \
+            Rewarder(_rewards(reward_model={"path": str(folder), "normalize": "none"})) as second:
+        assert first.terms["reward_model"].params is second.terms["reward_model"].params
+        assert first.terms["reward_model"]._forward is second.terms["reward_model"]._forward
