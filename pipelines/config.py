@@ -312,7 +312,8 @@ def resolve_auto_pages(config):
                               f"auto sizes the KV pool from the {role} chips' memory: declare hardware.{role} "
                               "(or hardware.rollout) and the model, or give a number of pages")
         shape = policy_shape(config) if role == "rollout" else read_model_config(template_of(resolve_asset(path)))
-        return auto_num_pages(shape, engine, hardware, dtype, lora=lora)
+        return auto_num_pages(shape, engine, hardware, dtype, lora=lora,
+                              beside=reward_model_beside(config) if role == "rollout" else None)
 
     engine = resolved(config.engine, "rollout", config.model.path, config.model.dtype, config.trainer.lora)
     generations = {}
@@ -325,6 +326,22 @@ def resolve_auto_pages(config):
                                        for r in generations):
         return config
     return dataclasses.replace(config, engine=engine, **generations)
+
+
+def reward_model_beside(run_config) -> dict[str, int]:
+    """What a ``reward_model`` term holds on the rollout chips beside the engine (its weights and one
+    forward's activations: ``planning.memory.reward_model_parts``); nothing without one."""
+    rewards = run_config.loop.rewards
+    if rewards is None or "reward_model" not in rewards.terms:
+        return {}
+    from rlax_core.models.checkpoint import read_model_config
+    from rlax_core.planning.memory import reward_model_parts
+
+    settings = rewards.reward_model
+    shape = read_model_config(resolve_asset(settings.path))
+    if shape.moe is None:  # a published causal shape named for the reward model: its score head, no classifier
+        shape = dataclasses.replace(shape, score_head=True)
+    return reward_model_parts(shape, settings.batch_size, settings.max_length, settings.dtype)
 
 
 def policy_shape(run_config):

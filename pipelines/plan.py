@@ -33,7 +33,7 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     """The plans of a ``pipelines.config.RunConfig``'s roles; none when it declares no hardware."""
     from rlax_core.models.checkpoint import read_model_config
     from pipelines.config import resolve_asset
-    from pipelines.config import policy_shape
+    from pipelines.config import policy_shape, reward_model_beside
 
     if config.hardware is None:
         log.warning("no hardware: section in the config; its memory is not planned")
@@ -46,7 +46,7 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     if "rollout" in roles and hardware.rollout is not None:
         # A LoRA run's versions after the base are adapters, which the rollout engine applies itself.
         plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name,
-                                  lora=config.trainer.lora))
+                                  lora=config.trainer.lora, beside=reward_model_beside(config)))
     # Difficulty filtering and evaluation run an engine on their workers (by default the rollouts' kind).
     generations = [("filter", config.filter.generation, config.filter.generation.model)]
     generations += [("evaluate", config.evaluate.generation, path) for path in config.evaluate.models]

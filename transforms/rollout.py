@@ -32,6 +32,7 @@ from rlax_core.rollout.schedule import WorkUnit
 from rlax_core.rollout.pacing import StepPacer
 from rlax_core.rollout.spec import RolloutSpec
 from rlax_core.rollout.busy import Busy
+from transforms.reward_stage import PlacedScoring
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,7 @@ class GenerateRollouts(beam.DoFn):
     """
 
     def __init__(self, spec: RolloutSpec, shared: Shared):
-        self._spec = spec
-        self._shared = shared
+        self._spec, self._shared = spec, shared
 
     def setup(self):
         spec = self._spec
@@ -235,7 +235,7 @@ class RolloutStream(beam.PTransform):
             | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
             | "Redistribute" >> beam.Reshuffle()
             | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, Shared()), version)
-            | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec))
+            | "Score" >> PlacedScoring(ScoreRollouts(spec), spec.rewards)
         )
         assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(
             AssembleGroups.DROPPED, main="kept")

@@ -135,7 +135,9 @@ def _hf_tensors(config: ModelConfig) -> list[_HFTensor]:
             tensors.append(layer_tensor("mlp.shared_expert_gate.weight", ("moe", "shared_expert_gate"),
                                         *linear(1, e, (e, 1)), layers=sparse))
     tensors.append(_HFTensor("model.norm.weight", ("norm", "scale"), (e,), same, same))
-    if not config.tie_word_embeddings:
+    if config.score_head:  # a reward model: Hugging Face's score Linear(hidden, 1, bias=False), no classifier
+        tensors.append(_HFTensor("score.weight", ("score", "kernel"), *linear(1, e, (e,))))
+    elif not config.tie_word_embeddings:
         tensors.append(_HFTensor("lm_head.weight", ("lm_head",), *linear(config.vocab_size, e, (e, config.vocab_size))))
     return tensors
 

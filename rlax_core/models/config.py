@@ -28,9 +28,16 @@ _HF_ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 _HF_MODEL_TYPES: dict[str, Architecture] = {arch: arch for arch in _HF_ARCHITECTURES.values()}
+# Sequence-classification reward models: the decoder with a one-label ``score`` head read at the last token.
+_HF_SEQUENCE_CLASSIFIERS: dict[str, Architecture] = {
+    "LlamaForSequenceClassification": "llama",
+    "Qwen2ForSequenceClassification": "qwen2",
+    "Qwen3ForSequenceClassification": "qwen3",
+}
 _MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
 INIT_STDDEV = 0.02  # Hugging Face's initializer_range for Llama and Qwen: the random init's matrices
 _HF_CLASS_NAME = {arch: cls for cls, arch in _HF_ARCHITECTURES.items()}
+_HF_SCORE_CLASS_NAME = {arch: cls for cls, arch in _HF_SEQUENCE_CLASSIFIERS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +121,9 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     moe: MoeConfig | None = None  # a mixture of experts in the layers it names; None: every layer dense
+    # A reward model: a one-label ``score`` head [hidden] read at the last real token, no classifier
+    # (Hugging Face's ``*ForSequenceClassification``; rlax_core.training.reward_model scores with it).
+    score_head: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -128,6 +138,8 @@ class ModelConfig:
             require(value is None or 0 <= value < self.vocab_size, name, f"must lie in [0, {self.vocab_size})")
         require(all(0 <= t < self.vocab_size for t in self.eos_token_ids), "eos_token_ids",
                 f"must lie in [0, {self.vocab_size})")
+        require(not self.score_head or self.architecture in _HF_SEQUENCE_CLASSIFIERS.values(), "score_head",
+                f"reward models are {', '.join(_HF_SEQUENCE_CLASSIFIERS)}, not {self.architecture}")
         if self.moe is not None:
             outside = [i for i in self.moe.dense_layers if i >= self.num_layers]
             require(not outside, "moe.dense_layers", f"{outside} lie beyond the {self.num_layers} layers")
@@ -197,6 +209,8 @@ class ModelConfig:
             if moe.shared_expert_intermediate_size:
                 feed_forward += 3 * e * moe.shared_expert_intermediate_size + e
         embeddings = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
+        if self.score_head:  # the embedding and a [hidden] score head, no classifier
+            embeddings = self.vocab_size * e + e
         return self.num_layers * (attention + 2 * e) + feed_forward + embeddings + e
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -215,6 +229,13 @@ class ModelConfig:
         """Build from a Hugging Face ``config.json`` dict (transformers 4 or 5 layout)."""
         architecture = _architecture(hf)
         _reject_unsupported(hf, architecture)
+        score_head = any(name in _HF_SEQUENCE_CLASSIFIERS for name in hf.get("architectures") or [])
+        if score_head:
+            # transformers reads num_labels from id2label, and takes 2 labels when neither is written.
+            labels = len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels", 2))
+            if labels != 1:
+                raise ConfigError("config.json id2label", f"a classification head with {labels} labels; a reward "
+                                  "model's score head has exactly one (num_labels=1)")
         num_heads = int(hf["num_attention_heads"])
         hidden = int(_get(hf, "hidden_size"))
         rope_theta, rope_scaling = _rope(hf)
@@ -242,6 +263,7 @@ class ModelConfig:
                 eos_token_ids=eos_ids,
                 pad_token_id=hf.get("pad_token_id"),
                 moe=_moe_from_hf(hf, architecture),
+                score_head=score_head,
             )
         except ConfigError as error:
             raise ConfigError(f"config.json {error.path}", error.message) from None
@@ -252,7 +274,8 @@ class ModelConfig:
             raise ConfigError("rope_interleaved", "Hugging Face layouts rotate half-split pairs; "
                               "load llama2.c weights with their q/k rows permuted (the default) to save them")
         hf: dict[str, Any] = {
-            "architectures": [_HF_CLASS_NAME[self.architecture]],
+            "architectures": [_HF_SCORE_CLASS_NAME[self.architecture] if self.score_head
+                              else _HF_CLASS_NAME[self.architecture]],
             "model_type": self.architecture,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -279,6 +302,8 @@ class ModelConfig:
                     low_freq_factor=self.rope_scaling.low_freq_factor,
                     high_freq_factor=self.rope_scaling.high_freq_factor,
                     original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
+        if self.score_head:
+            hf.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
         if self.architecture == "llama":
             hf.update(attention_bias=False, mlp_bias=False)
         else:
@@ -330,12 +355,13 @@ def _moe_from_hf(hf: Mapping[str, Any], architecture: Architecture) -> MoeConfig
 
 def _architecture(hf: Mapping[str, Any]) -> Architecture:
     names = hf.get("architectures") or []
+    known = {**_HF_ARCHITECTURES, **_HF_SEQUENCE_CLASSIFIERS}
     for name in names:
-        if name in _HF_ARCHITECTURES:
-            return _HF_ARCHITECTURES[name]
+        if name in known:
+            return known[name]
     if names:
         raise ConfigError("config.json architectures",
-                          f"unknown architecture {names}; supported: {', '.join(_HF_ARCHITECTURES)}")
+                          f"unknown architecture {names}; supported: {', '.join(known)}")
     model_type = hf.get("model_type")
     if model_type in _HF_MODEL_TYPES:
         return _HF_MODEL_TYPES[model_type]

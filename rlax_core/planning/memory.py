@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Mapping
 
 import jax
 import numpy as np
@@ -123,14 +124,29 @@ def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, ...]) ->
     return total
 
 
+def reward_model_parts(model: ModelConfig, batch: int, length: int, dtype: str) -> dict[str, int]:
+    """Bytes on a rollout chip of a reward model scoring beside the engine (``rewards.reward_model``):
+    its weights whole (the term loads them on one device) and one forward's activations over
+    [batch, length], one layer at a time as the engine's prefill, with dense attention's float32
+    scores and exponentials [B, H, T, T] (the term's forward is dense)."""
+    act = itemsize(dtype)
+    weights = model.num_params * act  # a score head's model: the embedding, the layers and [hidden]
+    activations = batch * length * act * (3 * model.hidden_size + (model.num_heads + 2 * model.num_kv_heads)
+                                          * model.head_dim + _feed_forward_width(model, 1, expert=1))
+    activations += 2 * batch * model.num_heads * length * length * _F32
+    return {"reward model weights": weights, "reward model activations": activations}
+
+
 def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
-                 name: str = "model", lora: LoraConfig | None = None) -> MemoryPlan:
+                 name: str = "model", lora: LoraConfig | None = None,
+                 beside: Mapping[str, int] | None = None) -> MemoryPlan:
     """One engine replica's bytes per chip: it spans ``engine.chips_per_replica`` chips of a host
     (tensor_parallel x expert_parallel: a mixture of experts' experts split over the latter, the
     rest of the model, the KV pool and the activations over the former only).
 
     ``lora``: the adapters of a LoRA run's versions, which the engine applies as ``engine.lora_mode``
-    resolves on this chip (``_engine_lora_parts``).
+    resolves on this chip (``_engine_lora_parts``). ``beside``: what else the role's chips hold (a
+    reward model's ``reward_model_parts``), counted before the KV pool takes what is left.
     """
     tp, ep, chips = engine.tensor_parallel, engine.expert_parallel, engine.chips_per_replica
     if hardware.chips_per_host % chips:
@@ -170,7 +186,7 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     # recompute install it at once, the current one dropped first (``Engine.update_weights``).
     parts = {"weights": weights, **({"incoming weights": weights} if engine.on_new_version == "drain" else {}),
              "KV pool": 0, "activations": max(prefill, decode), **lora_parts,
-             **({"compiled code": ENGINE_CODE_BYTES} if hardware.chip != CPU else {})}
+             **({"compiled code": ENGINE_CODE_BYTES} if hardware.chip != CPU else {}), **(beside or {})}
     page_bytes = kv_per_token * engine.page_size
     usable = int(hardware.bytes_per_chip * USABLE_FRACTION)
     num_pages = (max(0, (usable - sum(parts.values())) // page_bytes) if engine.num_pages == "auto"
@@ -190,7 +206,9 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
                "adapters": "lower trainer.lora.rank, or raise engine.tensor_parallel",
                "adapter activations": "lower engine.max_prefill_batch or the largest prefill bucket, or "
                                       "trainer.lora.rank",
-               "compiled code": "nothing: XLA's generated code"})
+               "compiled code": "nothing: XLA's generated code",
+               "reward model weights": "loop.rewards.reward_model.dtype: bfloat16, or a smaller reward model",
+               "reward model activations": "lower loop.rewards.reward_model.batch_size or max_length"})
 
 
 def _feed_forward_width(model: ModelConfig, tensor: int, expert: int) -> int:
@@ -365,16 +383,18 @@ def refuse_unless_fits(plans: list[MemoryPlan]) -> None:
 
 
 def auto_num_pages(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
-                   lora: LoraConfig | None = None) -> EngineConfig:
+                   lora: LoraConfig | None = None, beside: Mapping[str, int] | None = None) -> EngineConfig:
     """``engine`` with ``num_pages: auto`` replaced by the pages its chips hold beside everything
     else (``plan_rollout``); a ``ConfigError`` when they do not hold the sink and one whole budget."""
     if engine.num_pages != "auto":
         return engine
-    pages = plan_rollout(model, engine, hardware, dtype, lora=lora).num_pages
+    plan = plan_rollout(model, engine, hardware, dtype, lora=lora, beside=beside)
+    pages = plan.num_pages
     if pages < engine.pages_per_sequence + 1:
+        turn = f"turn: {plan.advice()}" if beside else "raise engine.tensor_parallel"
         raise ConfigError("engine.num_pages", f"auto: {hardware.chip}'s memory left beside the weights and "
                           f"programs holds {pages} pages of {engine.page_size}, under one sequence's "
-                          f"{engine.pages_per_sequence} and the sink; raise engine.tensor_parallel")
+                          f"{engine.pages_per_sequence} and the sink; {turn}" + (f" ({plan.describe()})" if beside else ""))
     return dataclasses.replace(engine, num_pages=pages)
 
 

@@ -12,7 +12,8 @@ pool), ``code_verifier`` (HumanEval / MBPP / assert tests, per-test verdicts, pa
 ``code_driver`` (the program's side), ``code_judge`` (the tests' side, which decides) and
 ``plain_data`` (the only values that cross between them), ``terms``
 (the built-in reward terms), ``registry`` (names -> terms), ``config``, ``scorer`` (``Rewarder``),
-``custom`` (a user's terms and functions). The sandbox that runs code is ``rlax_core.sandbox``.
+``custom`` (a user's terms and functions), ``reward_model`` and ``judge`` (learned rewards,
+docs/reward_models.md). The sandbox that runs code is ``rlax_core.sandbox``.
 """
 
 from rlax_core.rewards.answers import EXTRACTION_METHODS, ExtractedAnswer, extract_answer, last_boxed
@@ -22,6 +23,8 @@ from rlax_core.rewards.math_verifier import MathResult, MathVerifier, MathVerifi
 from rlax_core.rewards.registry import (REWARDS, RewardResult, RewardTerm, RewardUnavailable, Sample, register_reward,
                                        reward_names, scoring_failure)
 import rlax_core.rewards.terms  # noqa: F401,E402 - registers the built-in terms before any RewardConfig is made
+import rlax_core.rewards.judge  # noqa: F401,E402 - the learned terms: judge and reward_model
+import rlax_core.rewards.reward_model  # noqa: F401,E402
 from rlax_core.rewards.scorer import Rewarder, failed_samples
 
 __all__ = [

@@ -20,6 +20,8 @@ from typing import ClassVar
 
 from rlax_core.config import ConfigError, require
 from rlax_core.rewards.answers import EXTRACTION_METHODS
+from rlax_core.rewards.judge import JudgeConfig
+from rlax_core.rewards.reward_model import RewardModelConfig
 from rlax_core.rewards.custom import RewardImportError, function_reward, import_reward_module, register_function_reward
 from rlax_core.rewards.math_verifier import MathVerifierConfig
 from rlax_core.rewards.registry import reward_names
@@ -65,6 +67,8 @@ class RewardConfig:
     math: MathVerifierConfig = dataclasses.field(default_factory=MathVerifierConfig)
     code: CodeRewardConfig = dataclasses.field(default_factory=CodeRewardConfig)
     format: FormatConfig = dataclasses.field(default_factory=FormatConfig)
+    reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)  # docs/reward_models.md
+    judge: JudgeConfig = dataclasses.field(default_factory=JudgeConfig)
 
     def __post_init__(self):
         for index, spec in enumerate(self.modules):
@@ -83,5 +87,8 @@ class RewardConfig:
             require(name != "overlong" or name in known, "terms.overlong", OVERLONG_MOVED)
             require(name in known, f"terms.{name}", f"unknown reward; known: {', '.join(known)}")
             require(math.isfinite(weight), f"terms.{name}", "weight must be a finite number")
+        for name in ("reward_model", "judge"):  # the learned terms need their model
+            require(name not in self.terms or bool(getattr(self, name).path), f"{name}.path",
+                    f"the {name} term needs a model folder")
         require(len(self.extraction) > 0 and all(m in EXTRACTION_METHODS for m in self.extraction), "extraction",
                 f"a non-empty list of {', '.join(EXTRACTION_METHODS)}")

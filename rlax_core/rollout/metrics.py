@@ -8,16 +8,27 @@ trainer's by ``rlax launch``.
 from __future__ import annotations
 
 import json
+import math
+
+# Rewards a model gives (rlax_core.rewards.reward_model, judge): beside a verifier's pass, each step
+# logs their mean and their correlation with pass, so a policy that raises the learned score without
+# passing more (reward hacking) shows in the step's row.
+LEARNED_TERMS = ("reward_model", "judge")
 
 
 def group_summary(group: dict, *, written: bool) -> dict:
     """What the step's metrics need of one group (small: it travels through a GroupByKey)."""
     rows = group["rows"]
+    infos = [json.loads(row["reward_info"]) for row in rows]
+    learned = {name: [info.get("terms", {}).get(name, {}).get("score") for info in infos] for name in LEARNED_TERMS}
     return {
         "slot": group["key"][1],
         "written": written,
         "rewards": [row["reward"] for row in rows],
-        "passes": [bool(json.loads(row["reward_info"]).get("pass", False)) for row in rows],
+        "passes": [bool(info.get("pass", False)) for info in infos],
+        "learned": {name: scores for name, scores in learned.items() if any(s is not None for s in scores)},
+        # Judge answers where nothing parsed (scored by the judge's stated default).
+        "judge_unparsed": sum(info.get("terms", {}).get("judge", {}).get("judge_parsed") is False for info in infos),
         "lengths": [len(row["completion_ids"]) for row in rows],
         "versions": [row["policy_version"] for row in rows],
         "generate_seconds": group["generate_seconds"],
@@ -46,7 +57,32 @@ def step_metrics(step: int, summaries: list[dict]) -> dict:
         "rollout_seconds": seconds,
         "rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else None,
         **step_timeline_clocks([s["timeline"] for s in summaries]),
+        **learned_reward_metrics(summaries),
     }
+
+
+def learned_reward_metrics(summaries: list[dict]) -> dict:
+    """Per learned term: ``<term>_mean`` and ``<term>_pass_correlation`` (Pearson, over the step's
+    samples; None where either side is constant)."""
+    row = {}
+    for name in LEARNED_TERMS:
+        pairs = [(score, float(passed)) for s in summaries
+                 for score, passed in zip(s.get("learned", {}).get(name, ()), s["passes"]) if score is not None]
+        if pairs:
+            row[f"{name}_mean"] = sum(score for score, _ in pairs) / len(pairs)
+            row[f"{name}_pass_correlation"] = pearson([score for score, _ in pairs], [p for _, p in pairs])
+    if "judge_mean" in row:
+        row["judge_parse_failures"] = sum(s.get("judge_unparsed", 0) for s in summaries)
+    return row
+
+
+def pearson(xs: list[float], ys: list[float]) -> float | None:
+    """The correlation of two equally long lists, or None when either is constant."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    cov = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+    var_x, var_y = sum((x - mean_x) ** 2 for x in xs), sum((y - mean_y) ** 2 for y in ys)
+    return cov / math.sqrt(var_x * var_y) if var_x > 0 and var_y > 0 else None
 
 
 # How a step's groups' clocks combine into the step's: it starts with its first group and ends with its last.

@@ -1,0 +1,47 @@
+"""The memory planner counts a reward model scoring on the rollout chips: its weights and one forward's
+activations, before the KV pool takes what is left; where they do not fit, the config is refused with
+the numbers."""
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import load_run_config
+from pipelines.plan import memory_plans
+from rlax_core.config import ConfigError
+from rlax_core.models.config import PUBLISHED_CONFIGS, toy_config
+from rlax_core.planning.memory import reward_model_parts
+from rlax_core.training.reward_model import reward_model_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+WITH_RM = ["loop.rewards.terms={reward_model: 1.0, story_word: 0.0}"]
+
+
+def test_a_reward_models_parts_are_its_weights_and_one_dense_forward():
+    model = reward_model_config(toy_config())
+    parts = reward_model_parts(model, batch=4, length=32, dtype="bfloat16")
+    assert parts["reward model weights"] == model.num_params * 2
+    per_token = 3 * 64 + (4 + 2 * 2) * 16 + 3 * 128  # residual/norm/out, q/k/v, gate/up/product
+    assert parts["reward model activations"] == 4 * 32 * 2 * per_token + 2 * 4 * 4 * 32 * 32 * 4
+
+
+def test_the_rollout_plan_holds_the_reward_model_beside_the_engine():
+    plain = load_run_config(CONFIGS / "quickstart.yaml")
+    judged = load_run_config(CONFIGS / "quickstart.yaml", [*WITH_RM, "loop.rewards.reward_model.path=assets:stories260K",
+                                                           "loop.rewards.reward_model.batch_size=8"])
+    (before,), (after,) = memory_plans(plain, roles=("rollout",)), memory_plans(judged, roles=("rollout",))
+    assert "reward model weights" not in before.parts
+    assert after.parts["reward model weights"] > 0 and after.parts["reward model activations"] > 0
+    assert after.total == before.total + after.parts["reward model weights"] + after.parts["reward model activations"]
+    assert after.fits
+
+
+def test_a_7b_reward_model_beside_the_7b_math_policy_on_v5e_is_refused_with_the_numbers():
+    # Whole on one 16 GiB v5e chip, 7B bf16 weights leave no room for the engine's KV pool.
+    assert "Qwen2.5-7B" in PUBLISHED_CONFIGS
+    with pytest.raises(ConfigError, match=r"engine\.num_pages: auto: .* reward model weights 13\.17 GiB") as caught:
+        load_run_config(CONFIGS / "qwen25_7b_math_dataflow_tpu.yaml",
+                        ["loop.rewards.terms={reward_model: 1.0, math: 0.0}",
+                         "loop.rewards.reward_model.path=gs://bucket/models/Qwen2.5-7B",
+                         "loop.rewards.reward_model.dtype=bfloat16"])
+    assert "\n" not in str(caught.value) and "turn: reward model weights" in str(caught.value)
