@@ -102,7 +102,7 @@ def build(pipeline: beam.Pipeline, config: CurateConfig) -> None:
             named = dataclasses.replace(spec, source=eval_set_name(spec))
             # An evaluation row that cannot be read cannot leak either: its dead letters are dropped.
             adapted, _ = (pipeline | f"ReadEval[{i}]" >> ReadRawRecords(spec.path)
-                          | f"EvalExamples[{i}]" >> ToExamples(named, config.max_record_bytes))
+                          | f"EvalExamples[{i}]" >> ToExamples(named, config.max_record_bytes, prompts_only=True))
             eval_rows.append(adapted)
         index = (eval_rows | "AllEval" >> beam.Flatten()) | "NgramIndex" >> NgramIndex(config.contamination_ngram)
         rows, contaminated = rows | "Decontaminate" >> DropContaminated(index, config.contamination_ngram)

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from typing import Any, Iterable, Iterator
 
 from rlax_core.config import require
-from rlax_core.data.formats import FORMATS, FormatError, FieldMapping
+from rlax_core.data.formats import FORMATS, SQL_FORMATS, FormatError, FieldMapping
 
 # Dead-letter reasons grouped into the categories that ``stats.json`` counts; every other reason
 # (malformed input) counts as ``dead_lettered``.
@@ -34,10 +34,13 @@ class InputSpec:
     source: str | None = None  # defaults to the layout name (auto: the detected one)
     split: str | None = None
     mapping: FieldMapping = FieldMapping()  # the ``generic`` layout only
+    databases: str | None = None  # spider / bird: the folder of SQLite databases (local or gs://)
 
     def __post_init__(self):
         require(bool(self.path), "path", "a file, glob, directory or hf:NAME[:CONFIG]:SPLIT")
         require(self.format in FORMATS, "format", f"one of {', '.join(FORMATS)}")
+        require(self.format not in SQL_FORMATS or bool(self.databases), "databases",
+                f"a {self.format} input needs the folder of its SQLite databases (local or gs://)")
 
 
 @dataclasses.dataclass(frozen=True)
