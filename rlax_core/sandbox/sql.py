@@ -167,8 +167,10 @@ def run_query(database: str | os.PathLike, sql: str, limits: SqlLimits = SqlLimi
                           f"{limits.sandbox.wall_seconds:g} s", seconds=report.wall_seconds)
     if report.signal is not None:
         name = signal.Signals(report.signal).name
-        reason = "timeout" if report.signal == signal.SIGXCPU else "crashed"
-        return SqlOutcome(reason, detail=f"the sandbox's SQLite process died of {name}", seconds=report.wall_seconds)
+        if report.signal in (signal.SIGXCPU, signal.SIGKILL) and report.cpu_seconds >= limits.sandbox.cpu_seconds:
+            return SqlOutcome("timeout", detail=f"the sandbox's SQLite process died of {name} at its CPU-time limit "
+                              f"of {limits.sandbox.cpu_seconds} s", seconds=report.wall_seconds)
+        return SqlOutcome("crashed", detail=f"the sandbox's SQLite process died of {name}", seconds=report.wall_seconds)
     tail = (report.stderr.strip().splitlines() or [""])[-1]
     reason = "memory" if "MemoryError" in tail else "crashed"
     return SqlOutcome(reason, detail=f"exit code {report.exit_code}: {tail[-300:]}", seconds=report.wall_seconds)
