@@ -106,7 +106,7 @@ def _classify(error: Exception, guard: Guard) -> tuple:
     if guard.timed_out or "interrupted" in message:
         return "timeout", f"the query ran past its deadline of {guard.deadline_s:g} s"
     if guard.refused is not None or "not authorized" in message or "prohibited" in message:
-        return "refused", f"refused: {guard.refused or message}"
+        return "refused", f"not allowed: {guard.refused or message}"
     if isinstance(error, MemoryError) or "out of memory" in message:
         return "memory", "the query ran out of its memory cap"
     if "syntax error" in message or "incomplete input" in message:
