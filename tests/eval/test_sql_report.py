@@ -21,7 +21,7 @@ def test_execution_accuracy_by_level_with_models_side_by_side():
     assert "maj@1" not in base["overall"]  # queries are not voted on
     text = to_markdown(report)
     assert "## Execution accuracy (text-to-SQL)" in text
-    assert "| sql_tiny | all | base | 2 | 0.250 |" in text and "| sql_tiny | 1_single_table | tuned | 2 | 1.000 |" in text
+    assert "| sql_tiny | all | base | 2 | 0.250 |" in text and "| sql_tiny | 1_single_table | tuned | 1 | 1.000 |" in text
 
 
 def test_a_math_dataset_has_no_execution_accuracy():
