@@ -35,7 +35,8 @@ class _ToExampleFn(beam.DoFn):
                 if size > self.max_record_bytes:
                     raise FormatError("too_large", f"record is {size} bytes, the limit is {self.max_record_bytes}")
             example = to_example(spec.format, record, source=spec.source, split=spec.split, mapping=spec.mapping,
-                                 databases=spec.databases, prompts_only=self.prompts_only)
+                                 databases=spec.databases, prompts_only=self.prompts_only,
+                                 schema_rows=spec.schema_rows)
         except FormatError as error:
             reason, detail = error.reason, error.detail
         except (TypeError, ValueError, KeyError, AttributeError) as error:  # data no adapter foresaw
@@ -61,6 +62,6 @@ class ToExamples(beam.PTransform):
         self.spec, self.max_record_bytes, self.prompts_only = spec, max_record_bytes, prompts_only
 
     def expand(self, raw_rows):
-        outputs = raw_rows | "Adapt" >> beam.ParDo(_ToExampleFn(self.spec, self.max_record_bytes, self.prompts_only)).with_outputs(
-            DEAD_LETTER, main="examples")
+        adapt = _ToExampleFn(self.spec, self.max_record_bytes, self.prompts_only)
+        outputs = raw_rows | "Adapt" >> beam.ParDo(adapt).with_outputs(DEAD_LETTER, main="examples")
         return outputs.examples, outputs[DEAD_LETTER]

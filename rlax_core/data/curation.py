@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from typing import Any, Iterable, Iterator
 
 from rlax_core.config import require
-from rlax_core.data.formats import FORMATS, SQL_FORMATS, FormatError, FieldMapping
+from rlax_core.data.formats import FORMATS, FormatError, FieldMapping
 
 # Dead-letter reasons grouped into the categories that ``stats.json`` counts; every other reason
 # (malformed input) counts as ``dead_lettered``.
@@ -35,12 +35,12 @@ class InputSpec:
     split: str | None = None
     mapping: FieldMapping = FieldMapping()  # the ``generic`` layout only
     databases: str | None = None  # spider / bird: the folder of SQLite databases (local or gs://)
+    schema_rows: int = 0  # spider / bird: rows of each table shown under the prompt's schema
 
     def __post_init__(self):
         require(bool(self.path), "path", "a file, glob, directory or hf:NAME[:CONFIG]:SPLIT")
         require(self.format in FORMATS, "format", f"one of {', '.join(FORMATS)}")
-        require(self.format not in SQL_FORMATS or bool(self.databases), "databases",
-                f"a {self.format} input needs the folder of its SQLite databases (local or gs://)")
+        require(self.schema_rows >= 0, "schema_rows", "an integer >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -177,11 +177,12 @@ def detect_format(raw: Mapping[str, Any]) -> str:
 
 def to_example(fmt: str, raw: Any, *, source: str | None = None, split: str | None = None,
                mapping: FieldMapping | None = None, databases: str | None = None,
-               prompts_only: bool = False) -> dict[str, Any]:
+               prompts_only: bool = False, schema_rows: int = 0) -> dict[str, Any]:
     """``raw`` as an Example row in layout ``fmt``; ``source`` defaults to the layout's name.
 
     ``databases``: the folder of SQLite databases a ``spider`` / ``bird`` input's rows run on.
     ``prompts_only``: an evaluation set read for decontamination; a SQL row's database is not needed.
+    ``schema_rows``: a SQL row's prompt shows this many rows of each table under the schema.
     """
     if not isinstance(raw, Mapping):
         raise FormatError("not_an_object", f"record is a {type(raw).__name__}, expected a JSON object")
@@ -194,7 +195,7 @@ def to_example(fmt: str, raw: Any, *, source: str | None = None, split: str | No
 
         if prompts_only:
             return sql_question(raw, source or fmt, split)
-        return sql_example(raw, source or fmt, split, databases)
+        return sql_example(raw, source or fmt, split, databases, schema_rows)
     if fmt not in ADAPTERS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     return ADAPTERS[fmt](raw, source or fmt, split)

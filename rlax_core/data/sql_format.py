@@ -13,7 +13,8 @@ Each row is checked before it is kept, and dead-lettered with its reason otherwi
 (the gold query does not run on its own database in the SQL sandbox, or returns no result set).
 The example records the database's location and checksum (``meta.database``, ``meta.db_sha256``),
 never its bytes: workers read it from storage (``sql_databases``). The schema text of the prompt
-(``tasks.sql.serialize_schema``) is written into ``meta.schema`` once per database.
+(``tasks.sql.serialize_schema``, with ``InputSpec.schema_rows`` rows of each table) is written into
+``meta.schema`` once per database.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from rlax_core.tasks.sql import TASK, serialize_schema
 from rlax_core.utils.paths import is_remote, join
 
 SQL_FORMATS = ("spider", "bird")
-SCHEMA_SAMPLE_ROWS = 3
 _lock = threading.Lock()
 
 
@@ -46,7 +46,7 @@ def _exists(location: str) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _database(databases: str, db_id: str, cache_dir: str) -> tuple[str, str, str]:
+def _database(databases: str, db_id: str, cache_dir: str, schema_rows: int) -> tuple[str, str, str]:
     """(location, sha256, schema text) of one database, found and read once per process."""
     candidates = [join(databases, db_id, f"{db_id}.sqlite"), join(databases, f"{db_id}.sqlite")]
     location = next((c for c in candidates if _exists(c)), None)
@@ -60,7 +60,7 @@ def _database(databases: str, db_id: str, cache_dir: str) -> tuple[str, str, str
         path = local_database(location, cache_dir=cache_dir)
     except DatabaseError as error:
         raise FormatError("missing_database", str(error)) from None
-    return location, database_checksum(path), serialize_schema(path, SCHEMA_SAMPLE_ROWS)
+    return location, database_checksum(path), serialize_schema(path, schema_rows)
 
 
 def _text(raw: Mapping[str, Any], *names: str) -> str | None:
@@ -86,8 +86,11 @@ def sql_question(raw: Mapping[str, Any], source: str, split: str | None) -> dict
 
 
 def sql_example(raw: Mapping[str, Any], source: str, split: str | None, databases: str | None,
-                limits: SqlLimits = SqlLimits(), cache_dir: str = DEFAULT_CACHE) -> dict[str, Any]:
-    """A Spider / BIRD row as a checked Example (module docstring); FormatError names what is wrong."""
+                schema_rows: int = 0, limits: SqlLimits = SqlLimits(), cache_dir: str = DEFAULT_CACHE) -> dict[str, Any]:
+    """A Spider / BIRD row as a checked Example (module docstring); FormatError names what is wrong.
+
+    ``schema_rows``: the first rows of each table shown under its DDL in the prompt's schema.
+    """
     if not databases:
         raise FormatError("missing_database", "a spider / bird input needs its folder of databases (inputs[].databases)")
     prompt = _prompt(raw)
@@ -97,7 +100,7 @@ def sql_example(raw: Mapping[str, Any], source: str, split: str | None, database
     db_id = _text(raw, "db_id")
     if db_id is None or "/" in db_id or db_id.startswith("."):
         raise FormatError("missing_database", f"field 'db_id' is missing or not a plain name: {raw.get('db_id')!r}")
-    location, sha256, schema = _database(databases.rstrip("/"), db_id, cache_dir)
+    location, sha256, schema = _database(databases.rstrip("/"), db_id, cache_dir, schema_rows)
     outcome = run_query(local_database(location, sha256, cache_dir), gold, limits)
     if not outcome.ok:
         raise FormatError("gold_sql_fails", f"the gold SQL fails on database {db_id!r}: {outcome.reason}: "

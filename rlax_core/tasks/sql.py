@@ -60,7 +60,7 @@ def serialize_schema(database: str | Path, sample_rows: int = 0) -> str:
             keys = [c for c in columns if c[5]]
             lines = []
             for _, name, kind, notnull, _, pk in columns:
-                line = f"  {_quote(name)} {kind or 'ANY'}".rstrip()
+                line = f"  {_quote(name)} {kind or 'ANY'}".rstrip() + (" NOT NULL" if notnull and not pk else "")
                 if pk and len(keys) == 1:
                     line += " PRIMARY KEY"
                 if name in foreign:

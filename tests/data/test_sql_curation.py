@@ -10,10 +10,8 @@ import shutil
 
 import pytest
 
-from rlax_core.data.curation import InputSpec
 from rlax_core.data.formats import FormatError, detect_format, to_example
 from rlax_core.data.sql_databases import database_checksum, example_database
-from rlax_core.config import ConfigError
 from tests.conftest import FIXTURES, REPO_ROOT
 
 
@@ -34,7 +32,7 @@ def row(**fields):
 
 def test_a_spider_row_becomes_a_checked_sql_example(spider):
     assert detect_format(row()) == "spider" and detect_format({**row(), "SQL": "x"}) == "bird"
-    example = to_example("spider", row(hardness="easy"), databases=str(spider), split="train")
+    example = to_example("spider", row(hardness="easy"), databases=str(spider), split="train", schema_rows=2)
     meta = json.loads(example["meta"])
     assert (example["task"], example["answer"], example["prompt"]) == ("sql", "SELECT count(*) FROM city",
                                                                        "How many cities are there?")
@@ -72,9 +70,10 @@ def test_an_evaluation_set_is_read_for_its_questions_without_a_database():
     assert example["prompt"] == "How many cities are there?" and example["task"] == "sql"
 
 
-def test_a_spider_input_without_its_databases_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="databases"):
-        InputSpec(path="dev.json", format="spider")
+def test_a_spider_row_without_its_folder_of_databases_is_dead_lettered():
+    with pytest.raises(FormatError) as caught:
+        to_example("spider", row())
+    assert caught.value.reason == "missing_database" and "databases" in caught.value.detail
 
 
 def test_the_shipped_task_reads_flat_and_every_gold_query_runs():
