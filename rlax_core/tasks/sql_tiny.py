@@ -125,7 +125,7 @@ SCHOOL = [
      "WHERE c.title = '{course}' AND e.score > (SELECT avg(score) FROM enrollments WHERE course_id = c.id)", "course"),
     ("4_nesting", "Which students in grade {grade} take no {department} course?",
      "SELECT name FROM students WHERE grade = {grade} AND id NOT IN (SELECT e.student_id FROM enrollments e "
-     "JOIN courses c ON c.id = e.course_id WHERE c.department = '{department}')", "grade"),
+     "JOIN courses c ON c.id = e.course_id WHERE c.department = '{department}')", "grade_department"),
 ]
 
 
@@ -136,10 +136,9 @@ def _values(db: sqlite3.Connection, kind: str) -> list[dict]:
            "UNION SELECT 4 UNION SELECT 5)", "grade": "SELECT DISTINCT grade FROM students",
            "house": "SELECT DISTINCT house FROM students", "course": "SELECT title FROM courses",
            "student": "SELECT name FROM students WHERE id IN (SELECT student_id FROM enrollments)"}
-    values = sorted(row[0] for row in db.execute(one[kind]))
-    if kind == "grade":  # grade questions also name a department
-        return [{"grade": g, "department": d} for g in values for d in DEPARTMENTS]
-    return [{kind: v} for v in values]
+    if kind == "grade_department":
+        return [{"grade": g["grade"], "department": d} for g in _values(db, "grade") for d in DEPARTMENTS]
+    return [{kind: v} for v in sorted(row[0] for row in db.execute(one[kind]))]
 
 
 def build(folder: str | Path, seed: int = SEED) -> dict[str, int]:
