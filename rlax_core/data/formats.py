@@ -13,17 +13,9 @@ import re
 from typing import Any, Callable, Literal, Mapping
 
 from rlax_core.config import require
+from rlax_core.data.format_error import FormatError
 from rlax_core.data.answers import EXTRACTORS, AnswerError, gsm8k_answer, last_boxed, plain_answer
 from rlax_core.data.records import EXAMPLE_FIELDS, example_id, make_example
-
-
-class FormatError(ValueError):
-    """A raw record cannot become an Example; ``reason`` is its dead-letter category."""
-
-    def __init__(self, reason: str, detail: str):
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"{reason}: {detail}")
 
 
 @dataclasses.dataclass(frozen=True)

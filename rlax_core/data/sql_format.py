@@ -23,7 +23,7 @@ import functools
 import threading
 from typing import Any, Mapping
 
-from rlax_core.data.formats import FormatError
+from rlax_core.data.format_error import FormatError
 from rlax_core.data.records import make_example
 from rlax_core.data.sql_databases import DEFAULT_CACHE, database_checksum, local_database
 from rlax_core.sandbox.sql import DatabaseError, SqlLimits, run_query
