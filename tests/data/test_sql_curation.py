@@ -5,6 +5,7 @@ its gold SQL fails on its own database (run in the SQL sandbox). The example car
 location and checksum, never its bytes.
 """
 
+import hashlib
 import json
 import shutil
 
@@ -84,3 +85,25 @@ def test_the_shipped_task_reads_flat_and_every_gold_query_runs():
     for raw in rows[::6]:  # a sample: every row's gold query ran when the task was built
         example = to_example("spider", raw, databases=str(folder), source="sql_tiny")
         assert json.loads(example["meta"])["database"] == str(folder / f"{raw['db_id']}.sqlite")
+
+
+def test_a_database_in_storage_is_fetched_once_by_its_checksum_and_a_changed_one_is_refused(tmp_path):
+    import fsspec
+
+    from rlax_core.data.sql_databases import local_database
+    from rlax_core.sandbox.sql import DatabaseError
+
+    data = (FIXTURES / "sql" / "cities.sqlite").read_bytes()
+    url = "memory://sql-test-bucket/database/cities/cities.sqlite"
+    with fsspec.open(url, "wb") as handle:
+        handle.write(data)
+    sha = hashlib.sha256(data).hexdigest()
+    path = local_database(url, sha, cache_dir=str(tmp_path / "cache"))
+    assert path == tmp_path / "cache" / f"{sha}.sqlite" and path.read_bytes() == data
+    assert path.stat().st_mode & 0o777 == 0o644  # the sandbox's unprivileged uid reads it
+    fsspec.filesystem("memory").rm(url)  # fetched once: the cached copy serves from now on
+    assert local_database(url, sha, cache_dir=str(tmp_path / "cache")) == path
+    with pytest.raises(DatabaseError, match="has changed since curation"):
+        local_database(str(path), "0" * 64)
+    with pytest.raises(DatabaseError, match="does not exist"):
+        local_database("memory://sql-test-bucket/database/gone.sqlite", None, cache_dir=str(tmp_path / "cache"))

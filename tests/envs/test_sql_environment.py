@@ -38,6 +38,7 @@ def test_an_episode_explores_then_answers_and_is_scored_by_its_final_query(row):
                                  "And the countries: <sql>SELECT code FROM country WHERE name = 'Norway'</sql>",
                                  f"Final:\n```sql\n{GOLD}\n```"])
     assert "CREATE TABLE city (" in prompt and "<sql>...</sql>" in prompt and "Question: List the Norwegian" in prompt
+    assert make_environment(config(), row).stop_strings == ("</sql>",)  # an exploratory query ends its turn
     first, second, final = results
     assert not first.done and first.reward == 0.0 and first.info["pass"] is False
     assert first.observation.startswith("\n<result>\nid | name | country") and "Oslo" in first.observation

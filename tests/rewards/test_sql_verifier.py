@@ -123,3 +123,12 @@ def test_bad_examples_fail_alone_with_one_line(rewarder, database, tmp_path):
     assert results[2][1]["pass"] is True and not errors[2]
     assert "gold query fails" in errors[3] and "no such column" in errors[3]
     assert all("\n" not in error for error in errors)
+
+
+def test_a_result_past_the_row_cap_does_not_match(database):
+    from rlax_core.sandbox.sql import SqlLimits
+
+    config = RewardConfig(terms={"sql": 1.0}, sql=SqlRewardConfig(limits=SqlLimits(max_rows=5)))
+    with Rewarder(config) as scorer:
+        reward, info = scorer(example(database, "SELECT name FROM city LIMIT 3"), "```sql\nSELECT name FROM city\n```")
+    assert reward == 0.0 and info["terms"]["sql"]["reason"] == "row_cap" and info["terms"]["sql"]["more"] is True
