@@ -102,6 +102,9 @@ def sql_example(raw: Mapping[str, Any], source: str, split: str | None, database
         raise FormatError("missing_database", f"field 'db_id' is missing or not a plain name: {raw.get('db_id')!r}")
     location, sha256, schema = _database(databases.rstrip("/"), db_id, cache_dir, schema_rows)
     outcome = run_query(local_database(location, sha256, cache_dir), gold, limits)
+    if outcome.ok and outcome.more:
+        raise FormatError("gold_sql_fails", f"the gold SQL returns more than {limits.max_rows} rows on database "
+                          f"{db_id!r} (the row cap): no answer could match it")
     if not outcome.ok:
         raise FormatError("gold_sql_fails", f"the gold SQL fails on database {db_id!r}: {outcome.reason}: "
                           f"{outcome.detail}"[:400])

@@ -183,6 +183,8 @@ class SqlVerifier:
             return scoring_failure(str(error))
         if not gold.outcome.ok:
             return scoring_failure(f"the gold query fails on its database: {gold.outcome.reason}: {gold.outcome.detail}")
+        if gold.outcome.more:
+            return scoring_failure(f"the gold query returns more than {self.config.limits.max_rows} rows (the row cap)")
         query = extract_sql(completion)
         if query is None:
             return RewardResult(self.config.unparsable_penalty, {"pass": False, "reason": "no_query", "query": None})
@@ -191,7 +193,7 @@ class SqlVerifier:
         if not outcome.ok:
             score = self.config.unparsable_penalty if outcome.reason in UNPARSABLE else 0.0
             return RewardResult(score, {"pass": False, **info})
-        matched = (not outcome.more and not gold.outcome.more
+        matched = (not outcome.more
                    and results_match(gold.outcome.rows, outcome.rows, gold.ordered, self.config.float_tolerance))
         info["reason"] = "match" if matched else ("row_cap" if outcome.more else "different_result")
         return RewardResult(1.0 if matched else self.config.executes_credit, {"pass": matched, **info})

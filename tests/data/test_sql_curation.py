@@ -58,6 +58,8 @@ def test_a_bird_row_keeps_its_evidence_as_a_hint(spider):
     ({"db_id": "cities", "question": "?"}, "missing_gold_sql", "no gold SQL"),
     (row(query="SELECT population FROM town"), "gold_sql_fails", "no such table: town"),
     (row(query="DELETE FROM city"), "gold_sql_fails", "refused"),
+    (row(query="WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 20000) SELECT x FROM n"),
+     "gold_sql_fails", "more than 10000 rows"),
     (row(db_id="../cities"), "missing_database", "not a plain name"),
 ])
 def test_bad_rows_are_dead_lettered_with_their_reason_in_one_line(spider, raw, reason, words):
