@@ -24,6 +24,7 @@ import os
 import sqlite3
 import sys
 import time
+import urllib.parse
 
 RESULT_FD = 3
 READ_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list",
@@ -90,7 +91,8 @@ def _open(job: dict) -> sqlite3.Connection:
     path = next((p for p in job["database"] if os.path.exists(p)), None)
     if path is None:
         raise FileNotFoundError("the database is not in the sandbox")
-    connection = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, isolation_level=None,
+    # Quoted: a '?' or '#' in a host path would end the URI's path part.
+    connection = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro&immutable=1", uri=True, isolation_level=None,
                                  check_same_thread=False)
     connection.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, job["max_value_bytes"])

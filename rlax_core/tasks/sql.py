@@ -25,6 +25,7 @@ data set's, chosen by the user, while a query is the policy's; only queries run 
 from __future__ import annotations
 
 import sqlite3
+import urllib.parse
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -49,7 +50,8 @@ def _cell(value: Any) -> str:
 
 def serialize_schema(database: str | Path, sample_rows: int = 0) -> str:
     """The database's tables as DDL (columns, types, keys), each with its first ``sample_rows`` rows."""
-    connection = sqlite3.connect(f"file:{Path(database).resolve()}?mode=ro&immutable=1", uri=True)
+    connection = sqlite3.connect(f"file:{urllib.parse.quote(str(Path(database).resolve()))}?mode=ro&immutable=1",
+                                 uri=True)
     try:
         tables = [row[0] for row in connection.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid")]

@@ -109,3 +109,15 @@ def test_a_database_in_storage_is_fetched_once_by_its_checksum_and_a_changed_one
         local_database(str(path), "0" * 64)
     with pytest.raises(DatabaseError, match="does not exist"):
         local_database("memory://sql-test-bucket/database/gone.sqlite", None, cache_dir=str(tmp_path / "cache"))
+
+
+def test_a_database_under_a_path_with_uri_characters_opens(tmp_path):
+    from rlax_core.sandbox.sql import run_query
+    from rlax_core.tasks.sql import serialize_schema
+
+    path = tmp_path / "odd ?#% name" / "cities.sqlite"
+    path.parent.mkdir()
+    shutil.copy(FIXTURES / "sql" / "cities.sqlite", path)
+    path.chmod(0o644)
+    assert run_query(path, "SELECT count(*) FROM country").rows == ((3,),)
+    assert serialize_schema(path).startswith("CREATE TABLE country (")
