@@ -75,3 +75,22 @@ def test_a_last_turn_that_still_explores_ends_the_episode_without_an_answer(row)
 def test_an_unknown_option_is_refused_in_one_line(row):
     with pytest.raises(ConfigError, match="unknown sql environment option"):
         make_environment(config(row_cap=5), row)
+
+
+@pytest.mark.slow  # an engine with room for the schema's ~450 tokens: its programs compile first
+def test_sql_episodes_run_on_the_engine_and_end_scored(stories, row):
+    from rlax_core.envs import EpisodeStart, run_episodes
+    from rlax_core.inference.config import EngineConfig, SamplingParams
+    from rlax_core.inference.engine import Engine
+
+    model, tokenizer = stories
+    engine = Engine(EngineConfig(num_slots=4, page_size=16, num_pages=160, max_prompt_len=480, max_new_tokens=32,
+                                 prefill_buckets=(480,), attention_impl="window"),
+                    model.config, model.params, detokenize=tokenizer.decode)
+    config = EnvConfig(name="sql", tools=(), max_turns=2, max_turn_tokens=16, max_tokens=512, judge_answer=False)
+    [episode, *_] = run_episodes(engine, tokenizer, config, [EpisodeStart(row, "q", seed=1, samples=2)],
+                                 SamplingParams(temperature=1.0, max_new_tokens=16))
+    assert episode.turns and not episode.error
+    last = episode.turns[-1]
+    assert last["info"]["pass"] is False and last["reward"] == 0.0  # stories260K writes no SQL
+    assert sum(episode.policy_mask) > 0 and len(episode.policy_mask) == len(episode.completion_ids)
