@@ -132,3 +132,9 @@ def test_a_result_past_the_row_cap_does_not_match(database):
     with Rewarder(config) as scorer:
         reward, info = scorer(example(database, "SELECT name FROM city LIMIT 3"), "```sql\nSELECT name FROM city\n```")
     assert reward == 0.0 and info["terms"]["sql"]["reason"] == "row_cap" and info["terms"]["sql"]["more"] is True
+
+
+def test_the_task_term_scores_sql_examples_by_execution(database):
+    with Rewarder(RewardConfig(terms={"task": 1.0})) as scorer:
+        reward, info = scorer(example(database, "SELECT count(*) FROM city"), "```sql\nSELECT count(id) FROM city\n```")
+    assert reward == 1.0 and info["pass"] and info["terms"]["task"]["reason"] == "match"
