@@ -238,6 +238,19 @@ def resolve_asset(path: str) -> str:
     return str(folder)
 
 
+def resolve_input(spec, key: str):
+    """An InputSpec whose ``path`` or ``databases`` is ``assets:NAME/FILE``: the shipped file (``sql_tiny``)."""
+    changes = {}
+    for field in ("path", "databases"):
+        value = getattr(spec, field, None)
+        if value and value.startswith("assets:"):
+            found = ASSETS_DIR / value.split(":", 1)[1]
+            if not found.exists():
+                raise ConfigError(f"{key}.{field}", f"no bundled asset {value!r}")
+            changes[field] = str(found)
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
 def recipes() -> list[str]:
     """The recipes shipped with rlax (``configs/*.yaml``), by file name."""
     return sorted(path.name for path in CONFIG_DIR.glob("*.yaml"))

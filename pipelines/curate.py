@@ -68,6 +68,11 @@ def resolve_config(args: argparse.Namespace) -> tuple[CurateConfig, list[str]]:
     if args.output:
         changes["output"] = args.output
     config = dataclasses.replace(config, **changes)
+    from pipelines.config import resolve_input  # assets:sql_tiny/train.json is the shipped task, from any folder
+
+    config = dataclasses.replace(config, inputs=tuple(resolve_input(s, "inputs") for s in config.inputs),
+                                 decontaminate_against=tuple(resolve_input(s, "decontaminate_against")
+                                                             for s in config.decontaminate_against))
     if not config.inputs:
         raise ConfigError("inputs", "no input: give --input PATH or inputs in --config")
     if not config.output:
@@ -102,7 +107,7 @@ def build(pipeline: beam.Pipeline, config: CurateConfig) -> None:
             named = dataclasses.replace(spec, source=eval_set_name(spec))
             # An evaluation row that cannot be read cannot leak either: its dead letters are dropped.
             adapted, _ = (pipeline | f"ReadEval[{i}]" >> ReadRawRecords(spec.path)
-                          | f"EvalExamples[{i}]" >> ToExamples(named, config.max_record_bytes))
+                          | f"EvalExamples[{i}]" >> ToExamples(named, config.max_record_bytes, prompts_only=True))
             eval_rows.append(adapted)
         index = (eval_rows | "AllEval" >> beam.Flatten()) | "NgramIndex" >> NgramIndex(config.contamination_ngram)
         rows, contaminated = rows | "Decontaminate" >> DropContaminated(index, config.contamination_ngram)

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]:
     """The ``evaluate:`` section of the run config with the command-line flags on top; and the config's Beam options."""
-    from pipelines.config import load_section, require_given, resolve_asset
+    from pipelines.config import load_section, require_given, resolve_asset, resolve_input
 
     run_config = load_section(args.config, args.overrides, "evaluate")
     config = run_config.evaluate
@@ -69,6 +69,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[EvaluateConfig, list[str]]
         changes["output"] = args.output
     # assets:NAME is a model shipped in the package: the recipe runs from any folder
     changes["models"] = tuple(resolve_asset(model) for model in changes.get("models", config.models))
+    changes["eval_sets"] = tuple(resolve_input(spec, "eval_sets") for spec in changes.get("eval_sets", config.eval_sets))
     config = dataclasses.replace(config, **changes)
     require(not config.model_names or len(config.model_names) == len(config.models), "model_names",
             f"one name per model ({len(config.models)}), or none")

@@ -14,9 +14,10 @@ DEAD_LETTER = "dead_letter"
 
 
 class _ToExampleFn(beam.DoFn):
-    def __init__(self, spec: InputSpec, max_record_bytes: int):
+    def __init__(self, spec: InputSpec, max_record_bytes: int, prompts_only: bool = False):
         self.spec = spec
         self.max_record_bytes = max_record_bytes
+        self.prompts_only = prompts_only
         self.kept = Metrics.counter("curate", "examples")
         self.rejected = Metrics.counter("curate", "dead_lettered")
 
@@ -33,7 +34,9 @@ class _ToExampleFn(beam.DoFn):
                 size = len(json.dumps(record, default=str).encode("utf-8"))
                 if size > self.max_record_bytes:
                     raise FormatError("too_large", f"record is {size} bytes, the limit is {self.max_record_bytes}")
-            example = to_example(spec.format, record, source=spec.source, split=spec.split, mapping=spec.mapping)
+            example = to_example(spec.format, record, source=spec.source, split=spec.split, mapping=spec.mapping,
+                                 databases=spec.databases, prompts_only=self.prompts_only,
+                                 schema_rows=spec.schema_rows)
         except FormatError as error:
             reason, detail = error.reason, error.detail
         except (TypeError, ValueError, KeyError, AttributeError) as error:  # data no adapter foresaw
@@ -49,13 +52,16 @@ class _ToExampleFn(beam.DoFn):
 
 
 class ToExamples(beam.PTransform):
-    """Decode, parse and adapt raw rows of one input; returns ``(examples, dead_letters)``."""
+    """Decode, parse and adapt raw rows of one input; returns ``(examples, dead_letters)``.
 
-    def __init__(self, spec: InputSpec, max_record_bytes: int):
+    ``prompts_only``: an evaluation set read for decontamination (a SQL row needs no database then).
+    """
+
+    def __init__(self, spec: InputSpec, max_record_bytes: int, prompts_only: bool = False):
         super().__init__()
-        self.spec, self.max_record_bytes = spec, max_record_bytes
+        self.spec, self.max_record_bytes, self.prompts_only = spec, max_record_bytes, prompts_only
 
     def expand(self, raw_rows):
-        outputs = raw_rows | "Adapt" >> beam.ParDo(_ToExampleFn(self.spec, self.max_record_bytes)).with_outputs(
-            DEAD_LETTER, main="examples")
+        adapt = _ToExampleFn(self.spec, self.max_record_bytes, self.prompts_only)
+        outputs = raw_rows | "Adapt" >> beam.ParDo(adapt).with_outputs(DEAD_LETTER, main="examples")
         return outputs.examples, outputs[DEAD_LETTER]

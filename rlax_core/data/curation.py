@@ -34,10 +34,13 @@ class InputSpec:
     source: str | None = None  # defaults to the layout name (auto: the detected one)
     split: str | None = None
     mapping: FieldMapping = FieldMapping()  # the ``generic`` layout only
+    databases: str | None = None  # spider / bird: the folder of SQLite databases (local or gs://)
+    schema_rows: int = 0  # spider / bird: rows of each table shown under the prompt's schema
 
     def __post_init__(self):
         require(bool(self.path), "path", "a file, glob, directory or hf:NAME[:CONFIG]:SPLIT")
         require(self.format in FORMATS, "format", f"one of {', '.join(FORMATS)}")
+        require(self.schema_rows >= 0, "schema_rows", "an integer >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

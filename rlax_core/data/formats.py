@@ -1,6 +1,7 @@
 """Adapters: one function per dataset layout that turns a raw record (a dict) into an Example row.
 
-Built in: GSM8K, MATH (also MATH-500), AIME, AMC, HumanEval, MBPP, and ``generic`` (a field mapping
+Built in: GSM8K, MATH (also MATH-500), AIME, AMC, HumanEval, MBPP, Spider and BIRD (text-to-SQL,
+``sql_format``), and ``generic`` (a field mapping
 given in the config). ``auto`` picks a built-in layout from the record's fields. Every failure is
 an :class:`FormatError` whose ``reason`` names the dead-letter category.
 """
@@ -12,17 +13,9 @@ import re
 from typing import Any, Callable, Literal, Mapping
 
 from rlax_core.config import require
+from rlax_core.data.format_error import FormatError
 from rlax_core.data.answers import EXTRACTORS, AnswerError, gsm8k_answer, last_boxed, plain_answer
 from rlax_core.data.records import EXAMPLE_FIELDS, example_id, make_example
-
-
-class FormatError(ValueError):
-    """A raw record cannot become an Example; ``reason`` is its dead-letter category."""
-
-    def __init__(self, reason: str, detail: str):
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"{reason}: {detail}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +143,8 @@ ADAPTERS: dict[str, Callable[[Mapping[str, Any], str, str | None], dict[str, Any
     "mbpp": mbpp,
     "example": example,
 }
-FORMATS = (*ADAPTERS, "generic", "auto")
+SQL_FORMATS = ("spider", "bird")  # need a folder of databases: rlax_core.data.sql_format
+FORMATS = (*ADAPTERS, *SQL_FORMATS, "generic", "auto")
 
 
 def detect_format(raw: Mapping[str, Any]) -> str:
@@ -158,6 +152,8 @@ def detect_format(raw: Mapping[str, Any]) -> str:
     keys = set(raw)
     if {"prompt", "task", "source"} <= keys:
         return "example"
+    if {"db_id", "question"} <= keys:
+        return "bird" if "SQL" in keys else "spider"
     if {"task_id", "canonical_solution", "entry_point"} <= keys:
         return "humaneval"
     if "test_list" in keys and "code" in keys:
@@ -172,14 +168,26 @@ def detect_format(raw: Mapping[str, Any]) -> str:
 
 
 def to_example(fmt: str, raw: Any, *, source: str | None = None, split: str | None = None,
-               mapping: FieldMapping | None = None) -> dict[str, Any]:
-    """``raw`` as an Example row in layout ``fmt``; ``source`` defaults to the layout's name."""
+               mapping: FieldMapping | None = None, databases: str | None = None,
+               prompts_only: bool = False, schema_rows: int = 0) -> dict[str, Any]:
+    """``raw`` as an Example row in layout ``fmt``; ``source`` defaults to the layout's name.
+
+    ``databases``: the folder of SQLite databases a ``spider`` / ``bird`` input's rows run on.
+    ``prompts_only``: an evaluation set read for decontamination; a SQL row's database is not needed.
+    ``schema_rows``: a SQL row's prompt shows this many rows of each table under the schema.
+    """
     if not isinstance(raw, Mapping):
         raise FormatError("not_an_object", f"record is a {type(raw).__name__}, expected a JSON object")
     if fmt == "auto":
         fmt = detect_format(raw)
     if fmt == "generic":
         return generic(raw, source or "generic", split, mapping or FieldMapping())
+    if fmt in SQL_FORMATS:
+        from rlax_core.data.sql_format import sql_example, sql_question  # only SQL inputs need the sandbox
+
+        if prompts_only:
+            return sql_question(raw, source or fmt, split)
+        return sql_example(raw, source or fmt, split, databases, schema_rows)
     if fmt not in ADAPTERS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     return ADAPTERS[fmt](raw, source or fmt, split)

@@ -36,7 +36,8 @@ from rlax_core.utils.registry import Registry
 from rlax_core.utils.user_modules import UserModuleError, import_user_module
 
 # Packages of this repository whose import registers environments and tools.
-BUILTIN_MODULES = ("rlax_core.envs.tools", "rlax_core.envs.tool_use", "rlax_core.envs.word_chain")
+BUILTIN_MODULES = ("rlax_core.envs.tools", "rlax_core.envs.tool_use", "rlax_core.envs.word_chain",
+                   "rlax_core.envs.sql_env")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Evaluation reports: per-prompt verdicts -> metrics by model, dataset, subject and level.
 
+A text-to-SQL dataset (task ``sql``) also gets its execution accuracy (the share of samples whose
+query's results match the gold query's), overall and by difficulty level.
+
 A per-prompt result is a dict ``{model, dataset, task, subject, level, correct: [bool], answers: [str|None],
 lengths: [int]}`` (one entry per sample). :func:`build_report` aggregates them, :func:`to_markdown`
 renders the tables (models side by side), :func:`plot_report` draws the PNGs.
@@ -22,6 +25,9 @@ def _metrics(results: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[st
     summary = summarize_prompts(results, ks)
     if not voting:  # a task without comparable answers (story) has no majority vote
         summary = {name: value for name, value in summary.items() if not name.startswith("maj@")}
+    if any(r.get("task") == "sql" for r in results):  # text-to-SQL: the share of samples whose results match
+        correct = [bool(c) for r in results for c in r["correct"]]
+        summary["execution_accuracy"] = float(np.mean(correct)) if correct else 0.0
     lengths = np.asarray([n for r in results for n in r["lengths"]], dtype=np.float64)
     summary.update({"prompts": len(results), "samples": int(lengths.size),
                     "length_mean": float(lengths.mean()) if lengths.size else 0.0,
@@ -83,7 +89,23 @@ def to_markdown(report: Mapping[str, Any], title: str = "Evaluation") -> str:
         if rows:
             lines += ["", f"## By {label}", "", f"| dataset | {label} | model | prompts | " + " | ".join(names) + " |",
                       "|---" * (len(names) + 4) + "|", *rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _execution_accuracy(report, datasets)) + "\n"
+
+
+def _execution_accuracy(report: Mapping[str, Any], datasets: Sequence[str]) -> list[str]:
+    """Text-to-SQL datasets: execution accuracy overall and by difficulty level, models side by side."""
+    rows = []
+    for dataset in datasets:
+        for model, per_dataset in report["models"].items():
+            found = per_dataset.get(dataset, {})
+            if "execution_accuracy" not in found.get("overall", {}):
+                continue
+            for level, o in [("all", found["overall"]), *found.get("by_level", {}).items()]:
+                rows.append(f"| {dataset} | {level} | {model} | {o['prompts']} | {o['execution_accuracy']:.3f} |")
+    if not rows:
+        return []
+    return ["", "## Execution accuracy (text-to-SQL)", "", "| dataset | level | model | prompts | execution accuracy |",
+            "|---|---|---|---|---|", *rows]
 
 
 def plot_report(report: Mapping[str, Any]) -> dict[str, bytes]:

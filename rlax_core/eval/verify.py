@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 # Example task -> the reward term whose ``pass`` decides correctness.
-TASK_TERMS = {"math": "task", "code": "task", "story": "story_word"}
+TASK_TERMS = {"math": "task", "code": "task", "sql": "sql", "story": "story_word"}
 
 
 @dataclasses.dataclass(frozen=True)

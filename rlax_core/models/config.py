@@ -425,6 +425,10 @@ _QWEN25 = dict(architecture="qwen2", vocab_size=152064, qkv_bias=True, head_dim=
 PUBLISHED_CONFIGS: dict[str, ModelConfig] = {
     "Qwen2.5-7B": ModelConfig(hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
                               max_position_embeddings=131072, **_QWEN25),
+    # configs/qwen25_coder_7b_sql_dataflow_tpu.yaml: Qwen2.5-7B's shape, the instruct model's context and end token.
+    "Qwen2.5-Coder-7B-Instruct": ModelConfig(hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
+                                             num_kv_heads=4, max_position_embeddings=32768,
+                                             **{**_QWEN25, "eos_token_ids": (151645, 151643)}),
     "Qwen2.5-1.5B-Instruct": ModelConfig(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
                                          num_kv_heads=2, max_position_embeddings=32768,
                                          **{**_QWEN25, "vocab_size": 151936, "tie_word_embeddings": True,

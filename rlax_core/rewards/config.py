@@ -6,6 +6,7 @@ In YAML (the ``rewards`` section of a run)::
       terms: {math: 1.0, format_boxed: 0.1}
       math: {workers: 2, timeout_seconds: 5}
       code: {workers: 2, per_test_seconds: 5, limits: {memory_bytes: 1073741824}}
+      sql: {workers: 2, executes_credit: 0.1, limits: {deadline_s: 5}}   # docs/sql.md
       modules: [my_project.rewards]                     # a user's own terms (docs/rewards.md)
       functions: {concise: "my_rewards.py:concise"}      # a plain function as a term
 
@@ -25,6 +26,7 @@ from rlax_core.rewards.reward_model import RewardModelConfig
 from rlax_core.rewards.custom import RewardImportError, function_reward, import_reward_module, register_function_reward
 from rlax_core.rewards.math_verifier import MathVerifierConfig
 from rlax_core.rewards.registry import reward_names
+from rlax_core.rewards.sql_match import SqlRewardConfig
 from rlax_core.sandbox.run import SandboxLimits
 
 
@@ -69,6 +71,7 @@ class RewardConfig:
     format: FormatConfig = dataclasses.field(default_factory=FormatConfig)
     reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)  # docs/reward_models.md
     judge: JudgeConfig = dataclasses.field(default_factory=JudgeConfig)
+    sql: SqlRewardConfig = dataclasses.field(default_factory=SqlRewardConfig)  # the sql term (docs/sql.md)
 
     def __post_init__(self):
         for index, spec in enumerate(self.modules):

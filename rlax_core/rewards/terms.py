@@ -11,6 +11,7 @@ from typing import Sequence
 from rlax_core.rewards.answers import extract_answer, last_boxed
 from rlax_core.rewards.code_verifier import CodeTests, CodeVerifier
 from rlax_core.rewards.math_verifier import MathVerifier
+from rlax_core.rewards.sql_match import SqlExecutionMatch
 from rlax_core.rewards.registry import (SCORER_UNAVAILABLE, RewardResult, RewardTerm, Sample, register_reward,
                                        scoring_failure)
 
@@ -90,17 +91,18 @@ class CodeTestsPass(RewardTerm):
 
 @register_reward("task")
 class ByTask(RewardTerm):
-    """Correctness by the example's ``task`` field: ``math`` or ``code``, so one run can mix both."""
+    """Correctness by the example's ``task`` field: ``math``, ``code`` or ``sql``, so one run can mix them."""
 
     def __init__(self, config):
         super().__init__(config)
         self._terms: dict[str, RewardTerm] = {}  # built on first use: a math-only run starts no sandbox pool
 
     def _term(self, task: str) -> RewardTerm:
-        if task not in ("math", "code"):
-            raise ValueError(f"the 'task' reward scores math and code examples, got task {task!r}")
+        terms = {"math": MathAnswer, "code": CodeTestsPass, "sql": SqlExecutionMatch}
+        if task not in terms:
+            raise ValueError(f"the 'task' reward scores math, code and sql examples, got task {task!r}")
         if task not in self._terms:
-            self._terms[task] = (MathAnswer if task == "math" else CodeTestsPass)(self.config)
+            self._terms[task] = terms[task](self.config)
         return self._terms[task]
 
     def score_many(self, samples: Sequence[Sample]) -> list[RewardResult]:

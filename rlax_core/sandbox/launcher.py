@@ -10,7 +10,7 @@ importable.
 The job's program runs as PID 1 of fresh PID, mount, network, IPC and UTS namespaces, chrooted into a
 tmpfs that holds only its own writable directory (``/sandbox``, size-capped), ``/dev/null``,
 ``/dev/zero``, ``/dev/urandom`` and read-only bind mounts of the Python install and the shared
-libraries it loads. Before ``execve`` it gets resource limits (CPU time, address space, file size,
+libraries it loads (and of the job's ``readonly_files``, each at the path the job names). Before ``execve`` it gets resource limits (CPU time, address space, file size,
 process count, open files, no core dumps), an empty supplementary group list, a uid/gid of its own
 that no other process uses (so the process-count limit is its own and ``kill(-1)`` reaches only it),
 ``no_new_privs`` and a parent-death signal. Dropping from root to that uid clears every capability,
@@ -86,6 +86,10 @@ def _build_root(job: dict, root: str) -> None:
         os.makedirs(os.path.dirname(root + link), exist_ok=True)
         if not os.path.lexists(root + link):
             os.symlink(target, root + link)
+    for inside, source in job.get("readonly_files", ()):  # e.g. a SQL task's database, never writable
+        os.makedirs(os.path.dirname(root + inside), exist_ok=True)
+        open(root + inside, "w").close()
+        _bind_readonly(source, root + inside)
     os.makedirs(root + "/dev", exist_ok=True)
     for device in ("/dev/null", "/dev/zero", "/dev/urandom"):
         open(root + device, "w").close()

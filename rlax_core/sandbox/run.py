@@ -271,8 +271,8 @@ def read_reply(fd: int, timeout: float) -> dict:
 
 def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits = SandboxLimits(),
                   env: Mapping[str, str] | None = None, channels: Mapping[int, int] | None = None,
-                  uid: int | None = None, lifeline: int | None = None, results_bytes: int | None = None
-                  ) -> SandboxReport:
+                  uid: int | None = None, lifeline: int | None = None, results_bytes: int | None = None,
+                  readonly_files: Mapping[str, str] | None = None) -> SandboxReport:
     """Write ``files`` into a fresh sandbox directory and run ``python -I -S -B *argv`` there.
 
     ``channels`` maps an fd number in the program (above 3) to an fd of this process (a pipe end) that
@@ -282,6 +282,8 @@ def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
     handed over the same way, that the program does not get: once every copy of its write end is
     closed, the program has a second to end, then it is killed (the report says ``stopped``).
     ``results_bytes``: the cap of the results channel (fd 3) when it is not ``limits.output_bytes``.
+    ``readonly_files``: path inside the sandbox -> a host file bound there read-only (when isolated;
+    without namespaces the program must use the host path).
 
     Raises :class:`SandboxUnavailable` when no program could run (the sandbox could not be built, or
     the launcher failed); everything the program does ends in the report instead.
@@ -289,7 +291,8 @@ def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
     channels = _checked_channels(channels)
     owned = [*channels.values(), *([lifeline] if lifeline is not None else [])]
     try:
-        return _run_launcher(files, argv, limits, env, channels, uid, lifeline, None, owned, results_bytes)
+        return _run_launcher(files, argv, limits, env, channels, uid, lifeline, None, owned, results_bytes,
+                             readonly_files)
     finally:
         for fd in owned:
             os.close(fd)
@@ -375,7 +378,7 @@ class PreparedSandbox:
 def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits,
                   env: Mapping[str, str] | None, channels: dict[int, int], uid: int | None,
                   lifeline: int | None, deferred: tuple[int, float] | None, owned: list[int],
-                  results_bytes: int | None) -> SandboxReport:
+                  results_bytes: int | None, readonly_files: Mapping[str, str] | None = None) -> SandboxReport:
     """``deferred``: (the read end of the start pipe, the idle limit) for a prepared sandbox."""
     global _warned_isolation
     python, readonly_dirs, symlinks = _python_and_mounts()
@@ -385,6 +388,7 @@ def _run_launcher(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
         "python": python,
         "readonly_dirs": list(readonly_dirs),
         "symlinks": [list(pair) for pair in symlinks],
+        "readonly_files": [[inside, os.path.realpath(host)] for inside, host in (readonly_files or {}).items()],
         "limits": dataclasses.asdict(limits),
         "isolate": limits.isolate,
         "uid": SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_COUNT) if uid is None else uid,

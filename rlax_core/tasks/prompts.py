@@ -8,6 +8,8 @@ the same text it is judged on:
 * ``code``: the problem, the first of its tests when it has a list of them (MBPP names the function
   only there), then "write the program in one fenced Python block" (the code reward runs the last
   fenced block);
+* ``sql``: the database's schema (``tasks.sql``), the question, then "write one SQLite query in a
+  ```sql block" (the sql reward runs the last one);
 * ``story``: the prompt as it is (stories260K continues text; it cannot follow instructions).
 
 A format with ``chat`` sends that text as one user turn through the tokenizer's chat template when the
@@ -19,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Any, Callable, Mapping
+
+from rlax_core.tasks.sql import SQL_INSTRUCTION, sql_prompt_body
 
 BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 CODE_INSTRUCTION = "\nWrite the complete solution as one Python program in a single ```python code block."
@@ -48,6 +52,7 @@ def _code_body(example: Mapping[str, Any]) -> str:
 TASK_PROMPTS: dict[str, PromptFormat] = {
     "math": PromptFormat(instruction=BOXED_INSTRUCTION),
     "code": PromptFormat(instruction=CODE_INSTRUCTION, body=_code_body),
+    "sql": PromptFormat(instruction=SQL_INSTRUCTION, body=sql_prompt_body),
     "story": PromptFormat(chat=False),
 }
 

@@ -26,6 +26,8 @@ MODEL = REPO / "pipelines" / "assets" / "stories260K"
 RECIPES = {  # recipe -> (accelerator service option, accelerator machine type, worker image)
     "qwen25_7b_math_dataflow_tpu.yaml": ("type:tpu-v5-lite-podslice;topology:2x2", "ct5lp-hightpu-4t", "rlax-worker-tpu"),
     "qwq32b_code_tpu_1024.yaml": ("type:tpu-v6e-slice;topology:2x4", "ct6e-standard-8t", "rlax-worker-tpu"),
+    "qwen25_coder_7b_sql_dataflow_tpu.yaml": ("type:tpu-v5-lite-podslice;topology:2x2", "ct5lp-hightpu-4t",
+                                              "rlax-worker-tpu"),
     "qwq32b_code_lora_tpu.yaml": ("type:tpu-v6e-slice;topology:2x4", "ct6e-standard-8t", "rlax-worker-tpu"),
     "qwen25_1p5b_math_dataflow_gpu.yaml": ("type:nvidia-l4;count:1;install-nvidia-driver", "g2-standard-8",
                                            "rlax-worker-gpu"),
@@ -172,3 +174,14 @@ def test_the_command_line_wins_over_the_recipe_in_the_translated_job(train_sets,
                             "--machine_type=ct5lp-hightpu-1t"])
     assert job["max_num_workers"] == 3 and job["machine_type"] == "ct5lp-hightpu-1t"
     assert job["accelerator"] == "type:tpu-v5-lite-podslice;topology:1x1"
+
+
+def test_the_sql_recipes_curation_ships_no_database_in_its_job(capsys, offline):
+    # Spider's layout with the databases in storage: the translated job names the folder, never its bytes.
+    sql_tiny = REPO / "pipelines" / "assets" / "sql_tiny"
+    job = _dry_run(capsys, ["curate", "--config", "configs/qwen25_coder_7b_sql_dataflow_tpu.yaml",
+                            f"curate.inputs=[{{path: {sql_tiny}/train.json, format: spider, databases: {sql_tiny}}}]",
+                            f"curate.decontaminate_against=[{{path: {sql_tiny}/heldout.json, format: spider}}]"])
+    assert job["dry_run"] == "curate" and job["runner"] == "DataflowRunner" and job["job_type"] == "JOB_TYPE_BATCH"
+    assert job["machine_type"].startswith(CPU_MACHINES) and "/rlax-worker-cpu:" in job["container_images"][0]
+    assert job["size_bytes"] < MAX_JOB_BYTES
