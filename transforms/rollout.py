@@ -2,6 +2,7 @@
 
     ticks --ScheduleSteps--> WorkUnit --Reshuffle--> GenerateRollouts --> group --ScoreRollouts (overlong
       shaping) --AssembleGroups (dynamic sampling)--> WriteGroups --> rollout store --MarkStepGenerated
+                                                 `-dropped--> RecordDropped (scores, for the curriculum) -'
 
 Each DoFn is a shell over ``rlax_core.rollout``. Work is spread in units of
 ``loop.groups_per_unit`` prompt groups: pacing allows only steps ``v .. v + k``, so whole steps
@@ -194,6 +195,24 @@ class WriteGroups(beam.DoFn):
                                   written=True)
 
 
+class RecordDropped(beam.DoFn):
+    """A group dynamic sampling dropped: its scores are recorded in its step's folder (they still count
+    for the curriculum, ``rlax_core.rollout.prompt_state``); yields its summary for its step."""
+
+    def __init__(self, spec: RolloutSpec):
+        self._spec = spec
+
+    def setup(self):
+        self._store = self._spec.store()
+
+    def process(self, group: dict):
+        from rlax_core.rollout.prompt_state import dropped_record
+
+        step, slot = group["key"]
+        self._store.write_dropped_scores(GroupKey(step, slot), dropped_record(group))
+        yield step, group_summary(group, written=False)
+
+
 class MarkStepGenerated(beam.DoFn):
     """Per step (its groups' summaries, written or dropped): write the step's metrics beside the store
     and its ``_GENERATED`` marker once every prompt slot is accounted for. Both are idempotent."""
@@ -202,14 +221,19 @@ class MarkStepGenerated(beam.DoFn):
         self._spec = spec
 
     def setup(self):
+        from rlax_core.rollout.drawing import StepDraws
+
         self._store = self._spec.store()
+        self._draws = StepDraws(self._spec)  # imports the loop's curriculum modules in this worker
 
     def process(self, keyed):
         step, summaries = keyed
         by_slot = {s["slot"]: s for s in summaries}  # a retried bundle may deliver a slot twice
         if len(by_slot) < self._spec.prompts_per_step:
             return
-        metrics = {**step_metrics(step, list(by_slot.values())), "timeline/marked_t": time.time()}
+        metrics = step_metrics(step, list(by_slot.values()))
+        metrics = {**metrics, **self._draws.metrics(step, metrics["groups_dropped_uniform"], metrics["groups"]),
+                   "timeline/marked_t": time.time()}
         self._store.write_step_metrics(step, metrics)
         self._store.mark_step_generated(step)
         self._spec.claims().release(self._spec.run, step)
@@ -242,8 +266,7 @@ class RolloutStream(beam.PTransform):
         written = assembled.kept | "WriteGroups" >> beam.ParDo(WriteGroups(spec)).with_output_types(StepSummary)
         return (
             (written,
-             assembled.dropped | "SummarizeDropped" >> beam.Map(
-                 lambda g: (g["key"][0], group_summary(g, written=False))).with_output_types(StepSummary))
+             assembled.dropped | "RecordDropped" >> beam.ParDo(RecordDropped(spec)).with_output_types(StepSummary))
             | "AllGroups" >> beam.Flatten()
             | "ByStep" >> beam.GroupByKey()
             | "MarkStepGenerated" >> beam.ParDo(MarkStepGenerated(spec))
