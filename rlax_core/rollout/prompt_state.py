@@ -137,6 +137,17 @@ class PromptTable:
                    else np.zeros(len(rows), bool))
 
 
+def export_table(state: CurriculumState, path) -> str:
+    """``state.table()`` as a parquet file (local or any fsspec URL); returns its path."""
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with fsspec.open(str(path), "wb") as handle:
+        pq.write_table(pa.Table.from_pylist(state.table()), handle)
+    return str(path)
+
+
 def group_score(slot: int, rows: Sequence[dict]) -> GroupScore:
     """A group's score from its rows (``reward_info``'s ``pass``, the oldest ``policy_version``)."""
     passes = sum(bool(json.loads(row["reward_info"] or "{}").get("pass", False)) for row in rows)
