@@ -246,9 +246,10 @@ StepSummary = beam.typehints.KV[int, dict]
 class RolloutStream(beam.PTransform):
     """ticks (main input) + latest version (side input PCollection) -> rollout groups in the store."""
 
-    def __init__(self, spec: RolloutSpec):
+    def __init__(self, spec: RolloutSpec, shared: Shared | None = None):
         super().__init__()
         self._spec = spec
+        self._shared = shared or Shared()  # one engine per process (a test may pass its own to reuse one)
 
     def expand(self, ticks_and_version):
         ticks, latest = ticks_and_version
@@ -258,7 +259,7 @@ class RolloutStream(beam.PTransform):
             ticks
             | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
             | "Redistribute" >> beam.Reshuffle()
-            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, Shared()), version)
+            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, self._shared), version)
             | "ScoreRollouts" >> beam.ParDo(ScoreRollouts(spec))
         )
         assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(
