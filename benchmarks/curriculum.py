@@ -47,14 +47,20 @@ def spend(run_config, steps: int) -> dict:
     from rlax_core.data.rollout_store import RolloutStore
 
     store = RolloutStore(run_config.rollout_root(), run_config.run.name)
-    tokens, groups, uniform = 0, 0, 0
+    tokens, groups, uniform, settled = 0, 0, 0, 0
     for key in store.list_groups():
         rows = store.read_group(key).select(["completion_ids", "reward_info", "reward"]).to_pylist()
+        infos = [json.loads(r["reward_info"]) for r in rows]
         tokens += sum(len(r["completion_ids"]) for r in rows)
         groups += 1
-        uniform += len({json.loads(r["reward_info"]).get("task_reward", r["reward"]) for r in rows}) == 1
+        uniform += len({info.get("task_reward", r["reward"]) for info, r in zip(infos, rows)}) == 1
+        settled += len({bool(info.get("pass", False)) for info in infos}) == 1
     dropped = sum(len(store.read_dropped_scores(step)) for step in range(steps + 1))
-    return {"generated_tokens": tokens, "dropped_group_share": (uniform + dropped) / (groups + dropped) if groups + dropped else None}
+    total = groups + dropped
+    # The story reward is not binary (fluency terms): groups whose samples all passed or all failed
+    # carry no pass/fail signal even where their rewards differ; that share is printed beside.
+    return {"generated_tokens": tokens, "dropped_group_share": (uniform + dropped) / total if total else None,
+            "all_pass_or_all_fail_share": (settled + dropped) / total if total else None}
 
 
 def run_kind(workdir: Path, kind: str, seed: int, steps: int, every: int, train_path: str, extra) -> dict:
@@ -82,6 +88,9 @@ def summarize(runs: dict[str, dict[int, dict]], steps: int) -> dict:
             "dropped_group_share": {"mean": round(sum(r["dropped_group_share"] or 0 for r in by_seed.values())
                                                   / len(by_seed), 4),
                                     "per_seed": {seed: r["dropped_group_share"] for seed, r in by_seed.items()}},
+            "all_pass_or_all_fail_share": {
+                "mean": round(sum(r["all_pass_or_all_fail_share"] or 0 for r in by_seed.values()) / len(by_seed), 4),
+                "per_seed": {seed: r["all_pass_or_all_fail_share"] for seed, r in by_seed.items()}},
             "curves": {seed: r["curve"] for seed, r in by_seed.items()},
         }
     if "uniform" in out:

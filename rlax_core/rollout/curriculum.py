@@ -44,7 +44,7 @@ def register_curriculum(name: str) -> Callable[[Any], Any]:
 
 @dataclasses.dataclass(frozen=True)
 class CurriculumConfig:
-    """``loop.curriculum``: the kind and its settings (``loop.curriculum.KEY=VALUE``)."""
+    """``loop.curriculum``: the kind and its settings (on the command line: ``loop.curriculum.kind=balanced``)."""
 
     kind: str = "uniform"
     modules: tuple[str, ...] = ()  # a user's modules or .py files that register kinds (imported on every worker)
