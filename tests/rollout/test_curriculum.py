@@ -130,7 +130,9 @@ def test_a_step_s_pass_rate_is_divided_by_completed_groups_only(tmp_path):
     _write_step(spec, draws, 1, [[1, 1, 1, 1]], complete=False)
     state = draws.state_for(2)
     assert state.next_step == 1
-    seeded = CurriculumState.seeded(EXAMPLES)
+    seeded = CurriculumState.seeded(EXAMPLES)  # the filter's pass rates seed it; p8.. have none: unseen
+    assert (seeded.prompts["p1"].samples, seeded.prompts["p1"].passes, seeded.prompts["p1"].ema) == (4, 1, 0.25)
+    assert seeded.prompts["p9"].ema is None and seeded.prompts["p9"].samples == 0
     for slot, (row, passes) in enumerate(zip(rows0, (1, 4, 0))):
         prompt, before = state.prompts[EXAMPLES[row]["id"]], seeded.prompts[EXAMPLES[row]["id"]]
         assert (prompt.samples - before.samples, prompt.passes - before.passes) == (4, passes)
