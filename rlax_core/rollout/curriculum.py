@@ -25,12 +25,14 @@ function ``fn(prompts, step, seed, count) -> rows`` or a ``Curriculum`` class wi
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from rlax_core.config import ConfigError, require
 from rlax_core.rollout.schedule import mix_seed, prompt_indices
+from rlax_core.utils.paths import is_remote
 from rlax_core.utils.registry import Registry
 from rlax_core.utils.user_modules import UserModuleError, import_user_module
 
@@ -48,6 +50,9 @@ class CurriculumConfig:
 
     kind: str = "uniform"
     modules: tuple[str, ...] = ()  # a user's modules or .py files that register kinds (imported on every worker)
+    # A table of per-prompt pass rates (``id``, ``pass_rate``, ``n_samples``: an exported state, or the
+    # filter's output) that seeds the state instead of the training set's own pass rates; "": none.
+    seed_from: str = ""
     ema_weight: float = 0.5  # the newest group's share of a prompt's moving-average pass rate
     retire_after_solved: int = 0  # draws whose group all passed before a prompt is retired; 0: never
     rest_after_failed: int = 0  # failed samples in a row before a prompt rests; 0: never
@@ -63,6 +68,8 @@ class CurriculumConfig:
     def __post_init__(self):
         import_curriculum_modules(self.modules)
         require(self.kind in CURRICULA, "kind", f"one of {CURRICULA.names()} (modules may register more)")
+        require(not self.seed_from or is_remote(self.seed_from) or os.path.exists(self.seed_from), "seed_from",
+                f"no such file: {self.seed_from}")
         require(0 < self.ema_weight <= 1, "ema_weight", "in (0, 1]")
         require(self.retire_after_solved >= 0, "retire_after_solved", ">= 0 (0: never)")
         require(self.rest_after_failed >= 0, "rest_after_failed", ">= 0 (0: never)")

@@ -23,7 +23,7 @@ import uuid
 import fsspec
 
 from rlax_core.rollout.curriculum import Curriculum, make_curriculum
-from rlax_core.rollout.prompt_state import CurriculumState, PromptTable, step_scores
+from rlax_core.rollout.prompt_state import CurriculumState, PromptTable, read_table, step_scores
 from rlax_core.rollout.spec import RolloutSpec
 from rlax_core.utils.paths import is_remote, rollout_metrics_dir
 
@@ -62,7 +62,7 @@ class StepDraws:
         """The state step ``step`` draws from: scored groups of steps ``<= step - k - 1``."""
         target = max(0, step - self.spec.max_staleness)
         if self._state is None or self._state.next_step > target:
-            self._state = self._saved_state(target) or CurriculumState.seeded(self.examples)
+            self._state = self._saved_state(target) or self._seeded()
         store = self.spec.store()
         while self._state.next_step < target:
             folding = self._state.next_step
@@ -89,6 +89,10 @@ class StepDraws:
         config = self.spec.loop.curriculum
         return PromptTable.of(self.state_for(step), self.examples, step, retire_after_solved=config.retire_after_solved,
                               rest_after_failed=config.rest_after_failed, rest_steps=config.rest_steps)
+
+    def _seeded(self) -> CurriculumState:
+        seed_from = self.spec.loop.curriculum.seed_from
+        return CurriculumState.seeded(self.examples, read_table(seed_from) if seed_from else ())
 
     def _wait_complete(self, store, step: int):
         deadline = time.monotonic() + self._wait_s

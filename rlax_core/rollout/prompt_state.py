@@ -58,10 +58,14 @@ class CurriculumState:
     next_step: int = 0
 
     @classmethod
-    def seeded(cls, examples: Sequence[dict]) -> "CurriculumState":
-        """Each example's state from the difficulty filter's ``pass_rate`` and ``n_samples`` (none: unseen)."""
-        prompts = {}
+    def seeded(cls, examples: Sequence[dict], pass_rates: Sequence[dict] = ()) -> "CurriculumState":
+        """Each example's state from the difficulty filter's ``pass_rate`` and ``n_samples`` (none: unseen),
+        or from ``pass_rates`` (rows of ``id``, ``pass_rate``, ``n_samples``: an exported state) where
+        they name it."""
+        prompts, given = {}, {row["id"]: row for row in pass_rates}
         for example in examples:
+            example = {**example, **{k: v for k, v in given.get(example["id"], {}).items()
+                                     if k in ("pass_rate", "n_samples")}}
             rate, n = example.get("pass_rate"), example.get("n_samples") or 0
             if rate is None or (isinstance(rate, float) and math.isnan(rate)):
                 prompts[example["id"]] = PromptState()
@@ -135,6 +139,15 @@ class PromptTable:
                    solved >= retire_after_solved if retire_after_solved else np.zeros(len(rows), bool),
                    ((streak >= rest_after_failed) & (step - last <= rest_steps)) if rest_after_failed
                    else np.zeros(len(rows), bool))
+
+
+def read_table(path: str) -> list[dict[str, Any]]:
+    """The rows of a pass-rate table (``export_table``'s, or any parquet file with ``id`` and ``pass_rate``)."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    with fsspec.open(str(path), "rb") as handle:
+        return pq.read_table(handle).to_pylist()
 
 
 def export_table(state: CurriculumState, path) -> str:

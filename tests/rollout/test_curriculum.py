@@ -197,6 +197,13 @@ def test_the_state_exports_as_a_table_the_filter_s_columns_read(tmp_path):
     assert [row["id"] for row in table] == sorted(e["id"] for e in EXAMPLES)
     assert all(row["pass_rate"] is None or 0 <= row["pass_rate"] <= 1 for row in table)
     assert {"id", "pass_rate", "n_samples", "ema", "last_step"} <= set(table[0])
+    # The next run's curriculum reads it (loop.curriculum.seed_from): its state starts from these rates.
+    after = _spec(tmp_path / "next", kind="balanced", seed_from=str(path))
+    seeded = StepDraws(after, EXAMPLES).state_for(0).prompts
+    assert {k: (v.samples, v.ema) for k, v in seeded.items()} == {
+        row["id"]: (row["n_samples"], row["pass_rate"]) for row in table}
+    with pytest.raises(ConfigError, match="seed_from: no such file"):
+        CurriculumConfig(seed_from=str(tmp_path / "missing.parquet"))
 
 
 def test_a_user_function_is_a_kind_and_its_rows_are_checked(tmp_path):
