@@ -1,7 +1,7 @@
 """Does an online curriculum reach the target sooner? ``uniform`` against ``balanced`` (and optionally
 ``difficulty_pools``) on the quickstart's story task, same model, steps and seeds.
 
-    python benchmarks/curriculum.py [--steps 16] [--eval-every 2] [--seeds 0 1 2]
+    python benchmarks/curriculum.py [--steps 12] [--eval-every 2] [--seeds 0 1 2] [--train-prompts 512]
                                     [--kinds uniform balanced] [--set KEY=VALUE ...]
 
 Each run is ``rlax launch`` of ``configs/quickstart.yaml`` (stories260K, 8 prompts x 8 samples per
@@ -63,6 +63,15 @@ def spend(run_config, steps: int) -> dict:
             "all_pass_or_all_fail_share": (settled + dropped) / total if total else None}
 
 
+def train_set(folder: Path, count: int) -> str:
+    """The quickstart's story prompts (``benchmarks/rl_curves.train_set`` at 512), ``count`` of them."""
+    from rlax_core.tasks.story import story_examples, write_jsonl
+
+    path = folder / "train.jsonl"
+    write_jsonl(story_examples("train", count, seed=0), path)
+    return str(path)
+
+
 def run_kind(workdir: Path, kind: str, seed: int, steps: int, every: int, train_path: str, extra) -> dict:
     folder = workdir / f"{kind}_s{seed}"
     curve = rl_curves.rlax_curve(folder, steps, every, 1, train_path, seed, [f"loop.curriculum.kind={kind}", *extra])
@@ -104,24 +113,26 @@ def summarize(runs: dict[str, dict[int, dict]], steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--kinds", nargs="+", default=["uniform", "balanced"])
     parser.add_argument("--set", nargs="*", default=[], help="extra overrides for every run (loop.curriculum.*)")
+    parser.add_argument("--train-prompts", type=int, default=512,
+                        help="training prompts (the quickstart's 512; fewer: each is drawn, scored and weighed more often)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     workdir = Path(tempfile.mkdtemp(prefix="curriculum_bench_"))
     load_before = os.getloadavg()
     try:
-        path = rl_curves.train_set(workdir)
+        path = train_set(workdir, args.train_prompts)
         runs: dict[str, dict[int, dict]] = {}
         for seed in args.seeds:
             for kind in args.kinds:
                 runs.setdefault(kind, {})[seed] = run_kind(workdir, kind, seed, args.steps, args.eval_every, path,
                                                            args.set)
                 log.info("%s seed %d: %s", kind, seed, {k: v for k, v in runs[kind][seed].items() if k != "curve"})
-        result = {"target_pass@1": TARGET_PASS_AT_1, "steps": args.steps, "eval_every": args.eval_every,
+        result = {"target_pass@1": TARGET_PASS_AT_1, "steps": args.steps, "train_prompts": args.train_prompts, "eval_every": args.eval_every,
                   "seeds": args.seeds, "overrides": args.set, "bar": f"at most {BAR}x uniform's steps to target",
                   "load_average": {"before": load_before, "after": os.getloadavg()},
                   "kinds": summarize(runs, args.steps)}
