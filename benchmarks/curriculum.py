@@ -118,9 +118,10 @@ def summarize(runs: dict[str, dict[int, dict]], steps: int) -> dict:
             row["meets_0_75x"] = ratio is not None and ratio <= BAR
             if kind != "uniform" and not row["meets_0_75x"]:
                 row["verdict"] = (
-                    f"does not reach the target in {BAR}x uniform's steps ({row['steps_ratio_vs_uniform']}x): only "
+                    f"does not reach the target in {BAR}x uniform's steps ({row['steps_ratio_vs_uniform']}x); "
                     f"{row['draws_of_scored_prompts_share']['mean']:.0%} of its draws were of prompts the loop had "
-                    "scored (the rest weigh alike, as unseen), and the story task's prompts differ little in difficulty")
+                    "scored (unscored ones weigh alike), and the story task's prompts differ little in difficulty: "
+                    "every one asks for the same word, so a prompt's pass rate says little about the next draw")
     return out
 
 
