@@ -2,6 +2,7 @@
 
     ticks --ScheduleSteps--> WorkUnit --Reshuffle--> GenerateRollouts --> group --ScoreRollouts (overlong
       shaping) --AssembleGroups (dynamic sampling)--> WriteGroups --> rollout store --MarkStepGenerated
+                                                 `-dropped--> RecordDropped (scores, for the curriculum) -'
 
 Each DoFn is a shell over ``rlax_core.rollout``. Work is spread in units of
 ``loop.groups_per_unit`` prompt groups: pacing allows only steps ``v .. v + k``, so whole steps
@@ -27,12 +28,13 @@ from apache_beam.utils.shared import Shared
 from apache_beam.utils.windowed_value import WindowedValue
 
 from rlax_core.data.rollout_store import GroupKey
-from rlax_core.rollout.metrics import group_summary, step_metrics
+from rlax_core.rollout.metrics import group_summary
 from rlax_core.rollout.schedule import WorkUnit
 from rlax_core.rollout.pacing import StepPacer
 from rlax_core.rollout.spec import RolloutSpec
 from rlax_core.rollout.busy import Busy
 from transforms.reward_stage import PlacedScoring
+from transforms.step_marks import MarkStepGenerated, RecordDropped
 
 logger = logging.getLogger(__name__)
 
@@ -194,37 +196,16 @@ class WriteGroups(beam.DoFn):
                                   written=True)
 
 
-class MarkStepGenerated(beam.DoFn):
-    """Per step (its groups' summaries, written or dropped): write the step's metrics beside the store
-    and its ``_GENERATED`` marker once every prompt slot is accounted for. Both are idempotent."""
-
-    def __init__(self, spec: RolloutSpec):
-        self._spec = spec
-
-    def setup(self):
-        self._store = self._spec.store()
-
-    def process(self, keyed):
-        step, summaries = keyed
-        by_slot = {s["slot"]: s for s in summaries}  # a retried bundle may deliver a slot twice
-        if len(by_slot) < self._spec.prompts_per_step:
-            return
-        metrics = {**step_metrics(step, list(by_slot.values())), "timeline/marked_t": time.time()}
-        self._store.write_step_metrics(step, metrics)
-        self._store.mark_step_generated(step)
-        self._spec.claims().release(self._spec.run, step)
-        yield metrics
-
-
 StepSummary = beam.typehints.KV[int, dict]
 
 
 class RolloutStream(beam.PTransform):
     """ticks (main input) + latest version (side input PCollection) -> rollout groups in the store."""
 
-    def __init__(self, spec: RolloutSpec):
+    def __init__(self, spec: RolloutSpec, shared: Shared | None = None):
         super().__init__()
         self._spec = spec
+        self._shared = shared or Shared()  # one engine per process (a test may pass its own to reuse one)
 
     def expand(self, ticks_and_version):
         ticks, latest = ticks_and_version
@@ -234,7 +215,7 @@ class RolloutStream(beam.PTransform):
             ticks
             | "ScheduleSteps" >> beam.ParDo(ScheduleSteps(spec), version)
             | "Redistribute" >> beam.Reshuffle()
-            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, Shared()), version)
+            | "GenerateRollouts" >> beam.ParDo(GenerateRollouts(spec, self._shared), version)
             | "Score" >> PlacedScoring(ScoreRollouts(spec), spec.rewards)
         )
         assembled = scored | "AssembleGroups" >> beam.ParDo(AssembleGroups(spec)).with_outputs(
@@ -242,8 +223,7 @@ class RolloutStream(beam.PTransform):
         written = assembled.kept | "WriteGroups" >> beam.ParDo(WriteGroups(spec)).with_output_types(StepSummary)
         return (
             (written,
-             assembled.dropped | "SummarizeDropped" >> beam.Map(
-                 lambda g: (g["key"][0], group_summary(g, written=False))).with_output_types(StepSummary))
+             assembled.dropped | "RecordDropped" >> beam.ParDo(RecordDropped(spec)).with_output_types(StepSummary))
             | "AllGroups" >> beam.Flatten()
             | "ByStep" >> beam.GroupByKey()
             | "MarkStepGenerated" >> beam.ParDo(MarkStepGenerated(spec))

@@ -129,6 +129,23 @@ class RolloutStore:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         self._fs.pipe_file(path, b"")
 
+    def write_dropped_scores(self, key: GroupKey, scores: dict[str, Any]) -> None:
+        """What a group dynamic sampling dropped was scored (JSON, idempotent), in its step's folder before
+        the step's marker: its scores still count for the curriculum (``rlax_core.rollout.prompt_state``)."""
+        path = f"{self._base}/step_{key.step:08d}/dropped_{key.prompt_index:05d}.json"
+        if self._is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._fs.pipe_file(path, json.dumps(scores, sort_keys=True).encode())
+
+    def read_dropped_scores(self, step: int) -> dict[int, dict[str, Any]]:
+        """Per prompt slot, the scores ``write_dropped_scores`` left for ``step``."""
+        self._fs.invalidate_cache(f"{self._base}/step_{step:08d}")
+        try:
+            paths = self._fs.glob(f"{self._base}/step_{step:08d}/dropped_*.json")
+        except FileNotFoundError:
+            return {}
+        return {int(path.rsplit("_", 1)[1].split(".")[0]): json.loads(self._fs.cat_file(path)) for path in paths}
+
     def write_step_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """The rollout side's metrics of one schedule step, as JSON (rewritten whole: idempotent)."""
         fs, folder = fsspec.core.url_to_fs(rollout_metrics_dir(self.root, self.run))

@@ -3,6 +3,9 @@
     config.py      LoopConfig: the ``loop:`` section (samples per prompt, sampling, rewards, pacing)
     spec.py        RolloutSpec: the run's sections a worker needs, picklable (holds them, copies none)
     schedule.py    the prompt schedule (pure functions of run seed and step) and its work units
+    curriculum.py  loop.curriculum: which rows a step draws (uniform, difficulty_pools, balanced, a user's)
+    prompt_state.py  per-prompt state folded from scored groups of steps <= s - k - 1
+    drawing.py     StepDraws: a process's draws, saved states and curriculum metrics
     claims.py      claims on steps in flight, held in the run's store across processes and VMs
     scheduler.py   StepPacer: a tick's work units (pacing, the store, the claims)
     host.py        EngineHost: the one engine of a process, shared by its threads (rollouts and RunInference)

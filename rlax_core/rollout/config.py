@@ -15,6 +15,7 @@ from typing import ClassVar, Optional
 import rlax_core.tasks  # noqa: F401  (registers the tasks' reward terms before a config names them: story_word)
 from rlax_core.config import require
 from rlax_core.envs.base import EnvConfig
+from rlax_core.rollout.curriculum import CurriculumConfig
 from rlax_core.inference.config import SAMPLING_KEYS, SamplingConfig
 from rlax_core.rewards.config import RewardConfig
 
@@ -87,6 +88,8 @@ class LoopConfig:
     # lost one (a dropped bundle, a killed worker) is offered again after that long.
     expected_step_s: float = 300.0
     response_lengths: ResponseLengths = ResponseLengths()
+    # Which prompts each step draws, by how the policy does on them now (docs/curriculum.md).
+    curriculum: CurriculumConfig = CurriculumConfig()
 
     def __post_init__(self):
         require(self.sampling.temperature > 0, "sampling.temperature", "> 0 (RL samples; greedy gives identical groups)")

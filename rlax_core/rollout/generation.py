@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from rlax_core.data.rollout_store import GroupKey
-from rlax_core.rollout.schedule import WorkUnit, prompt_indices
+from rlax_core.rollout.schedule import WorkUnit
 from rlax_core.rollout.worker import RolloutWorker
 
 
@@ -42,7 +42,7 @@ def generate_units(worker: RolloutWorker, examples: Sequence[dict], units: Seque
     store = spec.store()
     per_unit = []  # per unit: [(slot, example)] and its requests
     for unit, _ in units:
-        step_rows = prompt_indices(spec.run_seed, unit.step, len(examples), spec.prompts_per_step)
+        step_rows = worker.draws.rows(unit.step)  # loop.curriculum's rows (uniform: the schedule's permutation)
         slots = [(slot, examples[step_rows[slot]]) for slot in unit.slots]
         per_unit.append((slots, worker.requests(unit.step, slots)))
     batch = worker.generate([(requests, unit.step - spec.max_staleness) for (unit, _), (_, requests)

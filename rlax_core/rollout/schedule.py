@@ -44,7 +44,7 @@ class WorkUnit:
     claim: str = dataclasses.field(default="", compare=False)  # the token of its step's claim (claims.py)
 
 
-def _mix(*parts: object) -> int:
+def mix_seed(*parts: object) -> int:
     """A 63-bit integer from its parts (stable across processes, unlike ``hash``)."""
     digest = hashlib.sha256("\x00".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
@@ -64,7 +64,7 @@ def prompt_indices(run_seed: int, step: int, num_prompts: int, prompts_per_step:
 
 
 def _epoch_permutation(run_seed: int, epoch: int, num_prompts: int) -> np.ndarray:
-    return np.random.default_rng(_mix("epoch", run_seed, epoch)).permutation(num_prompts)
+    return np.random.default_rng(mix_seed("epoch", run_seed, epoch)).permutation(num_prompts)
 
 
 def rollout_prompt_id(run: str, step: int, prompt_slot: int) -> str:
@@ -74,7 +74,7 @@ def rollout_prompt_id(run: str, step: int, prompt_slot: int) -> str:
 
 def sample_seed(run_seed: int, step: int) -> int:
     """The engine seed of every request of ``step`` (samples differ through prompt id and index)."""
-    return _mix("rollout", run_seed, step) % (2**31)
+    return mix_seed("rollout", run_seed, step) % (2**31)
 
 
 def work_units(prompts_per_step: int, groups_per_unit: int) -> list[tuple[int, ...]]:

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Optional
 
+from rlax_core.rollout.drawing import StepDraws
 from rlax_core.rollout.host import EngineHost
 from rlax_core.rollout.samplers import make_sampler
 from rlax_core.rollout.spec import RolloutSpec
@@ -45,6 +46,7 @@ class RolloutWorker:
         from rlax_core.weights.store import WeightStore
 
         self.sampler = make_sampler(spec)
+        self.draws = StepDraws(spec)  # imports the loop's curriculum modules in this process
         self.host = EngineHost(spec.engine, spec.model_path, dtype=spec.model_dtype, version=-1,
                                compile_modes=(sampling_mode(self.sampler.sampling),),
                                compile_episodes=self.sampler.compiles_episodes)

@@ -185,3 +185,21 @@ def test_the_sql_recipes_curation_ships_no_database_in_its_job(capsys, offline):
     assert job["dry_run"] == "curate" and job["runner"] == "DataflowRunner" and job["job_type"] == "JOB_TYPE_BATCH"
     assert job["machine_type"].startswith(CPU_MACHINES) and "/rlax-worker-cpu:" in job["container_images"][0]
     assert job["size_bytes"] < MAX_JOB_BYTES
+
+
+def test_a_curriculum_s_rollout_job_translates_and_does_not_grow_with_the_prompts(train_sets, offline):
+    # The curriculum's state lives beside the rollout store and is read by workers, never in the graph.
+    from rlax_core.data.training_set import read_examples
+
+    recipe = "qwen25_7b_math_dataflow_tpu.yaml"
+    jobs = {}
+    for count, path in train_sets.items():
+        run_config, loop = load_configs(f"configs/{recipe}", [f"loop.train_set={path}", "loop.curriculum.kind=balanced",
+                                                              "loop.curriculum.retire_after_solved=3"])
+        spec = build_spec(run_config, len(read_examples(str(path))))
+        options = pipeline_options(run_config.beam.args("rollout"), ["--dry_run=True"], streaming=True)
+        jobs[count] = translate(options, lambda pipeline: build(pipeline, spec, loop)).summary()
+    for job in jobs.values():
+        assert job["job_type"] == "JOB_TYPE_STREAMING" and job["streaming_engine"]
+        _check_accelerator_job(job, recipe)
+    assert abs(jobs[100_000]["size_bytes"] - jobs[100]["size_bytes"]) < 10_000
