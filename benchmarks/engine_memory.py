@@ -34,13 +34,12 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rlax_core.inference.config import EngineConfig, SamplingParams  # noqa: E402
 from rlax_core.inference.engine import Engine, Request  # noqa: E402
+from rlax_core.inference.phase_clock import PhaseClock  # noqa: E402
 from rlax_core.inference.sampling import SamplingMode  # noqa: E402
 from rlax_core.models import from_pretrained  # noqa: E402
 from rlax_core.models.tokenizer import load_tokenizer  # noqa: E402
@@ -73,34 +72,6 @@ def resume_buckets(longest: int) -> tuple[int, ...]:
     while buckets[-1] < longest:
         buckets.append(buckets[-1] * 4)
     return tuple(buckets)
-
-
-class PhaseClock:
-    """Seconds in each compiled program of one engine, each call waited for: the engine dispatches
-    a prefill without waiting (the next decode call's results wait for it), so without this a
-    prefill's time would land on the decode after it."""
-
-    def __init__(self, engine: Engine):
-        self.seconds = {"prefill": 0.0, "decode": 0.0}
-        # The engine's programs, wrapped for this one measurement (a benchmark, not a caller): prompts'
-        # prefill; a preempted sample's prompt and tokens so far, recomputed into its new pages; decode.
-        engine._prefill, engine._decode = self._clocked(engine._prefill, "prefill"), self._clocked(engine._decode, "decode")
-        extend = engine._extend_pages
-
-        def recompute(*args):
-            started = time.perf_counter()
-            extend(*args)
-            jax.block_until_ready(engine._cache)
-            self.seconds["prefill"] += time.perf_counter() - started
-        engine._extend_pages = recompute
-
-    def _clocked(self, program, phase):
-        def run(*args, **kwargs):
-            started = time.perf_counter()
-            out = jax.block_until_ready(program(*args, **kwargs))
-            self.seconds[phase] += time.perf_counter() - started
-            return out
-        return run
 
 
 def timed(engine: Engine, requests: list[Request]) -> tuple[float, list, dict]:
@@ -153,8 +124,9 @@ def main(argv=None) -> dict:
                        "peak_pages_in_use": engines[name].pages.peak_in_use}
     sides["on_demand"]["preemptions"] = best["on_demand"][2]["preemptions"]
     for name, engine in engines.items():  # the synchronized run: where each side's time goes
-        clock = PhaseClock(engine)
+        engine.clock = clock = PhaseClock()
         timed(engine, requests)
+        engine.clock = None
         total = sum(clock.seconds.values())
         sides[name]["seconds_split"] = {phase: {"seconds": seconds, "share": seconds / total}
                                         for phase, seconds in clock.seconds.items()}

@@ -65,6 +65,7 @@ from rlax_core.inference.continuation import extend, feed_uncached
 from rlax_core.inference.episodes import EpisodeTurns
 from rlax_core.inference.kv_cache import KVCache
 from rlax_core.inference.pages import PagePool
+from rlax_core.inference.phase_clock import PhaseClock, timed
 from rlax_core.inference.placement import Placement, kernels_for, lora_mode_for
 from rlax_core.inference.sampling import SamplingMode, prompt_key_id
 from rlax_core.inference.sequences import Completion, FinishReason, Request, SequenceState
@@ -118,6 +119,7 @@ class Engine:
         self._moe_layers = () if moe is None else (len(model_config.moe_layers), moe.experts_per_token)
         self._expert_id_dtype = None if moe is None else moe.expert_id_dtype
         self._next_order = 0
+        self.clock: PhaseClock | None = None  # a measurement's: seconds per program (``phase_clock``)
         self.stats = {"prefill_calls": 0, "shared_prefills": 0, "decode_calls": 0, "decode_steps": 0, "tokens": 0,
                       "weight_swaps": 0, "extend_calls": 0, "extended_tokens": 0, "preemptions": 0,
                       "recomputed": 0, "peak_pages_in_use": 0}
@@ -398,7 +400,8 @@ class Engine:
             tokens[row, length - len(prefix):] = prefix  # left-padded: positions say where each token goes
             positions[row, length - len(prefix):] = np.arange(len(prefix))
             page_table[row, : len(seq.pages)] = seq.pages
-        self._cache, routed = self._prefill(self._params, self._cache, tokens, positions, page_table)
+        with timed(self.clock, "prefill", lambda: self._cache):
+            self._cache, routed = self._prefill(self._params, self._cache, tokens, positions, page_table)
         self.stats["prefill_calls"] += 1
         if routed is not None:
             routed = np.asarray(routed)
@@ -422,8 +425,9 @@ class Engine:
 
     def _extend_pages(self, tokens: np.ndarray, positions: np.ndarray, page_table: np.ndarray) -> None:
         """Compute tokens into their sequences' pages over what those hold (an episode's next turn)."""
-        self._cache = extend(self._params, self._cache, tokens, positions, page_table,
-                             model_config=self.model_config, mesh=self.mesh)
+        with timed(self.clock, "prefill", lambda: self._cache):  # a resumed sample's recomputation too
+            self._cache = extend(self._params, self._cache, tokens, positions, page_table,
+                                 model_config=self.model_config, mesh=self.mesh)
         self.stats["extend_calls"] += 1
         self.stats["extended_tokens"] += int((positions >= 0).sum())
 
@@ -454,8 +458,9 @@ class Engine:
         # Attention reads the pages in use rather than the longest sequence's worth, which matters
         # most early in long generations; the widths bound the compiled variants.
         width = next(w for w in self._kernels.window_widths if w >= self._batch.pages_touched())
-        tokens, logprobs, steps, state, routed, self._cache = self._decode(
-            self._params, self._cache, self._batch.inputs(width), mode=self._batch.mode())
+        with timed(self.clock, "decode", lambda: self._cache):
+            tokens, logprobs, steps, state, routed, self._cache = self._decode(
+                self._params, self._cache, self._batch.inputs(width), mode=self._batch.mode())
         ended, sampled = self._batch.take(np.asarray(tokens), np.asarray(logprobs), int(steps), state,
                                           None if routed is None else np.asarray(routed))
         self.stats["decode_calls"] += 1
