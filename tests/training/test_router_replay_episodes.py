@@ -80,6 +80,7 @@ def episode_rows(episodes):
     return list(groups.values())
 
 
+@pytest.mark.slow  # its own engine's compile; the replay test below fails too if an observation's ids are wrong
 def test_an_episodes_record_is_every_positions_own_top_k_observations_included(moe):
     """Away from ties, an episode's record (its rollout row's ``routed_experts``) is the whole
     transcript's forward's own top 2 at every position but the last (never fed: zeros), the
