@@ -300,17 +300,22 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
         # them (the GPU recipes' trainers at 1.05-1.11x XLA:GPU, docs/memory.md), and counting them
         # there would overstate its trainers by a fifth.
         residuals = rows * heads * local * (model.head_dim * act + _F32) if impl != "dense" else 0
+        if context > 1 and impl != "dense":  # and the row's gathered keys and values the chunks' kernels read
+            kv_heads = model.num_kv_heads // tensor if model.num_kv_heads % tensor == 0 else model.num_kv_heads
+            residuals += 2 * rows * length * kv_heads * model.head_dim * act
         per_layer += residuals
         attention += whole_layer
     vocab = model.vocab_size // tensor if model.vocab_size % tensor == 0 else model.vocab_size
+    # The logits of the whole row (``length``, not a context chip's ``local``): the forward puts them back
+    # in row order (transformer._full_sequence), which gathers them from the context chips onto each.
     if platform_of(hardware.chip) == "gpu":
         # XLA:GPU writes the float32 logits once and reuses the buffer for their gradient; beside it
         # stands a micro-batch's float32 gradient of the whole LM head (not yet reduce-scattered over
         # fsdp). Read from the buffer assignments of the 1.5B (8 x A100) and 7B (8 x H100) GPU
         # recipes' update steps (docs/compile.md); XLA:TPU's programs hold three such logits buffers.
-        logits = rows * local * vocab * _F32 + vocab * model.hidden_size * _F32
+        logits = rows * length * vocab * _F32 + vocab * model.hidden_size * _F32
     else:
-        logits = 3 * rows * local * vocab * _F32
+        logits = 3 * rows * length * vocab * _F32
     parts["activations"] = model.num_layers * per_layer + attention + logits
     if trainer.lora.on_the_fly:
         # Each adapted projection's x @ A, float32 [rows, T, rank] whole on every chip (the rank axis is

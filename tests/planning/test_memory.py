@@ -60,6 +60,9 @@ COMPILED = [
     ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "rollout", 30754530528),
     ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "filter", 28791171808),
     ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "trainer", 40.81 * GIB),
+    # Context parallelism with splash chunks (docs/compile.md, "The 65,536-token QwQ-32B variant").
+    ("configs/qwq32b_code_tpu_1024_65k.yaml", ["trainer.mesh.context=2", "trainer.mesh.fsdp=16"], "trainer",
+     47958769792),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", [], "rollout", 17421312),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", [], "trainer", 104943488),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", ["hardware.rollout.chip=v5p"], "rollout", 18662112),
