@@ -64,7 +64,7 @@ ROLLOUT_SCHEMA = pa.schema(
         # what the trainer replays (algorithm.router_replay). Raw bytes of a row-major [tokens,
         # moe_layers, k] array of little-endian uint8 (uint16 beyond 256 experts): 2 bytes per token
         # and sparse layer at top 2, where a list column would add offsets and validity per value.
-        # Null for a dense model and for episodes.
+        # An episode's record covers its whole transcript (observations too). Null for a dense model.
         pa.field("routed_experts", pa.binary()),
     ]
 )

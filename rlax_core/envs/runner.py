@@ -12,7 +12,8 @@ tokens (``inference.episodes``).
 The transcript is token-level: the prompt, then each turn's sampled tokens followed by its
 observation's tokens, never re-tokenized, so training sees exactly the tokens the policy saw.
 ``policy_mask`` marks the sampled ones; ``behavior_logprobs`` holds their log-probs (0 elsewhere);
-``turn_versions`` the weight version of each turn. What each turn returned (observation, reward,
+``turn_versions`` the weight version of each turn; a mixture of experts' ``routed_experts`` the
+experts every position of the transcript ran (router replay). What each turn returned (observation, reward,
 tool calls and outputs) is kept in ``turns``: given those, ``replay_episodes`` regenerates the same
 tokens from the same seeds without calling a tool.
 
@@ -28,8 +29,12 @@ import dataclasses
 import json
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
+from rlax_core.data.records import routed_experts_bytes
 from rlax_core.envs.base import Environment, EnvConfig, TurnResult, make_environment
 from rlax_core.inference.config import SamplingParams
+
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeStart:
@@ -56,6 +61,8 @@ class Episode:
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     finish_reason: str = ""  # the last turn's ("stop", "length"), or "length" (budget), "error"
     error: str = ""
+    # A mixture of experts: the last turn's record, which covers the whole transcript [tokens, moe_layers, k].
+    routed_experts: np.ndarray | None = None
 
     @property
     def reward(self) -> float:
@@ -76,7 +83,7 @@ class Episode:
         return {"seed": self.seed, "prompt_ids": list(self.prompt_ids), "completion_ids": list(self.completion_ids),
                 "behavior_logprobs": list(self.behavior_logprobs), "policy_version": self.policy_version,
                 "finish_reason": self.finish_reason, "reward": self.reward, "policy_mask": list(self.policy_mask),
-                "turn_versions": list(self.turn_versions),
+                "turn_versions": list(self.turn_versions), "routed_experts": routed_experts_bytes(self.routed_experts),
                 "episode": json.dumps({"turns": turns, "error": self.error}, sort_keys=True)}
 
 
@@ -162,6 +169,7 @@ def _record_turn(state: _Live, completion, tokenizer) -> None:
     episode.policy_mask += [1] * len(completion.completion_ids)
     episode.behavior_logprobs += completion.logprobs
     episode.turn_versions.append(completion.weight_version)
+    episode.routed_experts = completion.routed_experts  # the history's and this turn's: the transcript so far
     state.handle = completion.episode
     text = tokenizer.decode(list(completion.completion_ids), skip_special_tokens=True)
     episode.turns.append({"start": start, "end": len(episode.completion_ids), "version": completion.weight_version,

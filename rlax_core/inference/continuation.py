@@ -11,6 +11,10 @@ A prompt prefill (``programs.prefill``) attends only within the call; here the k
 pages, so the same program also serves a sequence re-prefilled from position 0 in chunks: a turn
 whose cache other weights computed, and a sequence resuming after a preemption (its prompt and the
 tokens it had sampled, ``feed_uncached``).
+
+A mixture of experts: ``extend`` returns the experts each new token ran too, and ``feed_uncached``
+records them at their positions (router replay). A recomputed position's record is overwritten: the
+record holds, as the cache does, what the last computation of each position ran (docs/training.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 
 from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.kv_cache import KVCache, gather_pages, write_pages
+from rlax_core.inference.programs import token_major
 from rlax_core.inference.sequences import SequenceState
 from rlax_core.inference.sharding import kv_pool_sharding
 from rlax_core.models.config import ModelConfig
@@ -54,9 +59,10 @@ def cached_prefix_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "mesh"), donate_argnames=("cache",))
 def extend(params, cache: KVCache, tokens, positions, page_table, *, model_config: ModelConfig,
-           mesh=None) -> KVCache:
+           mesh=None) -> tuple[KVCache, jax.Array | None]:
     """Write tokens [B, T] at ``positions`` [B, T] (-1: padding, sent to the sink page) into their
-    sequences' pages, each token attending over its sequence's cache up to itself."""
+    sequences' pages, each token attending over its sequence's cache up to itself. Returns (cache,
+    routed): a mixture of experts' routed ids [B, T, moe_layers, k], None for a dense model."""
     valid = positions >= 0
     scale = model_config.head_dim ** -0.5
 
@@ -66,25 +72,29 @@ def extend(params, cache: KVCache, tokens, positions, page_table, *, model_confi
         cache = KVCache((*cache.k[:layer], k_pool, *cache.k[layer + 1:]), (*cache.v[:layer], v_pool, *cache.v[layer + 1:]))
         return cached_prefix_attention(q, k_pool, v_pool, page_table, positions, scale), cache
 
-    # Only the cache is returned: the compiler drops the classifier.
-    _, cache = forward_with_cache(params, model_config, tokens, jnp.maximum(positions, 0), cache, attend,
-                                  last_token_only=True, mesh=mesh)
+    # The classifier's output is not returned: the compiler drops it.
+    _, cache, *routing = forward_with_cache(params, model_config, tokens, jnp.maximum(positions, 0), cache, attend,
+                                            last_token_only=True, with_routing=model_config.moe is not None,
+                                            mesh=mesh)
+    routed = token_major(routing[0].expert_ids) if routing else None
     if mesh is None:
-        return cache
+        return cache, routed
     # A tensor-parallel replica's cache keeps its KV-head sharding through the donation (as ``programs``).
     pin = lambda pool: jax.lax.with_sharding_constraint(pool, kv_pool_sharding(pool.shape, mesh))
-    return KVCache(tuple(map(pin, cache.k)), tuple(map(pin, cache.v)))
+    return KVCache(tuple(map(pin, cache.k)), tuple(map(pin, cache.v))), routed
 
 
 # Feeds tokens [B, T] at positions [B, T] (-1: padding) into the pages of page table [B, P]
-# (``extend`` on an engine's weights and cache).
-Extend = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+# (``extend`` on an engine's weights and cache); returns a mixture of experts' routed ids [B, T,
+# moe_layers, k] (None for a dense model).
+Extend = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray | None]
 
 
 def feed_uncached(sequences: list[SequenceState], config: EngineConfig, extend: Extend) -> None:
     """Compute each sequence's tokens from ``cached`` up to, not including, its last (which the
     decode loop feeds) into its pages, in calls of at most one prefill batch and the largest prefill
-    bucket: a long history takes several."""
+    bucket: a long history takes several. A mixture of experts' sequences record the experts each
+    computed position ran (``SequenceState.record_routing``), over what an earlier computation recorded."""
     chunk = config.prefill_buckets[-1]
     pending = {id(seq): seq.cached for seq in sequences}
     while True:
@@ -104,6 +114,9 @@ def feed_uncached(sequences: list[SequenceState], config: EngineConfig, extend: 
                 positions[row, :end - begin] = np.arange(begin, end)
                 page_table[row, :len(seq.pages)] = seq.pages
                 pending[id(seq)] = end
-            extend(tokens, positions, page_table)
+            routed = extend(tokens, positions, page_table)
+            if routed is not None:
+                for row, (seq, (begin, end)) in enumerate(zip(group, spans)):
+                    seq.record_routing(begin, routed[row, :end - begin])
         for seq in sequences:
             seq.cached = pending[id(seq)]

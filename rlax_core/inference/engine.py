@@ -41,7 +41,9 @@ orders them: admission, prefill, decode, retirement, weight swaps, and the outpu
 
 A mixture of experts records the experts each position ran in each sparse layer (router replay,
 ``Completion.routed_experts``): the prompt's from its prefill (a sibling takes its owner's), each fed
-token's from the decode step that fed it.
+token's from the decode step that fed it, an episode's observations from the call that computed them
+into its pages. A position computed again (a preemption, a recomputing swap, an episode's history
+under new weights) records the recomputation's experts: those the cache that later tokens read ran.
 
 Numerics: see ``sampling`` for the keys (per seed, prompt id, sample index, token index) and for
 the log-probs (float32 log_softmax of the raw logits, i.e. the untempered, unfiltered policy).
@@ -343,7 +345,7 @@ class Engine:
             self._queue.popleft()
             seq.sample_under(self._version)
             seq.cache_version = self._version
-            if self._moe_layers and seq.routed_experts is None and not seq.request.episode_tokens:
+            if self._moe_layers and seq.routed_experts is None:  # an episode's: its whole budget, kept between turns
                 seq.routed_experts = np.zeros((seq.request.budget, *self._moe_layers), self._expert_id_dtype)
             if seq.request.episode_tokens and seq.episode is None:
                 seq.episode = self._episodes.new_handle()
@@ -423,13 +425,15 @@ class Engine:
             self._cache = self._copy_pages(self._cache, source, target)
         self.stats["shared_prefills"] += len(siblings)
 
-    def _extend_pages(self, tokens: np.ndarray, positions: np.ndarray, page_table: np.ndarray) -> None:
-        """Compute tokens into their sequences' pages over what those hold (an episode's next turn)."""
+    def _extend_pages(self, tokens: np.ndarray, positions: np.ndarray, page_table: np.ndarray) -> np.ndarray | None:
+        """Compute tokens into their sequences' pages over what those hold (an episode's next turn, a
+        resumed sequence); a mixture of experts' routed ids of those tokens."""
         with timed(self.clock, "prefill", lambda: self._cache):  # a resumed sample's recomputation too
-            self._cache = extend(self._params, self._cache, tokens, positions, page_table,
-                                 model_config=self.model_config, mesh=self.mesh)
+            self._cache, routed = extend(self._params, self._cache, tokens, positions, page_table,
+                                         model_config=self.model_config, mesh=self.mesh)
         self.stats["extend_calls"] += 1
         self.stats["extended_tokens"] += int((positions >= 0).sum())
+        return None if routed is None else np.asarray(routed)
 
     def _make_room(self) -> None:
         """Give every running sequence the pages the next decode call may write, oldest first; when

@@ -57,7 +57,7 @@ class Completion:
     # A mixture of experts: the experts each position of prompt + completion ran in each sparse layer,
     # [tokens, moe_layers, k] uint8 (uint16 beyond 256 experts), what the trainer replays
     # (``algorithm.router_replay``). The last token was never fed (nothing reads its routing): zeros.
-    # None for a dense model and for an episode's turns (their observations are fed elsewhere).
+    # An episode's turn: its whole history's (earlier turns and observations). None for a dense model.
     routed_experts: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
@@ -80,8 +80,9 @@ class SequenceState:
     cache_version: int = -1  # the weight version that computed its cached tokens
     # (token index, version) where each version of its tokens starts, in order.
     version_starts: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    # A mixture of experts: per position of its budget, the experts its first computation ran
-    # [budget, moe_layers, k]; a recomputation (preemption, a recomputing swap) records nothing new.
+    # A mixture of experts: per position of its budget, the experts its last computation ran
+    # [budget, moe_layers, k]: a recomputation (preemption, a recomputing swap) overwrites the first
+    # (docs/training.md, router replay). An episode's turns share one record.
     routed_experts: np.ndarray | None = None
 
     def record_routing(self, start: int, expert_ids: np.ndarray) -> None:

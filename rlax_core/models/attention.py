@@ -100,7 +100,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
         raise ValueError(f"unknown attention implementation {impl!r}; expected one of {IMPLS}")
     if not fits(impl, q.shape[1]):
         raise ValueError(f"splash attention needs rows of a multiple of {_SPLASH_MIN_BLOCK} tokens, not {q.shape[1]}")
-    kernel = functools.partial(_splash if impl == "splash" else _cudnn, interpret=interpret)
+    kernel = functools.partial(_self_splash if impl == "splash" else _cudnn, interpret=interpret)
     if mesh is None:
         return kernel(q, k, v, segment_ids)
     batch_axes = row_axes(mesh, q.shape[0])
@@ -129,27 +129,35 @@ def _block(steps: int) -> int:
     return max(b for b in range(_SPLASH_MIN_BLOCK, min(steps, _SPLASH_BLOCK) + 1, _SPLASH_MIN_BLOCK) if steps % b == 0)
 
 
-def _splash(q, k, v, segment_ids, *, interpret: bool):
+def _self_splash(q, k, v, segment_ids, *, interpret: bool):
+    return splash_attention(q, k, v, segment_ids, segment_ids, interpret=interpret)
+
+
+def splash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, interpret: bool = False) -> jax.Array:
+    """The splash kernel on one device: q [B, Tq, Hq, D] the last Tq of the Tkv tokens of k and v
+    [B, Tkv, Hkv, D] (query i sees keys j <= Tkv - Tq + i), of the same segment: ``q_segment_ids``
+    [B, Tq], ``kv_segment_ids`` [B, Tkv] (a key of a segment no query has, e.g. -1, is seen by none).
+    Both lengths a multiple of 128. Returns [B, Tq, Hq, D] in v's dtype."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
     batch, steps, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[2]
+    num_kv_heads, kv_steps = k.shape[2], k.shape[1]
     group = num_heads // num_kv_heads
-    block = _block(steps)
-    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    mask = masks.MultiHeadMask([masks.CausalMask((steps, steps)) for _ in range(group)])
+    bq, bkv = _block(steps), _block(kv_steps)
+    sizes = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq,
+                              block_kv_dkv=bkv, block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
+    causal = masks.CausalMask((steps, kv_steps), offset=kv_steps - steps)
+    mask = masks.MultiHeadMask([causal for _ in range(group)])
     kernel = splash.make_splash_mqa(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
     # The kernel takes no softmax scale: the query is scaled before the call, in its dtype.
     q = (q.astype(jnp.float32) * head_dim ** -0.5).astype(q.dtype)
     qg = q.reshape(batch, steps, num_kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, T, D]
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, T, D]
-    segments = segment_ids.astype(jnp.int32)
 
-    def one_row(qr, kr, vr, seg):
-        ids = splash.SegmentIds(q=seg, kv=seg)
+    def one_row(qr, kr, vr, q_seg, kv_seg):
+        ids = splash.SegmentIds(q=q_seg, kv=kv_seg)
         return jax.vmap(lambda qh, kh_, vh_: kernel(qh, kh_, vh_, segment_ids=ids))(qr, kr, vr)
 
-    out = jax.vmap(one_row)(qg, kh, vh, segments)  # [B, Hkv, G, T, D]
+    out = jax.vmap(one_row)(qg, kh, vh, q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32))
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, steps, num_heads, head_dim).astype(v.dtype)

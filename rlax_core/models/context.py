@@ -14,9 +14,17 @@ chunks c and 2C - 1 - c (``balanced_order``), so every chip has one early and on
 same work. The tokens are permuted once before the first layer and the outputs back after the last;
 positions (RoPE) and the causal mask read each token's place in the row, not its place on the chip.
 
-The chunk's attention is the dense path (``attention.masked_attention``): [heads, T / C, T] scores
-per chip, on every platform. A flash kernel per chunk (splash with an offset causal mask) is the
-next step for rows long enough that those scores outgrow a chip.
+**Each chunk's attention.** Dense (``attention.masked_attention``): [heads, T / C, T] scores per chip,
+the CPU's path. Splash (``attention.splash_attention``, the trainer's TPU path): no scores are kept,
+and each of the chip's two chunks is one kernel call over the gathered keys. A splash mask is fixed
+when the kernel is built, but which chunks a chip holds is known only inside the program (its index
+on ``context``); so the keys are turned to each chunk: put in row order, then rotated so that the
+chunk's own keys end the row ([chunks j+1 .. 2C-1, chunks 0 .. j] for chunk j). One causal mask
+offset to the row's end then serves every chunk of every chip, and the keys after the chunk (now at
+the front) get a segment id no query has (-1), so none sees them. The kernel skips only the blocks its
+fixed mask rules out, so each chip computes the [T / C, T] products the dense path does (as ring
+attention without its causal skipping), but in flash blocks: memory per chip no longer grows with T
+squared. Chunks of fewer than 128 tokens (the TPU's lane width) run dense.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rlax_core.models.attention import masked_attention, row_axes
+from rlax_core.models.attention import AttentionImpl, fits, masked_attention, row_axes, splash_attention
 
 
 def balanced_order(steps: int, shards: int) -> np.ndarray:
@@ -51,22 +59,40 @@ def shard_tokens(x: jax.Array, mesh: Mesh) -> jax.Array:
 
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, token_index: jax.Array,
-                      mesh: Mesh) -> jax.Array:
+                      mesh: Mesh, impl: AttentionImpl = "dense", interpret: bool = False) -> jax.Array:
     """Causal attention of rows whose tokens are split over ``context`` in ``balanced_order``.
 
     q [B, T, Hq, D], k and v [B, T, Hkv, D], ``segment_ids`` [B, T] (0 padding, as in
-    ``attention.causal_attention``), ``token_index`` [T] each token's place in the row. Returns
-    [B, T, Hq, D] in v's dtype, in the same (permuted) order.
+    ``attention.causal_attention``), ``token_index`` [T] each token's place in the row. ``impl``:
+    "splash" runs each chunk's attention in the splash kernel (``interpret``: on the CPU), any
+    other the dense path (see the module docstring). Returns [B, T, Hq, D] in v's dtype, in the same
+    (permuted) order.
     """
     batch_axes = row_axes(mesh, q.shape[0]) or None
     heads = "tensor" if mesh.shape["tensor"] > 1 and k.shape[2] % mesh.shape["tensor"] == 0 else None
     qkv = PartitionSpec(batch_axes, "context", heads, None)
+    steps, shards = q.shape[1], mesh.shape["context"]
+    width = steps // (2 * shards)  # tokens per chunk
+    # Where each token of the row (in row order) lies among the gathered keys (balanced order).
+    row_order = np.argsort(balanced_order(steps, shards))
 
     def chunk(q, k, v, segments, index):
         gather = lambda x: jax.lax.all_gather(x, "context", axis=1 if x.ndim > 1 else 0, tiled=True)
         keys, values, key_segments, key_index = gather(k), gather(v), gather(segments), gather(index)
-        mask = (key_index[None, None, :] <= index[None, :, None]) & (segments[:, :, None] == key_segments[:, None, :])
-        return masked_attention(q, keys, values, mask)
+        if impl != "splash" or not fits("splash", width):
+            mask = (key_index[None, None, :] <= index[None, :, None]) & (segments[:, :, None] == key_segments[:, None, :])
+            return masked_attention(q, keys, values, mask)
+        keys, values, key_segments = keys[:, row_order], values[:, row_order], key_segments[:, row_order]
+        shard = jax.lax.axis_index("context")
+        outputs = []
+        for half, which in enumerate((shard, 2 * shards - 1 - shard)):  # chunk ``which`` of the row
+            visible = (which + 1) * width  # keys up to the chunk's end
+            turn = lambda x: jax.lax.dynamic_slice_in_dim(jnp.concatenate([x, x], axis=1), visible, steps, axis=1)  # noqa: E731
+            seen = jnp.where(jnp.arange(steps) >= steps - visible, turn(key_segments), -1)
+            mine = slice(half * width, (half + 1) * width)
+            outputs.append(splash_attention(q[:, mine], turn(keys), turn(values), segments[:, mine], seen,
+                                            interpret=interpret))
+        return jnp.concatenate(outputs, axis=1)
 
     return jax.shard_map(chunk, mesh=mesh,
                          in_specs=(qkv, qkv, qkv, PartitionSpec(batch_axes, "context"), PartitionSpec("context")),

@@ -288,9 +288,9 @@ def _full_sequence_attend(mask: jax.Array) -> Attend:
     return attend
 
 
-def _context_attend(segment_ids: jax.Array, token_index: jax.Array, mesh) -> Attend:
+def _context_attend(segment_ids: jax.Array, token_index: jax.Array, mesh, impl: AttentionImpl) -> Attend:
     def attend(layer, q, k, v, cache):
-        return context_attention(q, k, v, segment_ids, token_index, mesh), cache
+        return context_attention(q, k, v, segment_ids, token_index, mesh, impl), cache
 
     return attend
 
@@ -397,7 +397,7 @@ def _full_sequence(params, config, input_ids, *, positions=None, attention_mask=
         input_ids, positions, attention_mask, segments = (shard_tokens(x[:, order], mesh) for x in
                                                           (input_ids, positions, attention_mask, segments))
         token_index = jnp.asarray(order, jnp.int32)
-        attend = _context_attend(segments, token_index, mesh)
+        attend = _context_attend(segments, token_index, mesh, attention)
     elif attention == "dense" and segment_ids is not None:
         attend = _full_sequence_attend(same_segment_mask(segment_ids))
     elif attention == "dense":

@@ -305,29 +305,35 @@ def plan_trainer(model: ModelConfig, trainer: TrainerConfig, hardware: SliceSpec
     whole_layer = rows * local * act * (4 * model.hidden_size + _feed_forward_width(model, tensor, expert))
     per_layer = rows * local * act * model.hidden_size if trainer.remat else whole_layer
     impl = attention_for_platform(platform_of(hardware.chip)) if trainer.attention == "auto" else trainer.attention
-    if context > 1:  # the chunk's dense scores against every key, and the gathered keys and values
-        attention = 3 * rows * heads * local * length * _F32 + 2 * rows * length * model.num_kv_heads * model.head_dim * act
+    gathered = 2 * rows * length * model.num_kv_heads * model.head_dim * act  # a layer's keys and values
+    if context > 1 and impl != "splash":  # the chunk's dense scores against every key, and the gathered keys
+        attention = 3 * rows * heads * local * length * _F32 + gathered
         impl = "dense"
     elif impl == "dense":
         attention = 3 * rows * heads * length * length * _F32
-    else:
-        attention = rows * heads * length * (2 * model.head_dim * act + 2 * _F32)
+    else:  # flash: the local queries' terms; with context, the gathered keys and their copy turned to a chunk
+        attention = rows * heads * local * (2 * model.head_dim * act + 2 * _F32) + (2 * gathered if context > 1 else 0)
     if trainer.remat and platform_of(hardware.chip) != "gpu":
         # XLA:TPU holds these (the QwQ-32B compile); XLA:GPU's programs stayed under the plan without
         # them (the GPU recipes' trainers at 1.05-1.11x XLA:GPU, docs/memory.md), and counting them
         # there would overstate its trainers by a fifth.
-        residuals = rows * heads * length * (model.head_dim * act + _F32) if impl != "dense" else 0
+        residuals = rows * heads * local * (model.head_dim * act + _F32) if impl != "dense" else 0
+        if context > 1 and impl != "dense":  # and the row's gathered keys and values the chunks' kernels read
+            kv_heads = model.num_kv_heads // tensor if model.num_kv_heads % tensor == 0 else model.num_kv_heads
+            residuals += 2 * rows * length * kv_heads * model.head_dim * act
         per_layer += residuals
         attention += whole_layer
     vocab = model.vocab_size // tensor if model.vocab_size % tensor == 0 else model.vocab_size
+    # The logits of the whole row (``length``, not a context chip's ``local``): the forward puts them back
+    # in row order (transformer._full_sequence), which gathers them from the context chips onto each.
     if platform_of(hardware.chip) == "gpu":
         # XLA:GPU writes the float32 logits once and reuses the buffer for their gradient; beside it
         # stands a micro-batch's float32 gradient of the whole LM head (not yet reduce-scattered over
         # fsdp). Read from the buffer assignments of the 1.5B (8 x A100) and 7B (8 x H100) GPU
         # recipes' update steps (docs/compile.md); XLA:TPU's programs hold three such logits buffers.
-        logits = rows * local * vocab * _F32 + vocab * model.hidden_size * _F32
+        logits = rows * length * vocab * _F32 + vocab * model.hidden_size * _F32
     else:
-        logits = 3 * rows * local * vocab * _F32
+        logits = 3 * rows * length * vocab * _F32
     parts["activations"] = model.num_layers * per_layer + attention + logits
     if trainer.lora.on_the_fly:
         # Each adapted projection's x @ A, float32 [rows, T, rank] whole on every chip (the rank axis is

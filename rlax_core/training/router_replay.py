@@ -17,13 +17,18 @@ token is never fed to the engine; its ids (zeros) act only on its own logits, wh
 Only the policy replays: the reference policy and a critic route by their own routers (their
 weights are not the engine's, so there is no engine choice to reuse).
 
-Diagnostics, whenever a sparse model's batch carries the recorded ids (replay on or off): two more
-forwards without gradients per batch, the policy's own routing and the replayed one, give
+Diagnostics, with replay on: two more forwards without gradients per batch, the policy's own routing
+and the replayed one, give
 
   routing_agreement           the fraction of recorded (token, sparse layer, slot) experts that are
                               among the trainer's own top k, over the tokens the loss scores
   logprob_mismatch_no_replay  mean |log pi_trainer - log pi_engine| over those tokens, own routing
   logprob_mismatch_replay     the same with the engine's experts replayed
+
+With replay off they are not run, and batches do not carry the ids (``records`` is None): a sparse
+model's batch then costs no forward more than a dense one's. To measure how far the trainer's routing
+is from the engine's before turning replay on, turn it on for a step: the diagnostics report the
+mismatch without replay too.
 """
 
 from __future__ import annotations
@@ -54,15 +59,16 @@ class RouterReplay:
                              "replay); set it to false")
         self.model_config = model_config
         self.enabled = algorithm.router_replay
-        # How batches hold the ids (None: a dense model, whose batches carry none).
-        self.records = RoutedExperts.of(model_config, required=self.enabled)
+        # How batches hold the ids (None: a dense model, or replay off; their batches carry none).
+        self.records = RoutedExperts.of(model_config, required=True) if self.enabled else None
 
     def routed_experts(self, rows: Mapping[str, jax.Array]) -> jax.Array | None:
         """The ids the policy's forward runs [B, T, moe_layers, k]: the recorded ones when replaying."""
         return rows["routed_experts"] if self.enabled else None
 
     def diagnoses(self, batch: Mapping[str, jax.Array]) -> bool:
-        return "routed_experts" in batch
+        """Whether the step runs the diagnostics' two forwards: replaying, on a batch with the ids."""
+        return self.enabled and "routed_experts" in batch
 
     def diagnostics(self, params, rows: Mapping[str, jax.Array], lanes: LaneShape | None, **options
                     ) -> dict[str, jax.Array]:

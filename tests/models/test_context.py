@@ -65,3 +65,39 @@ def test_context_parallel_forward_and_gradients_equal_one_devices(mesh_config, p
     expected = forward(params, MODEL, inputs["tokens"], **extra)
     np.testing.assert_allclose(np.asarray(logits)[:, :-1][real], np.asarray(expected)[:, :-1][real],
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed"])  # 4 s and 2 s at a load of 1.4 (90 s at 25)
+def test_splash_chunks_equal_dense_chunks_forward_and_gradient(kind):
+    """Each chip's two chunks in the splash kernel (Pallas interpret mode on this CPU; keys turned
+    to each chunk, ``models.context``) give the dense chunks' attention and gradients: 2 chips, rows
+    of 512 tokens (chunks of 128, the kernel's smallest), GQA 4 / 2 heads of 128."""
+    from rlax_core.models.context import context_attention, shard_tokens
+
+    steps, shards = 512, 2
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, context=shards), jax.devices()[:shards])
+    keys = jax.random.split(jax.random.key(3), 4)
+    q = jax.random.normal(keys[0], (2, steps, 4, 128), jnp.float32)
+    k, v = (jax.random.normal(key, (2, steps, 2, 128), jnp.float32) for key in keys[1:3])
+    segments = np.ones((2, steps), np.int32)
+    if kind == "packed":  # sequences across the chunks' borders, padding at the end
+        segments[0, 100:300], segments[0, 300:] = 2, 3
+        segments[1, 200:450], segments[1, 450:] = 2, 0
+    else:
+        segments[1, 350:] = 0
+    order = balanced_order(steps, shards)
+    q, k, v, segments = (shard_tokens(jnp.asarray(x)[:, order], mesh) for x in (q, k, v, segments))
+    cotangent = jax.random.normal(keys[3], q.shape, jnp.float32) * (segments > 0)[:, :, None, None]
+    index = jnp.asarray(order, jnp.int32)
+
+    def loss(impl):
+        attend = lambda q, k, v: context_attention(q, k, v, segments, index, mesh, impl, interpret=True)  # noqa: E731
+        return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(attend(q, k, v) * cotangent), argnums=(0, 1, 2)))
+
+    (dense, dense_grads), (splash, splash_grads) = loss("dense")(q, k, v), loss("splash")(q, k, v)
+    np.testing.assert_allclose(float(splash), float(dense), rtol=1e-5)
+    for a, b in zip(splash_grads, dense_grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)
+    hlo = jax.jit(lambda q, k, v: context_attention(q, k, v, segments, index, mesh, "splash", interpret=True)
+                  ).lower(q, k, v).as_text()
+    assert "splash" in hlo or "mqa" in hlo

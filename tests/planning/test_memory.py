@@ -60,6 +60,9 @@ COMPILED = [
     ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "rollout", 30754530528),
     ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "filter", 28791171808),
     ("configs/qwen3_30b_a3b_math_tpu.yaml", [], "trainer", 40.81 * GIB),
+    # Context parallelism with splash chunks (docs/compile.md, "The 65,536-token QwQ-32B variant").
+    ("configs/qwq32b_code_tpu_1024_65k.yaml", ["trainer.mesh.context=2", "trainer.mesh.fsdp=16"], "trainer",
+     47958769792),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", [], "rollout", 17421312),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", [], "trainer", 104943488),
     ("tests/fixtures/compile/small_qwen2_tpu.yaml", ["hardware.rollout.chip=v5p"], "rollout", 18662112),
@@ -165,3 +168,14 @@ def test_auto_pages_fill_the_qwq_chips_and_every_slot_decodes_at_the_recipes_mea
     assert "rollout KV pool 5,314 pages x 128 = 680,192 tokens per replica" in out
     assert "64 of 64 slots decode at once with pages on demand" in out and "21 reserving whole budgets" in out
     assert "incoming weights" not in out.split("rollout:")[1].split("\n")[0]  # continue: one resident version
+
+
+def test_a_context_parallel_splash_trainer_plans_flash_chunks_not_their_scores():
+    """The 65,536-token QwQ trainer over context 2: with splash chunks (models.context) a chip holds no
+    [heads, T / 2, T] scores and the plan fits, under the whole-row plan (half the tokens per chip);
+    the same mesh with dense chunks plans the scores and does not fit."""
+    recipe, mesh = REPO / "configs/qwq32b_code_tpu_1024_65k.yaml", ["trainer.mesh.context=2", "trainer.mesh.fsdp=16"]
+    plan = lambda overrides: [p for p in memory_plans(load_run_config(recipe, overrides), ("trainer",))][0]  # noqa: E731
+    whole, splash, dense = plan([]), plan(mesh), plan([*mesh, "trainer.attention=dense"])
+    assert splash.total < whole.total and splash.fits
+    assert dense.total > 2 * whole.total and not dense.fits

@@ -26,31 +26,18 @@ from rlax_core.training.packing import pack_batch
 from rlax_core.training.job import run_training
 from rlax_core.training.step import Trainer
 from rlax_core.utils.metrics import read_metrics
+from training_helpers import near_tied_routers, randomized
 
 MAX_SEQ_LEN = 24
 PROMPTS = [[1, 40, 47, 26, 78, 30], [1, 61, 90], [1, 43]]  # ids every model here has (the toys': 256)
 
 
-def randomized(config, seed=0, scale=0.2):
-    params = init_params(config, jax.random.key(seed))
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
-
-
 @pytest.fixture(scope="module")
 def near_tied():
-    """A tiny Qwen3-MoE (4 experts, top 2; layer 0 dense) whose routers' four columns are equal up to
-    1e-7, so that the top 2 is a near-tie at every token: the engine's weights W, and the trainer's
-    W + delta, its routers moved by 2e-7 (a rounding's worth). Its completions sampled with W."""
+    """A tiny Qwen3-MoE (4 experts, top 2; layer 0 dense) with near-tied routers (``near_tied_routers``):
+    the engine's weights W and the trainer's W + delta; its completions sampled with W."""
     config = toy_moe_config()
-    engine = randomized(config)
-    trainer = jax.tree.map(lambda x: x, engine)
-    for index, layer in enumerate(f"layers_{i}" for i in config.moe_layers):
-        router = engine[layer]["moe"]["router"]  # [hidden, experts]
-        engine[layer]["moe"]["router"] = router[:, :1] + 1e-7 * jax.random.normal(jax.random.key(10 + index), router.shape)
-        trainer[layer]["moe"]["router"] = (engine[layer]["moe"]["router"]
-                                           + 2e-7 * jax.random.normal(jax.random.key(20 + index), router.shape))
+    engine, trainer = near_tied_routers(config)
     return config, engine, trainer, generate(config, engine)
 
 
@@ -116,29 +103,35 @@ def test_replay_gives_the_engines_log_probs_where_the_trainers_own_routing_does_
     """The engine samples with W; the trainer holds W + delta (routers moved by 2e-7). Its own top 2
     flips at near-ties and its log-probs leave the engine's; replaying the recorded experts gives the
     engine's log-probs within 1e-5, in padded rows and packed ones alike. With replay on, the update's
-    own forward replays (its importance ratio against the engine is 1); with it off, it does not."""
+    own forward replays (its importance ratio against the engine is 1); with it off, it does not, and
+    its batches carry no ids and its step runs no diagnostics (no forward more than a dense model's)."""
     config, _, trainer_params, completions = near_tied
     groups = store_groups(tmp_path, completions)
     for replay in (True, False):
         trainer = make_trainer(config, replay, row_tokens=row_tokens)
         padded = make_batch(groups, max_seq_len=MAX_SEQ_LEN, row_multiple=trainer.row_multiple,
                             routed=trainer.replay.records)
+        assert ("routed_experts" in padded) == replay
         batch = trainer.pack(padded)
         assert ("segment_ids" in batch) == bool(row_tokens)
         state = trainer.init_state(trainer_params)
         prepared = jax.device_get(trainer.prepare_batch(state, batch))
         mask, behavior = batch["loss_mask"] > 0, batch["behavior_logprobs"]
         assert mask.sum() == 72
+        _, metrics = trainer.step(state, batch)
+        # mismatch_kl: the engine's log-probs against the update's own (k3 estimate).
+        assert (float(metrics["mismatch_kl"]) < 1e-9) == replay
+        if not replay:
+            assert not {"routing_agreement", "logprobs_replay", "logprobs_no_replay"} & set(prepared)
+            assert not {"routing_agreement", "logprob_mismatch_replay", "logprob_mismatch_no_replay"} & set(metrics)
+            continue
         np.testing.assert_allclose(prepared["logprobs_replay"][mask], behavior[mask], atol=1e-5, rtol=0)
         assert np.abs(prepared["logprobs_no_replay"][mask] - behavior[mask]).max() > 1e-1
         assert 0.3 < prepared["routing_agreement"][mask].mean() < 0.95  # the routers flipped
-        _, metrics = trainer.step(state, batch)
         assert float(metrics["logprob_mismatch_replay"]) < 1e-5
         assert float(metrics["logprob_mismatch_no_replay"]) > 1e-2
         np.testing.assert_allclose(float(metrics["routing_agreement"]), prepared["routing_agreement"][mask].mean(),
                                    rtol=1e-5)
-        # mismatch_kl: the engine's log-probs against the update's own (k3 estimate).
-        assert (float(metrics["mismatch_kl"]) < 1e-9) == replay
 
 
 def test_the_router_learns_through_the_replayed_experts(near_tied, tmp_path):
@@ -236,3 +229,4 @@ def test_router_replay_on_a_dense_model_is_refused():
         make_trainer(toy_config(), replay=True)
     trainer = make_trainer(toy_config(), replay=False)
     assert trainer.replay.records is None  # a dense model's batches carry nothing
+    assert make_trainer(toy_moe_config(), replay=False).replay.records is None  # nor a mixture's without replay

@@ -58,3 +58,27 @@ def write_random_groups(store: RolloutStore, steps, *, groups_per_step: int, sam
             logps = -rng.random((samples, completion_len)) * 5
             rewards = rng.random(samples)
             store.write_group(key, rollout_rows(store, key, prompt, completions, logps, rewards, version=step))
+
+
+def randomized(config, seed=0, scale=0.2):
+    """``config``'s initial weights plus noise of ``scale`` (away from the initialisation's symmetries)."""
+    from rlax_core.models.transformer import init_params
+
+    params = init_params(config, jax.random.key(seed))
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+def near_tied_routers(config):
+    """A mixture's weights whose routers' columns are equal up to 1e-7, so that the top k is a near-tie
+    at every token: (the engine's weights W, the trainer's W + delta, its routers moved by 2e-7, a
+    rounding's worth)."""
+    engine = randomized(config)
+    trainer = jax.tree.map(lambda x: x, engine)
+    for index, layer in enumerate(f"layers_{i}" for i in config.moe_layers):
+        router = engine[layer]["moe"]["router"]  # [hidden, experts]
+        engine[layer]["moe"]["router"] = router[:, :1] + 1e-7 * jax.random.normal(jax.random.key(10 + index), router.shape)
+        trainer[layer]["moe"]["router"] = (engine[layer]["moe"]["router"]
+                                           + 2e-7 * jax.random.normal(jax.random.key(20 + index), router.shape))
+    return engine, trainer
