@@ -22,7 +22,7 @@ from rlax_core.inference.sharding import (check_expert_parallel, decoding_param_
                                           kv_pool_sharding, stacked_param_shardings)
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import quantize_kernels
+from rlax_core.models.lora import TARGETS, quantize_kernels
 from rlax_core.models.transformer import unstack_layers
 
 
@@ -74,13 +74,22 @@ def _quantize(params, *, weight_dtype: str):
 
 def held_weights(params: Any, weight_dtype: str) -> Any:
     """``params`` as an engine with ``weight_dtype`` holds them: published weights (the stacked or
-    unrolled layout) quantized per output channel (``lora.quantize_kernels``) in one program where
-    they lie, counted in ``QUANTIZED_VERSIONS``; full-width engines and weights already held so
-    pass through."""
+    unrolled layout) quantized per output channel (``lora.quantize_kernels``) where they lie, one
+    projection kind at a time, so that a version given on the host is never on the chip whole at
+    full width beside its quantized copy (the planner counts the widest kind: ``planning.memory``).
+    Counted in ``QUANTIZED_VERSIONS``; full-width engines and weights already held so pass through."""
     if weight_dtype not in EIGHT_BIT or is_quantized(params):
         return params
     QUANTIZED_VERSIONS["count"] += 1
-    return _quantize(params, weight_dtype=weight_dtype)
+    held = dict(params)
+    for layer in [name for name in params if name == "layers" or name.startswith("layers_")]:
+        held[layer] = {module: dict(projections) if isinstance(projections, dict) else projections
+                       for module, projections in params[layer].items()}
+        for (module, proj), _, _ in TARGETS.values():
+            if proj in held[layer].get(module, {}):
+                one = {layer: {module: {proj: params[layer][module][proj]}}}
+                held[layer][module][proj] = _quantize(one, weight_dtype=weight_dtype)[layer][module][proj]
+    return held
 
 
 def held_shapes(params: Any, weight_dtype: str) -> Any:
