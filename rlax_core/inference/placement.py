@@ -13,6 +13,7 @@ import math
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from rlax_core.inference import programs
 from rlax_core.inference.config import EIGHT_BIT, EngineConfig
@@ -75,9 +76,10 @@ def _quantize(params, *, weight_dtype: str):
 def held_weights(params: Any, weight_dtype: str) -> Any:
     """``params`` as an engine with ``weight_dtype`` holds them: published weights (the stacked or
     unrolled layout) quantized per output channel (``lora.quantize_kernels``) where they lie, one
-    projection kind at a time, so that a version given on the host is never on the chip whole at
-    full width beside its quantized copy (the planner counts the widest kind: ``planning.memory``).
-    Counted in ``QUANTIZED_VERSIONS``; full-width engines and weights already held so pass through."""
+    layer's projection at a time (a stacked kernel slice by slice, into its eight-bit copy), so that
+    a version given on the host is never on the chip at full width beside its quantized copy: the
+    planner counts one layer's widest projection for it (``planning.memory``). Counted in
+    ``QUANTIZED_VERSIONS``; full-width engines and weights already held so pass through."""
     if weight_dtype not in EIGHT_BIT or is_quantized(params):
         return params
     QUANTIZED_VERSIONS["count"] += 1
@@ -85,11 +87,27 @@ def held_weights(params: Any, weight_dtype: str) -> Any:
     for layer in [name for name in params if name == "layers" or name.startswith("layers_")]:
         held[layer] = {module: dict(projections) if isinstance(projections, dict) else projections
                        for module, projections in params[layer].items()}
-        for (module, proj), _, _ in TARGETS.values():
-            if proj in held[layer].get(module, {}):
-                one = {layer: {module: {proj: params[layer][module][proj]}}}
-                held[layer][module][proj] = _quantize(one, weight_dtype=weight_dtype)[layer][module][proj]
+        for (module, proj), inputs, outputs in TARGETS.values():
+            if proj not in held[layer].get(module, {}):
+                continue
+            leaves = params[layer][module][proj]
+            one = lambda leaves: _quantize({"layers_0": {module: {proj: leaves}}},
+                                           weight_dtype=weight_dtype)["layers_0"][module][proj]
+            if leaves["kernel"].ndim == len(inputs) + len(outputs):  # one layer's
+                held[layer][module][proj] = one(leaves)
+                continue
+            count = leaves["kernel"].shape[0]
+            stacked = jax.tree.map(lambda piece: jnp.zeros((count, *piece.shape), piece.dtype),
+                                   jax.eval_shape(one, jax.tree.map(lambda x: x[0], leaves)))
+            for index in range(count):
+                stacked = _put_layer(stacked, index, one(jax.tree.map(lambda x, i=index: x[i], leaves)))
+            held[layer][module][proj] = stacked
     return held
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _put_layer(stacked, index, piece):
+    return jax.tree.map(lambda whole, part: whole.at[index].set(part), stacked, piece)
 
 
 def held_shapes(params: Any, weight_dtype: str) -> Any:
