@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlax_core.inference import programs
 from rlax_core.inference.config import EIGHT_BIT, EngineConfig
@@ -99,10 +100,16 @@ def held_weights(params: Any, weight_dtype: str) -> Any:
             count = leaves["kernel"].shape[0]
             stacked = jax.tree.map(lambda piece: jnp.zeros((count, *piece.shape), piece.dtype),
                                    jax.eval_shape(one, jax.tree.map(lambda x: x[0], leaves)))
-            for index in range(count):
-                stacked = _put_layer(stacked, index, one(jax.tree.map(lambda x, i=index: x[i], leaves)))
+            for index in range(count):  # a host array sliced where it is: only the slice travels
+                piece = jax.tree.map(lambda x, i=index: x[i] if isinstance(x, np.ndarray) else _take_layer(x, i), leaves)
+                stacked = _put_layer(stacked, index, one(piece))
             held[layer][module][proj] = stacked
     return held
+
+
+@jax.jit
+def _take_layer(stacked, index):  # the index traced: one program per shape, not one per layer
+    return stacked[index]
 
 
 @functools.partial(jax.jit, donate_argnums=0)
