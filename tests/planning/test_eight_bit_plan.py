@@ -52,3 +52,20 @@ def test_an_eight_bit_engine_gets_tis_unless_the_run_names_a_correction_and_plan
     bare = load_run_config(QWQ, [*EIGHT_BITS, "algorithm.mismatch_correction=none"])
     assert bare.algorithm.mismatch_correction == "none"
     assert "without a mismatch correction" in mismatch_warning(bare)
+
+
+def test_a_decode_steps_kv_reads_count_whole_pages_by_dtype_as_by_hand():
+    from rlax_core.planning.memory import decode_kv_read_bytes
+    # 2 layers, 4 KV heads of 8 numbers, pages of 4 tokens; sequences of 1, 4 and 5 tokens hold 1, 1 and
+    # 2 pages: 16 tokens. bfloat16: 2 (K, V) x 2 layers x 4 heads x 16 tokens x 8 x 2 bytes = 4,096.
+    model = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=8,
+                        num_kv_heads=4, head_dim=8)
+    config = EngineConfig(num_slots=4, page_size=4, num_pages=12, max_prompt_len=8, max_new_tokens=8,
+                          prefill_buckets=(8,), cache_dtype="bfloat16")
+    assert decode_kv_read_bytes(model, config, [1, 4, 5]) == 4096
+    # int8: 8 bytes and a 4-byte scale a head-token: 2 x 2 x 4 x 16 x 12 = 3,072.
+    int8 = EngineConfig(**{**config.__dict__, "cache_dtype": "int8"})
+    assert decode_kv_read_bytes(model, int8, [1, 4, 5]) == 3072
+    # tensor_parallel 2 splits the 4 heads: half on each chip; 3 does not divide them: all on each.
+    assert decode_kv_read_bytes(model, EngineConfig(**{**config.__dict__, "tensor_parallel": 2}), [1, 4, 5]) == 2048
+    assert decode_kv_read_bytes(model, EngineConfig(**{**config.__dict__, "tensor_parallel": 3}), [1, 4, 5]) == 4096
