@@ -39,7 +39,7 @@ from rlax_core.data.curation import CurateConfig
 from rlax_core.inference.config import EngineConfig
 from rlax_core.planning.hardware import HardwareConfig
 from rlax_core.rl.config import AlgorithmConfig
-from rlax_core.rl.presets import algorithm_from_dict, get_preset
+from rlax_core.rl.presets import algorithm_from_dict, corrected_for_engine, get_preset
 from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
 from rlax_core.weights.config import WeightStoreConfig
@@ -301,9 +301,11 @@ def require_given(section: Any, flags: dict[str, str]) -> None:
 
 
 def _build(data: dict[str, Any]) -> RunConfig:
+    named = dict(data["algorithm"]) if isinstance(data.get("algorithm"), dict) else {}
     if isinstance(data.get("algorithm"), dict):  # ``preset: NAME`` plus single-field overrides
         data["algorithm"] = algorithm_from_dict(data["algorithm"])
     config = from_dict(RunConfig, data)
+    config = dataclasses.replace(config, algorithm=corrected_for_engine(config.algorithm, config.engine.eight_bit, named))
     if config.model.upcycle is not None:  # a model that cannot be upcycled is refused here, by its key
         policy_shape(config)
     return resolve_auto_pages(config)

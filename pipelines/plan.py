@@ -105,6 +105,16 @@ def pool_occupancy(config, plan: MemoryPlan) -> str:
             f"{fit['reserve']} when every response runs to the cap")
 
 
+def mismatch_warning(config) -> str | None:
+    """A line when the rollout engine is eight-bit and the algorithm corrects no mismatch."""
+    engine, algorithm = config.engine, config.algorithm
+    if not engine.eight_bit or algorithm.mismatch_correction != "none":
+        return None
+    return (f"engine.weight_dtype={engine.weight_dtype}, cache_dtype={engine.cache_dtype}: an eight-bit engine "
+            "without a mismatch correction (algorithm.mismatch_correction: none); set it to tis "
+            "(token level, mismatch_high 2), as a run that leaves it unset gets")
+
+
 def _name_of(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1].removeprefix("assets:")
 
@@ -159,7 +169,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
             for plan in memory_plans(config, roles=("rollout",)):
                 print(f"{Path(source).name if source else '(defaults)'}: {pool_occupancy(config, plan)}")
     for source, config in configs.items():
-        for warning in layout_warnings(config):
+        for warning in [*layout_warnings(config), *filter(None, [mismatch_warning(config)])]:
             print(f"{Path(source).name if source else '(defaults)'}: warning: {warning}", file=sys.stderr)
     failing = [(name, plan) for name, plan in rows if not plan.fits]
     for name, plan in failing:

@@ -21,12 +21,12 @@ from rlax_core.inference import programs as inference_programs
 from rlax_core.inference.adapters import abstract_adapted_params
 from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.batch import SlotState
-from rlax_core.inference.kv_cache import KVCache, kv_pool_shape
+from rlax_core.inference.kv_cache import init_kv_cache
 from rlax_core.inference.placement import kernels_for, lora_mode_for
 from rlax_core.inference.sampling import SamplingMode
 from rlax_core.inference.sharding import decoding_param_shardings, engine_mesh, kv_pool_sharding
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import LoraConfig, init_adapters
+from rlax_core.models.lora import LoraConfig, init_adapters, quantize_kernels
 from rlax_core.models.transformer import init_params, unstack_layers
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.config import TrainerConfig
@@ -78,7 +78,10 @@ def engine_params(model: ModelConfig, config: EngineConfig, dtype: str, devices:
     with their shardings: the decoding layout of ``dtype`` params, and for a LoRA run (``lora``
     enabled) with an adapter version applied as the engine applies it (``Engine.update_adapters``)."""
     mesh = _replica_mesh(config, devices)
-    stacked = jax.eval_shape(lambda: init_params(model, jax.random.key(0), dtype_named(dtype)))
+    published = lambda: init_params(model, jax.random.key(0), dtype_named(dtype))
+    # As the engine holds them: an eight-bit engine's projection kernels quantized (``placement.held_weights``).
+    stacked = jax.eval_shape(published if config.weight_dtype == "bfloat16"
+                             else lambda: quantize_kernels(published(), config.weight_dtype))
     if mesh is None:
         params = jax.eval_shape(inference_programs.decoding_layout, stacked)
         params = _abstract(params, jax.tree.map(lambda _: SingleDeviceSharding(devices[0]), params))
@@ -102,10 +105,10 @@ def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, device
     kernels = kernels_for(config, devices[0].platform)  # as the engine picks them
     mesh = _replica_mesh(config, devices)
     place = SingleDeviceSharding(devices[0]) if mesh is None else NamedSharding(mesh, PartitionSpec())
-    pool = kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads, model.head_dim)
-    pool = jax.ShapeDtypeStruct(pool, dtype_named(config.cache_dtype), sharding=place if mesh is None
-                                else kv_pool_sharding(pool, mesh))
-    cache = KVCache((pool,) * model.num_layers, (pool,) * model.num_layers)
+    pools = jax.eval_shape(lambda: init_kv_cache(model.num_layers, config.num_pages, config.page_size,
+                                                 model.num_kv_heads, model.head_dim, config.cache_dtype))
+    cache = jax.tree.map(lambda pool: jax.ShapeDtypeStruct(pool.shape, pool.dtype, sharding=place if mesh is None
+                                                           else kv_pool_sharding(pool.shape, mesh)), pools)
     host = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=place)
 
     out = []

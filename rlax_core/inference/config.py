@@ -20,6 +20,9 @@ AttentionImpl = Literal["auto", "pallas", "window", "reference"]
 LoraMode = Literal["auto", "merged", "on_the_fly"]
 Admission = Literal["on_demand", "reserve"]
 OnNewVersion = Literal["continue", "recompute", "drain"]
+WeightDtype = Literal["bfloat16", "int8", "fp8"]
+CacheDtype = Literal["float32", "bfloat16", "int8", "fp8"]
+EIGHT_BIT = ("int8", "fp8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +68,15 @@ class EngineConfig:
       of every step (no merge at the swap, one copy of the weights). "auto": "merged" on every
       platform, the faster on CPU as ``benchmarks/adapter_serving.py`` measured it; TPU and GPU are
       not measured yet (``placement.lora_mode_for``).
+    weight_dtype: the projections' kernels as the engine holds them. "bfloat16": as the weight
+      version publishes them. "int8" / "fp8": quantized from each published version as the engine
+      loads it (``lora.quantize_kernels``: a float32 scale per output channel; once per process and
+      version, ``placement.held_weights``), and run as eight-bit x compute-dtype products with the
+      scale applied to the product (``models.projections``). Embeddings, norms, a mixture's router
+      and experts and the output head stay as published.
+    cache_dtype: the KV pages' dtype. "int8" / "fp8": each token's key and value stored in eight
+      bits with a float32 scale per KV head, written with the token into its page's scale rows
+      (``kv_cache``); the attention paths fold the scales into their products.
     admission: how a sequence takes pages (``pages``). "on_demand": its prompt's pages plus one
       decode call's look-ahead when admitted, a page more as it crosses each page boundary; when the
       pool runs out the engine preempts the most recently queued running sequence (its pages freed,
@@ -85,7 +97,8 @@ class EngineConfig:
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
     decode_steps_per_call: int = 16
     attention_impl: AttentionImpl = "auto"
-    cache_dtype: Literal["float32", "bfloat16"] = "float32"
+    cache_dtype: CacheDtype = "float32"
+    weight_dtype: WeightDtype = "bfloat16"
     replicas: int = 1
     tensor_parallel: int = 1
     expert_parallel: int = 1
@@ -100,6 +113,9 @@ class EngineConfig:
                 "must be continue, recompute or drain")
         require(self.lora_mode in ("auto", "merged", "on_the_fly"), "lora_mode",
                 "must be auto, merged or on_the_fly")
+        require(self.weight_dtype in ("bfloat16", *EIGHT_BIT), "weight_dtype", "must be bfloat16, int8 or fp8")
+        require(self.cache_dtype in ("float32", "bfloat16", *EIGHT_BIT), "cache_dtype",
+                "must be float32, bfloat16, int8 or fp8")
         require(self.replicas >= 0, "replicas", "must be >= 0 (0: as many as the local devices hold)")
         require(self.max_prefill_batch >= 0, "max_prefill_batch", "must be >= 0 (0: num_slots)")
         require(self.tensor_parallel >= 1, "tensor_parallel", "must be at least 1 (devices per replica)")
@@ -125,6 +141,12 @@ class EngineConfig:
             "num_pages",
             f"must hold the reserved sink page plus one longest sequence ({self.pages_per_sequence} pages of {self.page_size})",
         )
+
+    @property
+    def eight_bit(self) -> bool:
+        """Whether the engine's weights or KV cache are eight-bit (its log-probs then differ more from
+        the trainer's: the recommended preset corrects the mismatch)."""
+        return self.weight_dtype in EIGHT_BIT or self.cache_dtype in EIGHT_BIT
 
     @property
     def chips_per_replica(self) -> int:

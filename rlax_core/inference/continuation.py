@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlax_core.inference.config import EngineConfig
-from rlax_core.inference.kv_cache import KVCache, gather_pages, write_pages
+from rlax_core.inference.kv_cache import KVCache, dequantize_tokens, gather_pages, write_layer
 from rlax_core.inference.programs import token_major
 from rlax_core.inference.sequences import SequenceState
 from rlax_core.inference.sharding import kv_pool_sharding
@@ -38,15 +38,21 @@ _MASKED = -1e30  # finite: a padding row that sees nothing gets a harmless unifo
 
 
 def cached_prefix_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, page_table: jax.Array,
-                            positions: jax.Array, scale: float) -> jax.Array:
+                            positions: jax.Array, scale: float, k_scale_pool: jax.Array | None = None,
+                            v_scale_pool: jax.Array | None = None) -> jax.Array:
     """Queries q [B, T, Hq, D] at ``positions`` [B, T] against their sequences' pages.
 
     k_pool, v_pool: one layer's [Hkv, num_pages, S, D], already holding the new tokens; page_table
     [B, P]. Token t of row b sees the cached tokens at positions <= positions[b, t] (causal over the
-    history and the new tokens alike). Softmax in float32. Returns [B, T, Hq, D] in q's dtype.
+    history and the new tokens alike). Softmax in float32. Eight-bit pools come with their scale pools
+    (``kv_cache``); the gathered tokens are widened (a continuation computes a few tokens per
+    sequence, rarely: an episode's turn, a resumed preemption). Returns [B, T, Hq, D] in q's dtype.
     """
     batch, length, num_heads, head_dim = q.shape
     keys, values = gather_pages(k_pool, page_table), gather_pages(v_pool, page_table)  # [Hkv, B, K, D]
+    if k_scale_pool is not None:
+        keys, values = (dequantize_tokens(x, gather_pages(pool, page_table), q.dtype)
+                        for x, pool in ((keys, k_scale_pool), (values, v_scale_pool)))
     num_kv_heads, tokens = keys.shape[0], keys.shape[2]
     qg = q.reshape(batch, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = jnp.einsum("bqhgd,hbkd->bhgqk", qg, keys, preferred_element_type=jnp.float32) * scale
@@ -67,10 +73,9 @@ def extend(params, cache: KVCache, tokens, positions, page_table, *, model_confi
     scale = model_config.head_dim ** -0.5
 
     def attend(layer, q, k, v, cache: KVCache):
-        k_pool = write_pages(cache.k[layer], k, page_table, positions, valid)
-        v_pool = write_pages(cache.v[layer], v, page_table, positions, valid)
-        cache = KVCache((*cache.k[:layer], k_pool, *cache.k[layer + 1:]), (*cache.v[:layer], v_pool, *cache.v[layer + 1:]))
-        return cached_prefix_attention(q, k_pool, v_pool, page_table, positions, scale), cache
+        cache = write_layer(cache, layer, k, v, page_table, positions, valid)
+        return cached_prefix_attention(q, *cache.layer(layer)[:2], page_table, positions, scale,
+                                       *cache.layer(layer)[2:]), cache
 
     # The classifier's output is not returned: the compiler drops it.
     _, cache, *routing = forward_with_cache(params, model_config, tokens, jnp.maximum(positions, 0), cache, attend,
@@ -81,7 +86,7 @@ def extend(params, cache: KVCache, tokens, positions, page_table, *, model_confi
         return cache, routed
     # A tensor-parallel replica's cache keeps its KV-head sharding through the donation (as ``programs``).
     pin = lambda pool: jax.lax.with_sharding_constraint(pool, kv_pool_sharding(pool.shape, mesh))
-    return KVCache(tuple(map(pin, cache.k)), tuple(map(pin, cache.v))), routed
+    return jax.tree.map(pin, cache), routed
 
 
 # Feeds tokens [B, T] at positions [B, T] (-1: padding) into the pages of page table [B, P]

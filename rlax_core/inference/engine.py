@@ -68,7 +68,7 @@ from rlax_core.inference.episodes import EpisodeTurns
 from rlax_core.inference.kv_cache import KVCache
 from rlax_core.inference.pages import PagePool
 from rlax_core.inference.phase_clock import PhaseClock, timed
-from rlax_core.inference.placement import Placement, kernels_for, lora_mode_for
+from rlax_core.inference.placement import Placement, held_shapes, kernels_for, lora_mode_for
 from rlax_core.inference.sampling import SamplingMode, prompt_key_id
 from rlax_core.inference.sequences import Completion, FinishReason, Request, SequenceState
 from rlax_core.models.config import ModelConfig
@@ -103,7 +103,7 @@ class Engine:
         self._placement = Placement(config, model_config, device, devices)
         self.device, self.mesh, self.devices = device, self._placement.mesh, self._placement.devices
         platform = self._placement.platform
-        self._param_shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
+        self._param_shapes = held_shapes(params, config.weight_dtype)
         self._params, self._version = self._placement.layout(params), int(version)
         self._base = self._params  # what adapter versions apply to: the last full params given
         self.lora_mode = lora_mode_for(config.lora_mode, platform)
@@ -268,6 +268,9 @@ class Engine:
         the adapters beside its kernels, and every projection adds (x @ A) @ B. The first adapters of
         a rank compile the programs for that tree once; later versions swap without compiling.
         """
+        if self.config.weight_dtype != "bfloat16":
+            raise ValueError(f"engine.weight_dtype={self.config.weight_dtype} does not take LoRA adapters yet "
+                             "(an adapter merged into an eight-bit kernel would be rounded away); use bfloat16")
         if base is not None:
             self._base = self._laid_out_base(base, "update_adapters")
         params = apply_adapters(self._base, adapters, lora, self.lora_mode, model_config=self.model_config,
@@ -276,8 +279,7 @@ class Engine:
         self._maybe_swap_weights()
 
     def _check_shapes(self, params: Any, caller: str) -> None:
-        shapes = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-        if shapes != self._param_shapes:
+        if held_shapes(params, self.config.weight_dtype) != self._param_shapes:
             raise ValueError(f"{caller}: the new parameters differ in structure, shape or dtype from the "
                              "engine's; build a new Engine for a different model")
 

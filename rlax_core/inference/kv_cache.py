@@ -15,6 +15,15 @@ engine shards over its devices by KV head (each device holds its heads' pages of
 Per-layer arrays, not one stacked pool, because a kernel's operand must be a whole array: a layer
 sliced out of a stacked pool is a copy of it per layer per step.
 
+Eight-bit pages (``engine.cache_dtype`` int8 or fp8) hold each token's key (value) per KV head as
+eight-bit numbers with one float32 scale, absmax / the format's largest value
+(``lora.EIGHT_BIT_FORMATS``), in scale pools ``[num_kv_heads, num_pages, page_size]`` beside the
+pools: a page's scales are per head and per token slot, written with the token. A scale per whole
+page would have to be known before the page's later tokens exist (decode fills a page a token at a
+time), and rescaling a page as it fills would rewrite the tokens already there. The attention paths
+fold the scales into their products (a key's scale multiplies its score, a value's its weight), as
+JAX's Pallas paged kernels do with the same scale layout.
+
 A ``DecodeWindow`` is the running sequences' pages laid out densely, per layer a keys array
 ``[slots, kv_heads, head_dim, tokens]`` and a values array whose layout follows the head dim
 (``to_window_layout``). Backends without a paged-attention kernel (CPU)
@@ -29,19 +38,62 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from rlax_core.models.lora import EIGHT_BIT_FORMATS
+from rlax_core.utils.dtypes import dtype as dtype_named
 
 SINK_PAGE = 0
 
 
 class KVCache(NamedTuple):
-    """Key and value pools: per layer one array ``[num_kv_heads, num_pages, page_size, head_dim]``."""
+    """Key and value pools: per layer one array ``[num_kv_heads, num_pages, page_size, head_dim]``;
+    eight-bit pools add per layer a scale pool ``[num_kv_heads, num_pages, page_size]`` each (else
+    the scale tuples are empty)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
+    k_scale: tuple[jax.Array, ...] = ()
+    v_scale: tuple[jax.Array, ...] = ()
 
     @property
     def page_size(self) -> int:
         return self.k[0].shape[2]
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.k_scale)
+
+    def layer(self, index: int) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
+        """One layer's (keys, values, key scales, value scales); no scales for full-width pools."""
+        if not self.quantized:
+            return self.k[index], self.v[index], None, None
+        return self.k[index], self.v[index], self.k_scale[index], self.v_scale[index]
+
+
+_LARGEST = {np.dtype(stored): largest for stored, largest in EIGHT_BIT_FORMATS.values()}
+
+
+def eight_bit_dtype(cache_dtype: str) -> np.dtype | None:
+    """The stored dtype of an eight-bit cache dtype name ("int8", "fp8"); None for a float one."""
+    return np.dtype(EIGHT_BIT_FORMATS[cache_dtype][0]) if cache_dtype in EIGHT_BIT_FORMATS else None
+
+
+def quantize_tokens(x: jax.Array, stored) -> tuple[jax.Array, jax.Array]:
+    """x [..., D] as eight-bit ``stored`` numbers with a float32 scale per vector (absmax over D /
+    the format's largest value): x ~= q * scale[..., None], to half an int8 step of the vector's range."""
+    largest = _LARGEST[np.dtype(stored)]
+    x32 = x.astype(jnp.float32)
+    scale = jnp.maximum(jnp.max(jnp.abs(x32), axis=-1), 1e-30) / largest
+    quantized = jnp.clip(x32 / scale[..., None], -largest, largest)
+    if jnp.issubdtype(stored, jnp.integer):
+        quantized = jnp.round(quantized)
+    return quantized.astype(stored), scale
+
+
+def dequantize_tokens(q: jax.Array, scale: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """The vectors a :func:`quantize_tokens` pair stands for."""
+    return (q.astype(jnp.float32) * scale[..., None]).astype(dtype)
 
 
 def kv_pool_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, int, int, int]:
@@ -50,15 +102,36 @@ def kv_pool_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: i
 
 
 def init_kv_cache(num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-                  dtype=jnp.float32) -> KVCache:
+                  dtype="float32") -> KVCache:
+    """Zeroed pools of ``dtype`` (a name or a float dtype; "int8" / "fp8" add the scale pools)."""
     shape = kv_pool_shape(num_pages, page_size, num_kv_heads, head_dim)
-    return KVCache(tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-                   tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)))
+    eight_bit = eight_bit_dtype(dtype) if isinstance(dtype, str) else None
+    stored = dtype_named(dtype) if eight_bit is None else eight_bit
+    pools = lambda shape, stored: tuple(jnp.zeros(shape, stored) for _ in range(num_layers))
+    if eight_bit is None:
+        return KVCache(pools(shape, stored), pools(shape, stored))
+    return KVCache(pools(shape, stored), pools(shape, stored), pools(shape[:3], jnp.float32),
+                   pools(shape[:3], jnp.float32))
+
+
+def write_layer(cache: KVCache, layer: int, k: jax.Array, v: jax.Array, page_table: jax.Array,
+                positions: jax.Array, valid: jax.Array) -> KVCache:
+    """``cache`` with new keys and values [B, T, Hkv, D] written into layer ``layer``'s pages at
+    their positions (:func:`write_pages`), quantized with their scales for eight-bit pools."""
+    write = lambda pool, new: write_pages(pool, new, page_table, positions, valid)
+    if not cache.quantized:
+        return cache._replace(k=_replace(cache.k, layer, write(cache.k[layer], k)),
+                              v=_replace(cache.v, layer, write(cache.v[layer], v)))
+    (qk, sk), (qv, sv) = (quantize_tokens(x, cache.k[0].dtype) for x in (k, v))
+    return KVCache(_replace(cache.k, layer, write(cache.k[layer], qk)), _replace(cache.v, layer, write(cache.v[layer], qv)),
+                   _replace(cache.k_scale, layer, write(cache.k_scale[layer], sk)),
+                   _replace(cache.v_scale, layer, write(cache.v_scale[layer], sv)))
 
 
 def write_pages(pool: jax.Array, new: jax.Array, page_table: jax.Array, positions: jax.Array,
                 valid: jax.Array) -> jax.Array:
-    """Scatter ``new`` [B, T, Hkv, D] into one layer's ``pool`` at each token's position.
+    """Scatter ``new`` [B, T, Hkv, D] into one layer's ``pool`` at each token's position (or a scale
+    pool's ``new`` [B, T, Hkv] into ``[Hkv, num_pages, page_size]``).
 
     ``positions`` [B, T] are token positions within each sequence; tokens where ``valid`` [B, T] is
     false go to the sink page.
@@ -74,20 +147,24 @@ def write_pages(pool: jax.Array, new: jax.Array, page_table: jax.Array, position
     # XLA:TPU carried the pool heads-inner for the scatter and copied every layer's whole pool back
     # for the kernel at every decode step, once a chip held 2 KV heads or more.
     index = jnp.broadcast_to(jnp.stack([pages, offsets], axis=-1), (heads, *pages.shape, 2))
-    numbers = jax.lax.ScatterDimensionNumbers(update_window_dims=(3,), inserted_window_dims=(1, 2),
+    per_token = pool.ndim == 4  # a vector per token (a K or V pool), else a number (a scale pool)
+    numbers = jax.lax.ScatterDimensionNumbers(update_window_dims=(3,) if per_token else (),
+                                              inserted_window_dims=(1, 2),
                                               scatter_dims_to_operand_dims=(1, 2), operand_batching_dims=(0,),
                                               scatter_indices_batching_dims=(0,))
-    return jax.lax.scatter(pool, index, new.transpose(2, 0, 1, 3).astype(pool.dtype), numbers,
+    new = new.transpose(2, 0, 1, 3) if per_token else new.transpose(2, 0, 1)
+    return jax.lax.scatter(pool, index, new.astype(pool.dtype), numbers,
                            indices_are_sorted=False, unique_indices=False, mode="promise_in_bounds")
 
 
 def gather_pages(pool: jax.Array, page_table: jax.Array) -> jax.Array:
-    """Each sequence's cached tokens in order, heads-major: [Hkv, B, P*S, D] from one layer's pool.
+    """Each sequence's cached tokens in order, heads-major: [Hkv, B, P*S, D] from one layer's pool
+    ([Hkv, B, P*S] from a scale pool).
 
     Page ids come from the allocator, so they are in bounds and the gather needs no clamping.
     """
     gathered = pool.at[:, page_table].get(mode="promise_in_bounds")  # [Hkv, B, P, S, D]
-    return gathered.reshape(pool.shape[0], page_table.shape[0], -1, pool.shape[-1])
+    return gathered.reshape(pool.shape[0], page_table.shape[0], -1, *pool.shape[3:])
 
 
 def values_tokens_minor(head_dim: int) -> bool:
@@ -112,31 +189,53 @@ def to_window_layout(k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 class DecodeWindow(NamedTuple):
-    """Per layer, the running slots' keys [B, Hkv, D, T] and values (layout: ``to_window_layout``)."""
+    """Per layer, the running slots' keys [B, Hkv, D, T] and values (layout: ``to_window_layout``);
+    from eight-bit pools, their scales [B, Hkv, T] too (else empty)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
+    k_scale: tuple[jax.Array, ...] = ()
+    v_scale: tuple[jax.Array, ...] = ()
+
+    def layer(self, index: int) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
+        if not self.k_scale:
+            return self.k[index], self.v[index], None, None
+        return self.k[index], self.v[index], self.k_scale[index], self.v_scale[index]
 
     def write(self, layer: int, positions: jax.Array, k: jax.Array, v: jax.Array) -> "DecodeWindow":
-        """Store one token per slot, k/v [B, Hkv, D], at ``positions`` [B], each inside the window.
+        """Store one token per slot, k/v [B, Hkv, D], at ``positions`` [B], each inside the window
+        (quantized, its scales beside it, in an eight-bit window).
 
         Every row writes, unguarded, so that the buffers are updated in place: XLA:CPU copied them
         for a guarded write (a masked or dropped one, or a one-row scatter, which it rewrites into a
         bounds-checked read-modify-write): four copies of each buffer per step at batch 1.
         """
         minor = values_tokens_minor(v.shape[-1])
+        scales = ()
+        if self.k_scale:
+            (k, k_scale), (v, v_scale) = (quantize_tokens(x, self.k[layer].dtype) for x in (k, v))
+            scales = (_put_tokens(self.k_scale[layer], positions, k_scale, 2),
+                      _put_tokens(self.v_scale[layer], positions, v_scale, 2))
         k, v = k.astype(self.k[layer].dtype), v.astype(self.v[layer].dtype)
-        if positions.shape[0] == 1:
-            zero, at = jnp.int32(0), positions[0].astype(jnp.int32)
-            keys = jax.lax.dynamic_update_slice(self.k[layer], k[..., None], (zero, zero, zero, at))
-            values = (jax.lax.dynamic_update_slice(self.v[layer], v[..., None], (zero, zero, zero, at)) if minor
-                      else jax.lax.dynamic_update_slice(self.v[layer], v[:, :, None], (zero, zero, at, zero)))
-        else:
-            rows, put = jnp.arange(positions.shape[0]), {"mode": "promise_in_bounds", "unique_indices": True}
-            keys = self.k[layer].at[rows, :, :, positions].set(k, **put)
-            values = (self.v[layer].at[rows, :, :, positions] if minor else self.v[layer].at[rows, :, positions])
-            values = values.set(v, **put)
-        return DecodeWindow(_replace(self.k, layer, keys), _replace(self.v, layer, values))
+        keys = _put_tokens(self.k[layer], positions, k, 3)
+        values = _put_tokens(self.v[layer], positions, v, 3 if minor else 2)
+        window = DecodeWindow(_replace(self.k, layer, keys), _replace(self.v, layer, values), self.k_scale, self.v_scale)
+        if scales:
+            window = window._replace(k_scale=_replace(self.k_scale, layer, scales[0]),
+                                     v_scale=_replace(self.v_scale, layer, scales[1]))
+        return window
+
+
+def _put_tokens(buffer: jax.Array, positions: jax.Array, new: jax.Array, token_axis: int) -> jax.Array:
+    """``buffer`` [B, ...] with row b's ``new[b]`` (``buffer`` less its token axis) at ``positions[b]``
+    along ``token_axis``."""
+    if positions.shape[0] == 1:
+        start = [jnp.int32(0)] * buffer.ndim
+        start[token_axis] = positions[0].astype(jnp.int32)
+        return jax.lax.dynamic_update_slice(buffer, jnp.expand_dims(new, token_axis), tuple(start))
+    index: list = [jnp.arange(positions.shape[0])] + [slice(None)] * (buffer.ndim - 1)
+    index[token_axis] = positions
+    return buffer.at[tuple(index)].set(new, mode="promise_in_bounds", unique_indices=True)
 
 
 def _replace(items: tuple, index: int, item) -> tuple:
@@ -144,8 +243,12 @@ def _replace(items: tuple, index: int, item) -> tuple:
 
 
 def gather_window(cache: KVCache, page_table: jax.Array) -> DecodeWindow:
-    layers = [to_window_layout(gather_pages(k, page_table), gather_pages(v, page_table)) for k, v in zip(*cache)]
-    return DecodeWindow(tuple(k for k, _ in layers), tuple(v for _, v in layers))
+    layers = [to_window_layout(gather_pages(k, page_table), gather_pages(v, page_table)) for k, v in zip(cache.k, cache.v)]
+    window = DecodeWindow(tuple(k for k, _ in layers), tuple(v for _, v in layers))
+    if not cache.quantized:
+        return window
+    scales = lambda pools: tuple(gather_pages(pool, page_table).transpose(1, 0, 2) for pool in pools)  # [B, Hkv, T]
+    return window._replace(k_scale=scales(cache.k_scale), v_scale=scales(cache.v_scale))
 
 
 def scatter_window(cache: KVCache, window: DecodeWindow, page_table: jax.Array) -> KVCache:
@@ -153,12 +256,14 @@ def scatter_window(cache: KVCache, window: DecodeWindow, page_table: jax.Array) 
     batch, pages_per_sequence = page_table.shape
     page_size, head_dim = cache.k[0].shape[2:]
 
-    def put(pool, heads_major):  # [B, Hkv, T, D] -> pool [Hkv, pages, S, D]
-        pages = heads_major.reshape(batch, pool.shape[0], pages_per_sequence, page_size, head_dim)
-        return pool.at[:, page_table].set(pages.transpose(1, 0, 2, 3, 4).astype(pool.dtype), mode="promise_in_bounds")
+    def put(pool, heads_major):  # [B, Hkv, T, D] -> pool [Hkv, pages, S, D]; scales [B, Hkv, T] -> [Hkv, pages, S]
+        pages = heads_major.reshape(batch, pool.shape[0], pages_per_sequence, page_size, *pool.shape[3:])
+        pages = jnp.moveaxis(pages, 1, 0)
+        return pool.at[:, page_table].set(pages.astype(pool.dtype), mode="promise_in_bounds")
 
     minor = values_tokens_minor(head_dim)
     k_pools = tuple(put(pool, keys.transpose(0, 1, 3, 2)) for pool, keys in zip(cache.k, window.k))
     v_pools = tuple(put(pool, values.transpose(0, 1, 3, 2) if minor else values)
                     for pool, values in zip(cache.v, window.v))
-    return KVCache(k_pools, v_pools)
+    return KVCache(k_pools, v_pools, tuple(map(put, cache.k_scale, window.k_scale)),
+                   tuple(map(put, cache.v_scale, window.v_scale)))

@@ -13,17 +13,19 @@ import math
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from rlax_core.inference import programs
-from rlax_core.inference.config import EngineConfig
-from rlax_core.inference.kv_cache import KVCache, init_kv_cache, kv_pool_shape
+from rlax_core.inference.config import EIGHT_BIT, EngineConfig
+from rlax_core.inference.kv_cache import KVCache, init_kv_cache
 from rlax_core.inference.pallas_attention import kernel_for_backend
 from rlax_core.inference.sharding import (check_expert_parallel, decoding_param_shardings, engine_mesh,
                                           kv_pool_sharding, stacked_param_shardings)
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.config import ModelConfig
+from rlax_core.models.lora import TARGETS, quantize_kernels
 from rlax_core.models.transformer import unstack_layers
-from rlax_core.utils.dtypes import dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,71 @@ def lora_mode_for(mode: str, platform: str) -> str:
     return "merged" if mode == "auto" else mode
 
 
+# Published versions quantized in this process (``held_weights``): a swap's count rises by one
+# however many replicas take the version (``ReplicatedEngine`` quantizes once and hands them all the result).
+QUANTIZED_VERSIONS = {"count": 0}
+
+
+@functools.partial(jax.jit, static_argnames=("weight_dtype",))
+def _quantize(params, *, weight_dtype: str):
+    return quantize_kernels(params, weight_dtype)
+
+
+def held_weights(params: Any, weight_dtype: str) -> Any:
+    """``params`` as an engine with ``weight_dtype`` holds them: published weights (the stacked or
+    unrolled layout) quantized per output channel (``lora.quantize_kernels``) where they lie, one
+    layer's projection at a time (a stacked kernel slice by slice, into its eight-bit copy), so that
+    a version given on the host is never on the chip at full width beside its quantized copy: the
+    planner counts one layer's widest projection for it (``planning.memory``). Counted in
+    ``QUANTIZED_VERSIONS``; full-width engines and weights already held so pass through."""
+    if weight_dtype not in EIGHT_BIT or is_quantized(params):
+        return params
+    QUANTIZED_VERSIONS["count"] += 1
+    held = dict(params)
+    for layer in [name for name in params if name == "layers" or name.startswith("layers_")]:
+        held[layer] = {module: dict(projections) if isinstance(projections, dict) else projections
+                       for module, projections in params[layer].items()}
+        for (module, proj), inputs, outputs in TARGETS.values():
+            if proj not in held[layer].get(module, {}):
+                continue
+            leaves = params[layer][module][proj]
+            one = lambda leaves: _quantize({"layers_0": {module: {proj: leaves}}},
+                                           weight_dtype=weight_dtype)["layers_0"][module][proj]
+            if leaves["kernel"].ndim == len(inputs) + len(outputs):  # one layer's
+                held[layer][module][proj] = one(leaves)
+                continue
+            count = leaves["kernel"].shape[0]
+            stacked = jax.tree.map(lambda piece: jnp.zeros((count, *piece.shape), piece.dtype),
+                                   jax.eval_shape(one, jax.tree.map(lambda x: x[0], leaves)))
+            for index in range(count):  # a host array sliced where it is: only the slice travels
+                piece = jax.tree.map(lambda x, i=index: x[i] if isinstance(x, np.ndarray) else _take_layer(x, i), leaves)
+                stacked = _put_layer(stacked, index, one(piece))
+            held[layer][module][proj] = stacked
+    return held
+
+
+@jax.jit
+def _take_layer(stacked, index):  # the index traced: one program per shape, not one per layer
+    return stacked[index]
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _put_layer(stacked, index, piece):
+    return jax.tree.map(lambda whole, part: whole.at[index].set(part), stacked, piece)
+
+
+def held_shapes(params: Any, weight_dtype: str) -> Any:
+    """(shape, dtype) of each leaf of ``params`` as :func:`held_weights` holds them, computing nothing."""
+    if weight_dtype in EIGHT_BIT and not is_quantized(params):
+        params = jax.eval_shape(functools.partial(quantize_kernels, dtype=weight_dtype), params)
+    return jax.tree.map(lambda x: (tuple(x.shape), x.dtype), params)
+
+
+def is_quantized(params: Any) -> bool:
+    """Whether ``params``' projections hold eight-bit kernels with their scales."""
+    return any(getattr(path[-1], "key", None) == "kernel_scale" for path, _ in jax.tree_util.tree_leaves_with_path(params))
+
+
 def _geometric_buckets(limit: int, growth: float = 1.25) -> tuple[int, ...]:
     """1, 2, 3, 4, 5, 7, 9, 12, ... up to ``limit``: a width is padded by at most a quarter."""
     sizes, size = [], 1
@@ -78,7 +145,7 @@ class Placement:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, device: jax.Device | None = None,
                  devices: Sequence[jax.Device] | None = None):
         check_expert_parallel(config.expert_parallel, model_config)
-        self.model_config = model_config
+        self.model_config, self.weight_dtype = model_config, config.weight_dtype
         self.device, self.mesh, self._relayout = device, None, None
         chips = config.chips_per_replica
         if chips > 1:
@@ -97,7 +164,9 @@ class Placement:
 
     def layout(self, params: Any) -> Any:
         """The decoding layout on the replica's device(s): programs run where their committed inputs
-        (weights, cache) are."""
+        (weights, cache) are. Published weights are quantized first where ``weight_dtype`` says so
+        (``held_weights``); weights held so already are not again."""
+        params = held_weights(params, self.weight_dtype)
         if self.mesh is None:
             return programs.decoding_layout(params if self.device is None else jax.device_put(params, self.device))
         params = jax.device_put(params, stacked_param_shardings(self.model_config, params, self.mesh))
@@ -111,14 +180,12 @@ class Placement:
         """Allocated in place, on the replica's device(s): a TPU cache may not fit twice on one chip."""
         model = self.model_config
         allocate = functools.partial(init_kv_cache, model.num_layers, config.num_pages, config.page_size,
-                                     model.num_kv_heads, model.head_dim, dtype(config.cache_dtype))
+                                     model.num_kv_heads, model.head_dim, config.cache_dtype)
         if self.mesh is None:
             with jax.default_device(self.device):
                 cache = allocate()
             # Committed where it lies (no copy), as every program's output cache is: an uncommitted first
             # cache made warm_up()'s first prefill another executable, so the first real call compiled.
             return jax.tree.map(lambda x: jax.device_put(x, x.sharding), cache)
-        pool = kv_pool_sharding(kv_pool_shape(config.num_pages, config.page_size, model.num_kv_heads,
-                                              model.head_dim), self.mesh)
-        pools = (pool,) * model.num_layers
-        return jax.jit(allocate, out_shardings=KVCache(pools, pools))()
+        shapes = jax.eval_shape(allocate)
+        return jax.jit(allocate, out_shardings=jax.tree.map(lambda x: kv_pool_sharding(x.shape, self.mesh), shapes))()

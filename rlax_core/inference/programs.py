@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from rlax_core.inference.attention import paged_decode_attention_reference, prefill_attention, window_decode_attention
-from rlax_core.inference.kv_cache import DecodeWindow, KVCache, gather_window, scatter_window, write_pages
+from rlax_core.inference.kv_cache import (DecodeWindow, KVCache, dequantize_tokens, gather_window, quantize_tokens,
+                                          scatter_window, write_layer)
 from rlax_core.inference.pallas_attention import paged_decode_attention
 from rlax_core.inference.sharding import heads_spec, kv_heads_split, kv_pool_sharding
 from rlax_core.inference.sampling import SamplingMode, sample_tokens, token_draws
@@ -67,16 +68,7 @@ def _pin(cache: KVCache, mesh) -> KVCache:
     if mesh is None:
         return cache
     pin = lambda pool: jax.lax.with_sharding_constraint(pool, kv_pool_sharding(pool.shape, mesh))
-    return KVCache(tuple(map(pin, cache.k)), tuple(map(pin, cache.v)))
-
-
-def _replace(items: tuple, index: int, item) -> tuple:
-    return (*items[:index], item, *items[index + 1:])
-
-
-def _write_token_pages(cache: KVCache, layer: int, k, v, page_table, positions, valid) -> KVCache:
-    return KVCache(_replace(cache.k, layer, write_pages(cache.k[layer], k, page_table, positions, valid)),
-                   _replace(cache.v, layer, write_pages(cache.v[layer], v, page_table, positions, valid)))
+    return jax.tree.map(pin, cache)
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "mesh", "attention"), donate_argnames=("cache",))
@@ -95,7 +87,7 @@ def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_conf
         attention = "dense"
 
     def attend(layer, q, k, v, cache):
-        cache = _write_token_pages(cache, layer, k, v, page_table, positions, valid)
+        cache = write_layer(cache, layer, k, v, page_table, positions, valid)
         if attention == "dense":
             return prefill_attention(q, k, v, valid, scale), cache
         return causal_attention(q, k, v, valid.astype(jnp.int32), impl=attention, mesh=mesh), cache
@@ -116,7 +108,7 @@ def token_major(expert_ids: jax.Array) -> jax.Array:
 def copy_pages(cache: KVCache, source, target, *, mesh=None) -> KVCache:
     """Copy pages ``source[i, j]`` to ``target[i, j]`` in every layer (both [rows, pages]; 0 -> 0 is a no-op)."""
     copy = lambda pool: pool.at[:, target].set(pool[:, source], mode="promise_in_bounds")
-    return _pin(KVCache(tuple(map(copy, cache.k)), tuple(map(copy, cache.v))), mesh)
+    return _pin(jax.tree.map(copy, cache), mesh)  # the scale pools of eight-bit pages with their pages
 
 
 def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, attention: str,
@@ -190,21 +182,24 @@ def _paged_attend(page_table, lengths, active, scale, attention: str, mesh, inte
     """Write each active slot's new token into its page, then attend over the pages."""
     positions = lengths[:, None]
 
-    def kernel(q, k_pool, v_pool, page_table, lengths):
-        return paged_decode_attention(q, k_pool, v_pool, page_table, lengths, scale, kernel=attention,
+    def kernel(q, k_pool, v_pool, page_table, lengths, *scale_pools):
+        return paged_decode_attention(q, k_pool, v_pool, page_table, lengths, scale, *scale_pools, kernel=attention,
                                       interpret=interpret)
 
     def attend(layer, q, k, v, cache: KVCache):
-        cache = _write_token_pages(cache, layer, k, v, page_table, positions, active[:, None])
-        operands = (q[:, 0], cache.k[layer], cache.v[layer], page_table, lengths + 1)
+        cache = write_layer(cache, layer, k, v, page_table, positions, active[:, None])
+        k_pool, v_pool, *scale_pools = cache.layer(layer)
+        scale_pools = scale_pools if cache.quantized else []
+        operands = (q[:, 0], k_pool, v_pool, page_table, lengths + 1, *scale_pools)
         if attention == "reference":
-            out = paged_decode_attention_reference(*operands, scale)
+            out = paged_decode_attention_reference(*operands[:5], scale, *scale_pools)
         elif mesh is None:
             out = kernel(*operands)
         else:  # each device attends with its own KV heads and the query heads they serve
-            split = kv_heads_split(cache.k[layer].shape[0], mesh)
-            heads, pool = heads_spec(split, 3, 1), heads_spec(split, 4, 0)
-            out = jax.shard_map(kernel, mesh=mesh, in_specs=(heads, pool, pool, PartitionSpec(), PartitionSpec()),
+            split = kv_heads_split(k_pool.shape[0], mesh)
+            heads, pool, scales = heads_spec(split, 3, 1), heads_spec(split, 4, 0), heads_spec(split, 3, 0)
+            out = jax.shard_map(kernel, mesh=mesh, in_specs=(heads, pool, pool, PartitionSpec(), PartitionSpec(),
+                                                             *[scales] * len(scale_pools)),
                                 out_specs=heads, check_vma=False)(*operands)
         return out[:, None], cache
 
@@ -225,7 +220,12 @@ def _window_attend(lengths, scale):
 
     def attend(layer, q, k, v, window: DecodeWindow):
         k, v = k[:, 0], v[:, 0]
-        out = window_decode_attention(q[:, 0], window.k[layer], window.v[layer], lengths, scale, current=(k, v))
+        keys, values, key_scales, value_scales = window.layer(layer)
+        current = (k, v)
+        if key_scales is not None:  # the new token as its page will hold it, as a later step reads it
+            current = tuple(dequantize_tokens(*quantize_tokens(x, keys.dtype), x.dtype) for x in current)
+        out = window_decode_attention(q[:, 0], keys, values, lengths, scale, current=current,
+                                      key_scales=key_scales, value_scales=value_scales)
         window = window.write(layer, jnp.minimum(lengths, window.k[layer].shape[-1] - 1), k, v)
         return out[:, None], window
 

@@ -28,6 +28,7 @@ import jax
 
 from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.engine import Completion, Engine, Request
+from rlax_core.inference.placement import held_weights
 from rlax_core.inference.sampling import SamplingMode
 from rlax_core.models.config import ModelConfig
 
@@ -47,6 +48,7 @@ class ReplicatedEngine:
         groups = replica_devices(config.replicas, config.chips_per_replica, devices)
         self.config = config
         one = dataclasses.replace(config, replicas=1)
+        params = held_weights(params, config.weight_dtype)  # quantized once, not once per replica
         if config.chips_per_replica == 1:
             self.engines = [Engine(one, model_config, params, version, detokenize, device=group[0]) for group in groups]
         else:
@@ -89,6 +91,7 @@ class ReplicatedEngine:
         return [by_item[i] for i in range(len(items))]
 
     def update_weights(self, params: Any, version: int) -> None:
+        params = held_weights(params, self.config.weight_dtype)  # quantized once, not once per replica
         for engine in self.engines:
             engine.update_weights(params, version)
 

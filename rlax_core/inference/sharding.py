@@ -34,7 +34,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import LoraConfig, adapter_logical_axes
+from rlax_core.models.lora import LoraConfig, adapter_logical_axes, quantized_logical_axes
 from rlax_core.models.transformer import param_logical_axes
 from rlax_core.parallel import MeshConfig, make_mesh, spec_for, tree_shardings
 
@@ -65,15 +65,25 @@ def _is_axes(node) -> bool:
     return isinstance(node, tuple)
 
 
+def held_logical_axes(model_config: ModelConfig, params: Any) -> dict:
+    """``param_logical_axes`` for ``params`` as the engine holds them: with a scale beside each
+    eight-bit kernel (``engine.weight_dtype``) when they are quantized."""
+    axes = param_logical_axes(model_config)
+    layer = params["layers"] if "layers" in params else params["layers_0"]
+    quantized = any("kernel_scale" in projection for module in layer.values() if isinstance(module, dict)
+                    for projection in module.values() if isinstance(projection, dict))
+    return quantized_logical_axes(axes) if quantized else axes
+
+
 def stacked_param_shardings(model_config: ModelConfig, params: Any, mesh: Mesh) -> Any:
     """Shardings of the trainer's parameter layout (stacked ``layers``) by the partition rules."""
-    return tree_shardings(params, param_logical_axes(model_config), mesh)
+    return tree_shardings(params, held_logical_axes(model_config, params), mesh)
 
 
 def decoding_param_shardings(model_config: ModelConfig, params: Any, mesh: Mesh) -> Any:
     """Shardings of ``models.unstack_layers``' layout: each ``layers_i`` leaf as its stacked leaf
     without the leading ``layers`` axis."""
-    return tree_shardings(params, _unstacked_axes(param_logical_axes(model_config), params), mesh)
+    return tree_shardings(params, _unstacked_axes(held_logical_axes(model_config, params), params), mesh)
 
 
 def decoding_adapter_shardings(lora: LoraConfig, adapters: Any, mesh: Mesh) -> Any:
@@ -91,8 +101,9 @@ def _unstacked_axes(axes: dict, tree: Any) -> dict:
 
 
 def kv_pool_sharding(pool_shape: Sequence[int], mesh: Mesh) -> NamedSharding:
-    """One layer's K (or V) pool, split by KV head where the mesh divides them."""
-    return NamedSharding(mesh, spec_for(KV_POOL_AXES, pool_shape, mesh))
+    """One layer's K (or V) pool, or its scale pool [Hkv, num_pages, S], split by KV head where the
+    mesh divides them."""
+    return NamedSharding(mesh, spec_for(KV_POOL_AXES[:len(pool_shape)], pool_shape, mesh))
 
 
 def kv_heads_split(num_kv_heads: int, mesh: Mesh) -> bool:

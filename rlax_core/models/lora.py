@@ -268,17 +268,28 @@ def decoding_adapters(adapters: Params, model: ModelConfig, lora: LoraConfig, *,
 # ----------------------------------------------------------------------------- QLoRA: an int8 base
 
 
-def quantize_kernels(params: Params) -> Params:
-    """Every projection kernel of ``params`` (stacked or unstacked layers; all seven, adapted or not)
-    as int8 ``kernel`` with a float32 ``kernel_scale`` per output channel: absmax over the kernel's
-    input axes / 127, so W ~= kernel * kernel_scale to half a step per channel. The forwards of
-    ``transformer.py`` take such params (x @ kernel, then times the scale); other leaves are unchanged."""
+# The eight-bit kernel formats: the stored dtype and the largest magnitude it holds (the scale maps a
+# channel's absmax onto it). float8_e4m3fn: 3 mantissa bits, finite up to 448, no infinities.
+EIGHT_BIT_FORMATS = {"int8": (jnp.int8, 127.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
+
+
+def quantize_kernels(params: Params, dtype: str = "int8") -> Params:
+    """Every projection kernel of ``params`` (stacked or unstacked layers; all seven, adapted or not;
+    a sparse layer's experts are left as they are) as an eight-bit ``kernel`` (``dtype``: "int8" or
+    "fp8", ``EIGHT_BIT_FORMATS``) with a float32 ``kernel_scale`` per output channel: absmax over the
+    kernel's input axes / the format's largest value, so W ~= kernel * kernel_scale to half an int8
+    step (fp8: 2^-4 relative) per channel. The forwards of ``transformer.py`` take such params
+    (``projections.scaled_product``); other leaves are unchanged."""
+    stored, largest = EIGHT_BIT_FORMATS[dtype]
+
     def quantize(leaves, lead, n_in):
         kernel = leaves["kernel"].astype(jnp.float32)
         axes = tuple(range(lead, lead + n_in))
-        scale = jnp.maximum(jnp.max(jnp.abs(kernel), axis=axes), 1e-30) / 127.0
-        quantized = jnp.clip(jnp.round(kernel / jnp.expand_dims(scale, axes)), -127, 127).astype(jnp.int8)
-        return {**leaves, "kernel": quantized, "kernel_scale": scale}
+        scale = jnp.maximum(jnp.max(jnp.abs(kernel), axis=axes), 1e-30) / largest
+        quantized = jnp.clip(kernel / jnp.expand_dims(scale, axes), -largest, largest)
+        if dtype == "int8":
+            quantized = jnp.round(quantized)
+        return {**leaves, "kernel": quantized.astype(stored), "kernel_scale": scale}
     return _map_projections(params, quantize)
 
 
@@ -309,6 +320,8 @@ def _map_projections(tree: Params, fn, lead_of=None) -> Params:
     for layer in [name for name in tree if name == "layers" or name.startswith("layers_")]:
         out[layer] = {module: dict(projections) for module, projections in tree[layer].items()}
         for (module, proj), inputs, outputs in TARGETS.values():
+            if proj not in out[layer].get(module, {}):
+                continue  # a sparse layer (its experts are not these projections)
             leaves = out[layer][module][proj]
             lead = lead_of(leaves) if lead_of else leaves["kernel"].ndim - len(inputs) - len(outputs)
             out[layer][module][proj] = fn(leaves, lead, len(inputs))

@@ -57,34 +57,16 @@ from jax.sharding import PartitionSpec
 from rlax_core.models.attention import AttentionImpl, causal_attention, masked_attention, same_segment_mask
 from rlax_core.models.context import balanced_order, context_attention, context_shards, shard_tokens
 from rlax_core.models.config import INIT_STDDEV, ModelConfig, rope_inverse_frequencies
-from rlax_core.models.lora import FUSED_PROJECTIONS, low_rank_term
+from rlax_core.models.layouts import (fuse_projections, layout_flags, stack_layers, unfuse_projections,  # noqa: F401
+                                      unstack_layers)  # the layouts are re-exported: callers import them from here
 from rlax_core.models.moe import Routing, SparseMoe
+from rlax_core.models.projections import LORA_DROPOUT_RNG, project
 
 Params = dict[str, Any]
 Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
-LORA_DROPOUT_RNG = "lora_dropout"  # the rng stream of LoRA dropout (``forward(..., lora_dropout_rng=)``)
-
-
 def _logical(init, *axes: str):
     return nn.with_logical_partitioning(init, axes)
-
-
-def _adapted(module: nn.Module, name: str, x: jax.Array, y: jax.Array, dropout: float) -> jax.Array:
-    """``y`` = the projection ``name``'s x @ W (+ bias), scaled per output channel when W is int8
-    (``lora.quantize_kernels``), plus (x @ A) @ B when its params hold an adapter (``lora.with_adapters``);
-    x dropped element-wise at rate ``dropout`` first when the apply has a LoRA dropout rng
-    (training), as PEFT drops the adapter's input."""
-    leaves = module.variables.get("params", {}).get(name, {})
-    if "kernel_scale" in leaves:  # x @ (q * s) = (x @ q) * s, for a scale per output channel
-        bias = leaves.get("bias", jnp.zeros((), y.dtype)).astype(jnp.float32)
-        y = ((y.astype(jnp.float32) - bias) * leaves["kernel_scale"] + bias).astype(y.dtype)
-    if "lora_a" not in leaves:
-        return y
-    if dropout > 0 and module.has_rng(LORA_DROPOUT_RNG):
-        keep = jax.random.bernoulli(module.make_rng(LORA_DROPOUT_RNG), 1.0 - dropout, x.shape)
-        x = jnp.where(keep, x / (1.0 - dropout), jnp.zeros_like(x))
-    return (y.astype(jnp.float32) + low_rank_term(x, leaves["lora_a"], leaves["lora_b"])).astype(y.dtype)
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -136,30 +118,31 @@ class Attention(nn.Module):
     def __call__(self, x, positions, layer, cache):
         c = self.config
 
-        def project(name, num_heads, heads_axis):
-            y = nn.DenseGeneral(
+        def heads(name, num_heads, heads_axis):
+            return project(self, name, x, lambda: nn.DenseGeneral(
                 (num_heads, c.head_dim), use_bias=c.qkv_bias, param_dtype=self.param_dtype, name=name,
                 kernel_init=_logical(nn.initializers.normal(INIT_STDDEV), "embed", heads_axis, "head_dim"),
-                bias_init=_logical(nn.initializers.zeros, heads_axis, "head_dim"))(x)
-            return _adapted(self, name, x, y, self.lora_dropout)
+                bias_init=_logical(nn.initializers.zeros, heads_axis, "head_dim")), input_axes=1,
+                dropout=self.lora_dropout)
 
         if self.fused_projections:
-            qkv = project("qkv_proj", c.num_heads + 2 * c.num_kv_heads, "heads")
+            qkv = heads("qkv_proj", c.num_heads + 2 * c.num_kv_heads, "heads")
             q, k, v = jnp.split(qkv, [c.num_heads, c.num_heads + c.num_kv_heads], axis=-2)
         else:
-            q = project("q_proj", c.num_heads, "heads")
+            q = heads("q_proj", c.num_heads, "heads")
             # Separate name: fewer KV heads may not divide the mesh axis that q heads shard over.
-            k = project("k_proj", c.num_kv_heads, "kv_heads")
-            v = project("v_proj", c.num_kv_heads, "kv_heads")
+            k = heads("k_proj", c.num_kv_heads, "kv_heads")
+            v = heads("v_proj", c.num_kv_heads, "kv_heads")
         if c.qk_norm:
             q = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="q_norm")(q)
             k = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="k_norm")(k)
         q, k = apply_rope(q, positions, c), apply_rope(k, positions, c)
         out, cache = self.attend(layer, q, k, v, cache)
-        projected = nn.DenseGeneral(
+        projected = project(self, "o_proj", out, lambda: nn.DenseGeneral(
             c.hidden_size, axis=(-2, -1), use_bias=False, param_dtype=self.param_dtype, name="o_proj",
-            kernel_init=_logical(nn.initializers.normal(INIT_STDDEV), "heads", "head_dim", "embed"))(out)
-        return _adapted(self, "o_proj", out, projected, self.lora_dropout), cache
+            kernel_init=_logical(nn.initializers.normal(INIT_STDDEV), "heads", "head_dim", "embed")),
+            input_axes=2, dropout=self.lora_dropout)
+        return projected, cache
 
 
 class SwiGLU(nn.Module):
@@ -173,9 +156,9 @@ class SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x):
         def dense(name, features, axes, inputs):
-            y = nn.Dense(features, use_bias=False, param_dtype=self.param_dtype, name=name,
-                         kernel_init=_logical(nn.initializers.normal(INIT_STDDEV), *axes))(inputs)
-            return _adapted(self, name, inputs, y, self.lora_dropout)
+            return project(self, name, inputs, lambda: nn.Dense(
+                features, use_bias=False, param_dtype=self.param_dtype, name=name,
+                kernel_init=_logical(nn.initializers.normal(INIT_STDDEV), *axes)), input_axes=1, dropout=self.lora_dropout)
 
         hidden = self.config.intermediate_size
         if self.fused_projections:
@@ -407,7 +390,7 @@ def _full_sequence(params, config, input_ids, *, positions=None, attention_mask=
         attend = _kernel_attend(attention_mask.astype(jnp.int32) if segment_ids is None else segment_ids,
                                 attention, mesh)
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, attend, dtype, remat=remat, lora_dropout=lora_dropout, mesh=mesh, **_layout(params))
+    model = Transformer(config, attend, dtype, remat=remat, lora_dropout=lora_dropout, mesh=mesh, **layout_flags(params))
     rngs = {} if lora_dropout_rng is None else {LORA_DROPOUT_RNG: lora_dropout_rng}
     out, _, routing = model.apply({"params": params}, input_ids, positions, None, hidden_only=hidden_only,
                                   real=attention_mask.astype(bool), expert_ids=expert_ids, rngs=rngs)
@@ -428,99 +411,10 @@ def forward_with_cache(params: Params, config: ModelConfig, input_ids: jax.Array
     ``mesh``: the one its experts are split over (``moe.expert_parallel``; an engine replica's mesh).
     """
     dtype = params["embed_tokens"]["embedding"].dtype
-    model = Transformer(config, attend or contiguous_attend(positions), dtype, mesh=mesh, **_layout(params))
+    model = Transformer(config, attend or contiguous_attend(positions), dtype, mesh=mesh, **layout_flags(params))
     logits, cache, routing = model.apply({"params": params}, input_ids, positions, cache, last_token_only,
                                          real=positions >= 0, expert_ids=expert_ids)
     return (logits, cache, routing) if with_routing else (logits, cache)
-
-
-def unstack_layers(params: Params) -> Params:
-    """The stacked ``layers`` weights split into ``layers_0 .. layers_{n-1}``: the decoding layout.
-
-    ``forward_with_cache`` accepts either layout and runs this one as an unrolled loop. A decode
-    step is dominated by reading the weights; unrolled layers read each one in place, where the
-    scan's per-iteration slice of the stacked weights costs a copy (about a fifth of the step on
-    CPU). ``forward`` accepts it too; training keeps the stacked layout unless the trainer's
-    ``scan_layers`` is off (the compile time of a scan does not grow with depth). Params already
-    unrolled (a model mixing dense and sparse layers is stored so) come back as they are.
-    """
-    if "layers" not in params:
-        return params
-    stacked = params["layers"]
-    count = jax.tree.leaves(stacked)[0].shape[0]
-    rest = {name: value for name, value in params.items() if name != "layers"}
-    return {**rest, **{f"layers_{i}": jax.tree.map(lambda leaf, i=i: leaf[i], stacked) for i in range(count)}}
-
-
-def fuse_projections(params: Params) -> Params:
-    """Each layer's q/k/v weights concatenated into ``attn/qkv_proj`` (along the heads axis) and its
-    gate/up kernels into ``mlp/gate_up_proj``: the decoding layout, with stacked or unstacked layers.
-
-    Both forwards accept it. It computes the same numbers with three fewer matrix products per
-    layer, which matters when a decode step multiplies one token per sequence: there a product's
-    fixed cost outweighs its arithmetic. The trainer fuses them inside its step only where every
-    device holds whole weights (``trainer.projections``): q and k/v heads may shard differently.
-    A sparse layer's experts stay as they are (it has no ``mlp``).
-    """
-    def fuse(layer):
-        layer = dict(layer)
-        for (block, fused), (parts, axis) in FUSED_PROJECTIONS.items():
-            if block not in layer:
-                continue
-            modules = dict(layer[block])
-            pieces = [modules.pop(name) for name, _ in parts]
-            if any("lora_a" in piece for piece in pieces):
-                raise ValueError("fuse_projections: these params hold adapters; fuse the base, then add "
-                                 "lora.decoding_adapters(..., fuse=True)")
-            modules[fused] = {leaf: jnp.concatenate([piece[leaf] for piece in pieces], axis=axis) for leaf in pieces[0]}
-            layer[block] = modules
-        return layer
-
-    return _per_layer(fuse, params)
-
-
-def unfuse_projections(params: Params, config: ModelConfig) -> Params:
-    """The inverse of :func:`fuse_projections`: ``qkv_proj`` split into q/k/v along the heads axis and
-    ``gate_up_proj`` into gate and up (for example gradients taken in the fused layout)."""
-    def split(layer):
-        layer = dict(layer)
-        for (block, fused), (parts, axis) in FUSED_PROJECTIONS.items():
-            if block not in layer:
-                continue
-            modules = dict(layer[block])
-            joined = modules.pop(fused)
-            ends = np.cumsum([getattr(config, width) for _, width in parts])[:-1]
-            for leaf, value in joined.items():
-                for (name, _), piece in zip(parts, jnp.split(value, ends, axis=axis)):
-                    modules.setdefault(name, {})[leaf] = piece
-            layer[block] = modules
-        return layer
-
-    return _per_layer(split, params)
-
-
-def _per_layer(convert: Callable[[Params], Params], params: Params) -> Params:
-    """``convert`` applied to each layer's weights, stacked (``layers``) or not (``layers_i``)."""
-    return {name: convert(value) if name == "layers" or name.startswith("layers_") else value
-            for name, value in params.items()}
-
-
-def _layout(params: Params) -> dict[str, bool]:
-    """The Transformer flags that read ``params`` as given: stacked or not, projections fused or not."""
-    layer = params["layers"] if "layers" in params else params["layers_0"]
-    return {"scan_layers": "layers" in params, "fused_projections": "qkv_proj" in layer["attn"]}
-
-
-def stack_layers(params: Params) -> Params:
-    """The inverse of :func:`unstack_layers`: ``layers_0 .. layers_{n-1}`` stacked into ``layers``
-    (for example gradients taken in the unrolled layout, going back to the stacked one). Layers whose
-    weights differ (dense and sparse mixed) cannot stack: they come back unrolled, their stored layout."""
-    count = sum(name.startswith("layers_") for name in params)
-    structures = {jax.tree.structure(params[f"layers_{i}"]) for i in range(count)}
-    if len(structures) > 1:
-        return params
-    rest = {name: value for name, value in params.items() if not name.startswith("layers_")}
-    return {**rest, "layers": jax.tree.map(lambda *leaves: jnp.stack(leaves), *(params[f"layers_{i}"] for i in range(count)))}
 
 
 # ----------------------------------------------------------------------------- the default KV cache

@@ -29,8 +29,8 @@ from rlax_core.inference.sharding import check_expert_parallel
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.attention import fits as attention_fits
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import (TARGETS, LoraConfig, adapter_logical_axes, decoding_adapters, init_adapters,
-                                   quantize_kernels, quantized_logical_axes)
+from rlax_core.models.lora import (EIGHT_BIT_FORMATS, TARGETS, LoraConfig, adapter_logical_axes, decoding_adapters,
+                                   init_adapters, quantize_kernels, quantized_logical_axes)
 from rlax_core.models.transformer import init_params, param_logical_axes
 from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
 from rlax_core.planning.hardware import CPU, GIB, SliceSpec, platform_of
@@ -104,6 +104,49 @@ def _sharded_bytes(model: ModelConfig, dtype: str, mesh_sizes: tuple[int, ...]) 
     return _tree_bytes(shapes, param_logical_axes(model), dtype, mesh_sizes)
 
 
+def kv_bytes_per_head(model: ModelConfig, cache_dtype: str) -> int:
+    """Bytes of one token's key (or value) for one KV head in the engine's pages: ``head_dim``
+    numbers of ``cache_dtype``, and for an eight-bit cache their float32 scale (``inference.kv_cache``)."""
+    if cache_dtype in EIGHT_BIT_FORMATS:
+        return model.head_dim + _F32
+    return model.head_dim * itemsize(cache_dtype)
+
+
+def decode_kv_read_bytes(model: ModelConfig, engine: EngineConfig, context_lengths) -> int:
+    """Bytes of KV pages one decode step's attention reads on one chip, which XLA's cost analysis
+    does not see inside a Pallas call: for each running sequence of ``context_lengths`` tokens, its
+    whole pages (ceil(length / page_size) of them: a kernel reads a page whole), keys and values,
+    every layer, the chip's KV heads (all of them where ``tensor_parallel`` does not divide them),
+    each head-token ``kv_bytes_per_head`` of ``engine.cache_dtype`` (an eight-bit one's scale with it)."""
+    tp = engine.tensor_parallel
+    heads = model.num_kv_heads // tp if model.num_kv_heads % tp == 0 else model.num_kv_heads
+    tokens = sum(-(-int(length) // engine.page_size) * engine.page_size for length in context_lengths)
+    return 2 * model.num_layers * heads * tokens * kv_bytes_per_head(model, engine.cache_dtype)
+
+
+def _engine_weight_bytes(model: ModelConfig, engine: EngineConfig, dtype: str, sizes) -> tuple[int, int]:
+    """(bytes per chip of the weights as the engine holds them, bytes of one layer's widest projection
+    at full width, which a swap holds while quantizing it; 0 for a full-width engine). Eight-bit:
+    every projection kernel one byte per number with a float32 scale per output channel
+    (``lora.quantize_kernels``, ``inference.placement.held_weights``); the rest in ``dtype``."""
+    if engine.weight_dtype not in EIGHT_BIT_FORMATS:
+        return _sharded_bytes(model, dtype, sizes), 0
+    make = lambda: init_params(model, jax.random.key(0), dtype_named(dtype))
+    published = jax.eval_shape(make)
+    held = jax.eval_shape(lambda: quantize_kernels(make(), engine.weight_dtype))
+    axes = param_logical_axes(model)
+    layers = [name for name in axes if name == "layers" or name.startswith("layers_")]
+    def one_layer(layer, module, proj):  # a stacked kernel's slice: its leading ``layers`` axis dropped
+        kernel, names = published[layer][module][proj]["kernel"], axes[layer][module][proj]["kernel"]
+        if names[0] == "layers":
+            kernel, names = jax.ShapeDtypeStruct(kernel.shape[1:], kernel.dtype), names[1:]
+        return _tree_bytes(kernel, names, None, sizes)
+
+    widest = max((one_layer(layer, module, proj) for layer in layers for (module, proj), _, _ in TARGETS.values()
+                  if proj in axes[layer].get(module, {})), default=0)
+    return _tree_bytes(held, quantized_logical_axes(axes), None, sizes), widest
+
+
 def _targeted_kernels(model: ModelConfig, lora) -> tuple[dict, dict]:
     """The shapes and axes of the kernels LoRA adapts (the merged copies the trainer's forward holds)."""
     shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))["layers"]
@@ -157,12 +200,11 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
         check_expert_parallel(ep, model)
     except ValueError as error:
         raise ConfigError("engine.expert_parallel", str(error)) from None
-    weights = _sharded_bytes(model, dtype, (1, 1, ep, 1, tp))
+    weights, quantizing = _engine_weight_bytes(model, engine, dtype, (1, 1, ep, 1, tp))
     kv_split = tp if model.num_kv_heads % tp == 0 else 1
     heads_split = tp if model.num_heads % tp == 0 else 1
-    cache_bytes = itemsize(engine.cache_dtype)
     act_bytes = itemsize(dtype)
-    kv_per_token = 2 * model.num_layers * model.num_kv_heads // kv_split * model.head_dim * cache_bytes
+    kv_per_token = 2 * model.num_layers * model.num_kv_heads // kv_split * kv_bytes_per_head(model, engine.cache_dtype)
     # Prefill, one layer at a time: the residual, its norm and the attention output [B, T, E]; q, k, v;
     # the MLP's gate, up and product [B, T, F]; with dense attention (the CPU's, or a bucket the flash
     # kernel cannot tile) the float32 scores and their exponentials [B, Hq, T, T]. B is the largest
@@ -185,6 +227,7 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     # Only a drained swap holds the next version beside the current one for long; continue and
     # recompute install it at once, the current one dropped first (``Engine.update_weights``).
     parts = {"weights": weights, **({"incoming weights": weights} if engine.on_new_version == "drain" else {}),
+             **({"quantizing a version": quantizing} if quantizing else {}),
              "KV pool": 0, "activations": max(prefill, decode), **lora_parts,
              **({"compiled code": ENGINE_CODE_BYTES} if hardware.chip != CPU else {}), **(beside or {})}
     page_bytes = kv_per_token * engine.page_size
@@ -199,6 +242,8 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
         knobs={"weights": "raise engine.tensor_parallel (chips per replica), or engine.expert_parallel (a "
                           "mixture of experts' experts)",
                "incoming weights": "raise engine.tensor_parallel (a swap holds the next version beside the current)",
+               "quantizing a version": "raise engine.tensor_parallel (a swap holds one layer's projection of the "
+                                       "published version at full width while it quantizes it)",
                "KV pool": "lower engine.num_pages (or page_size), or raise engine.tensor_parallel",
                "activations": "lower engine.max_prefill_batch or the largest prefill bucket (prefill), "
                               "or engine.num_slots (decode)",

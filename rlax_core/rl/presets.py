@@ -50,6 +50,20 @@ def algorithm_from_dict(data: Mapping[str, Any] | None, path: str = "algorithm")
     return from_dict(AlgorithmConfig, {**base, **data}, path)
 
 
+# An eight-bit rollout engine's log-probs drift further from the trainer's: what every peer that
+# quantizes rollouts (verl, slime, NeMo-RL, SkyRL/FlashRL) corrects with token-level truncated
+# importance sampling at C = 2, and what a run with such an engine gets unless it names a correction.
+EIGHT_BIT_CORRECTION = {"mismatch_correction": "tis", "mismatch_level": "token", "mismatch_high": 2.0}
+
+
+def corrected_for_engine(algorithm: AlgorithmConfig, eight_bit_engine: bool, named: Mapping[str, Any]) -> AlgorithmConfig:
+    """``algorithm`` with ``EIGHT_BIT_CORRECTION`` where the engine is eight-bit and the run's
+    ``algorithm`` section (``named``) sets none of its keys; else unchanged."""
+    if not eight_bit_engine or set(EIGHT_BIT_CORRECTION) & set(named):
+        return algorithm
+    return dataclasses.replace(algorithm, **EIGHT_BIT_CORRECTION)
+
+
 @register_preset("ppo")
 def ppo() -> AlgorithmConfig:
     return AlgorithmConfig(
