@@ -56,6 +56,9 @@ class DpoConfig:
     # The reference's log-probs: computed in each step by a frozen copy (``step``; with LoRA the
     # base), or ``precomputed`` once over the data before the first step and read with each batch.
     reference: Literal["step", "precomputed"] = "step"
+    # A frozen reference other than the initial policy (a model folder of the same architecture);
+    # empty: the initial policy (with LoRA: the base).
+    reference_model: str = ""
     pairs_per_step: int = 8
     eval_every: int = 10
     shuffle_seed: int = 0

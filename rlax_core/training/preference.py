@@ -33,7 +33,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rlax_core.config import InputError
 from rlax_core.training.objective import OBJECTIVES, Arrays, TrainingObjective
+
+# What makes two models one architecture for DPO: the same tokens in, the same shapes throughout.
+ARCHITECTURE_FIELDS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                       "num_kv_heads", "head_dim")
 
 
 def pair_losses(policy_chosen, policy_rejected, ref_chosen, ref_rejected, *, loss: str = "sigmoid",
@@ -81,6 +86,14 @@ def batch_loss(policy_totals, ref_totals, lengths, group_ids, chosen, sample_mas
         metrics["chosen_nll"] = nll
         total = total + sft_coef * nll
     return total, metrics
+
+
+def check_reference(policy_config: Any, reference_config: Any, where: str) -> None:
+    """Refuse, in one line, a reference model of another architecture than the policy's."""
+    differ = [f"{name} {getattr(reference_config, name)}, not {getattr(policy_config, name)}"
+              for name in ARCHITECTURE_FIELDS if getattr(reference_config, name) != getattr(policy_config, name)]
+    if differ:
+        raise InputError(f"reference {where} is not the policy's architecture: {'; '.join(differ)}")
 
 
 @OBJECTIVES.register("dpo")

@@ -89,6 +89,10 @@ class Trainer:
         self.batches = BatchLayout(config, mesh, pad_id=model_config.pad_token_id or 0, routed=self.replay.records)
         self.batch_shards, self.row_multiple = self.batches.batch_shards, self.batches.row_multiple
         self.lanes, self.rows_per_micro_batch = self.batches.lanes, self.batches.rows_per_micro_batch
+        # ``pack`` (a padded batch as packed rows), ``put_batch`` (host -> mesh), ``micro_batches_of``.
+        self.pack, self.put_batch, self.micro_batches_of = self.batches.pack, self.batches.put, \
+            self.batches.micro_batches_of
+        self._lanes_of = self.batches.lanes_of
         # Pure data parallelism (weights replicated, the batch split over devices): each device sums its
         # micro-batches' gradients and the devices reduce once per update (``_micro_grads``). LoRA
         # dropout keeps XLA's partitioning: its masks are drawn over the whole micro-batch.
@@ -134,8 +138,7 @@ class Trainer:
         self._step = jax.jit(self._train_step, out_shardings=(self.state_shardings, replicated(mesh), replicated(mesh)),
                              donate_argnums=0)
         self._prepare = jax.jit(self._prepare_batch, out_shardings=replicated(mesh))
-
-    # ------------------------------------------------------------------ state
+        self._totals = jax.jit(self._sequence_totals, out_shardings=replicated(mesh))
 
     def _init_model(self, rng):
         return init_params(self.model_config, rng, jnp.float32)
@@ -184,12 +187,10 @@ class Trainer:
                           rng=jax.random.key_data(rng), value_params=value_params, value_opt_state=value_opt_state)
 
     def init_state(self, params: Any | None = None, *, seed: int | None = None) -> TrainState:
-        """A fresh state: ``params`` (e.g. a pretrained model) or a random init from ``seed``.
-
-        With a value-based estimator the critic starts as a copy of these parameters' backbone with
-        a zero value head (``value_model.py``). With LoRA, ``params`` (random from ``seed`` when None)
-        become the frozen base and the state starts from fresh adapters drawn from ``seed``.
-        """
+        """A fresh state: ``params`` (e.g. a pretrained model) or a random init from ``seed``. With a
+        value-based estimator the critic starts as a copy of these parameters' backbone with a zero
+        value head (``value_model.py``). With LoRA, ``params`` (random from ``seed`` when None) become
+        the frozen base and the state starts from fresh adapters drawn from ``seed``."""
         seed = self.config.seed if seed is None else seed
         rng = jax.random.key(seed)
         init_rng, state_rng = jax.random.split(rng)
@@ -218,20 +219,6 @@ class Trainer:
         return self.frozen_base.abstract()
 
     # ------------------------------------------------------------------ the update
-
-    def pack(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The padded batch as this trainer steps on it (``BatchLayout.pack``)."""
-        return self.batches.pack(batch)
-
-    def micro_batches_of(self, batch) -> int:
-        return self.batches.micro_batches_of(batch)
-
-    def _lanes_of(self, batch) -> int:
-        return self.batches.lanes_of(batch)
-
-    def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Host arrays -> global arrays split over the batch axes (``BatchLayout.put``)."""
-        return self.batches.put(batch)
 
     def _reference(self, ref_params):
         """``ref_params`` as the update takes them: required with a KL term (LoRA: the base by default),
@@ -293,6 +280,21 @@ class Trainer:
         objective asks for and its ``prepare`` (RL: ``rl_objective``'s docstring)."""
         batch, ref_params = self._check_inputs(batch, ref_params)
         return self._prepare(state, batch, ref_params, self.base)
+
+    def sequence_logprobs(self, batch, state: TrainState | None = None, ref_params: Any | None = None) -> jax.Array:
+        """Each sample's total log-prob [S] of its ``loss_mask`` tokens, without a gradient: under the
+        policy of ``state``, or else the reference (``ref_params``; with LoRA the base). Held-out NLL,
+        and DPO's reference totals computed once."""
+        self._require_base()
+        params = self._policy(state.params, self.base) if state is not None else (
+            self.base if ref_params is None and self.lora.enabled else ref_params)
+        return self._totals(params, self.put_batch(batch) if isinstance(batch["tokens"], np.ndarray) else batch)
+
+    def _sequence_totals(self, params, batch):
+        lanes, params = lane_shape(batch, self._lanes_of(batch)), self.layout.to_forward(params)
+        scored = self._forward_rows(lambda micro: {"lp": self._logprobs(params, micro, lanes, policy=False)[0]},
+                                    {name: batch[name] for name in (*MODEL_INPUTS, "loss_mask") if name in batch})
+        return jnp.sum(jnp.where(batch["loss_mask"] > 0, scored["lp"], 0.0), axis=-1)
 
     def _logprobs(self, params, micro, lanes, remat=False, dropout_key=None, on_device=False, policy=True):
         """Per sample [samples, T-1], however the rows hold them (``lanes``: see ``packing``).
@@ -451,12 +453,12 @@ class Trainer:
         batch, ref_params = self._check_inputs(batch, ref_params)
 
         def loss_and_grads(state, batch, ref_params, base):
-            _, inputs = self._update_inputs(state, batch, ref_params, base)
+            prepared, inputs = self._update_inputs(state, batch, ref_params, base)
             key = jax.random.split(jax.random.split(jax.random.wrap_key_data(state.rng))[1])[1]
             grads, _, metrics = self._slice_grads(state.params, state.value_params, inputs, base,
                                                   lane_shape(batch, self._lanes_of(batch)),
                                                   self.micro_batches_of(batch), key)
-            return metrics["loss"], grads
+            return {**metrics, **self.objective.batch_metrics(batch, prepared)}["loss"], grads
 
         return jax.jit(loss_and_grads)(state, batch, ref_params, self.base)
 
