@@ -42,6 +42,9 @@ def start(args: argparse.Namespace, beam_args: list[str], name: str):
         raise ConfigError("", f"rlax {name} takes no Beam options; unknown arguments: {' '.join(beam_args)}")
     overrides = list(args.overrides) + ([f"run.output_dir={args.output}"] if args.output else [])
     run_config = load_run_config(args.config, overrides)
+    from pipelines.plan import check_memory
+
+    check_memory(run_config, roles=(name,))  # the trainer's memory for this job's batch (rlax plan --post-training)
     from rlax_core.utils.compile_cache import enable_compilation_cache
 
     enable_compilation_cache(run_config.run.compilation_cache_dir, enabled=run_config.run.compilation_cache)

@@ -67,16 +67,3 @@ class TrainingObjective:
 
     def batch_metrics(self, batch: Arrays, prepared: Arrays) -> dict[str, jax.Array]:
         return {}
-
-
-def training_objective(objective: Any) -> TrainingObjective:
-    """``objective`` as the trainer takes it: a ``TrainingObjective`` as it is, an RL algorithm
-    (``AlgorithmConfig``) as the ``rl`` objective of it."""
-    if isinstance(objective, TrainingObjective):
-        return objective
-    from rlax_core.rl.config import AlgorithmConfig
-    from rlax_core.training.rl_objective import PolicyGradientObjective
-
-    if isinstance(objective, AlgorithmConfig):
-        return PolicyGradientObjective(objective)
-    raise TypeError(f"a trainer objective is a TrainingObjective or an AlgorithmConfig, not {type(objective).__name__}")

@@ -58,7 +58,8 @@ from rlax_core.training.config import TrainerConfig
 from rlax_core.training.frozen_base import FrozenBase
 from rlax_core.training.layout import ForwardLayout
 from rlax_core.training.logprobs import token_logprobs
-from rlax_core.training.objective import TrainingObjective, training_objective
+from rlax_core.training.objective import TrainingObjective
+from rlax_core.training.rl_objective import PolicyGradientObjective
 from rlax_core.training.micro_batches import combine_metrics, join_micro_batches, split_micro_batches
 from rlax_core.training.packing import MODEL_INPUTS, LaneShape, lane_shape, row_inputs, rows_to_samples
 from rlax_core.training.optimizer import init_float32, learning_rate_schedule, make_optimizer, optimizer_shardings
@@ -74,7 +75,7 @@ class Trainer:
     def __init__(self, model_config: ModelConfig, objective: TrainingObjective | AlgorithmConfig,
                  config: TrainerConfig, mesh: Mesh):
         self.model_config = model_config
-        self.objective = training_objective(objective)
+        self.objective = objective if isinstance(objective, TrainingObjective) else PolicyGradientObjective(objective)
         self.objective.check(config)
         self.algorithm = getattr(self.objective, "algorithm", None)  # the RL objective's
         self.config = config
