@@ -140,6 +140,7 @@ class Trainer:
                              donate_argnums=0)
         self._prepare = jax.jit(self._prepare_batch, out_shardings=replicated(mesh))
         self._totals = jax.jit(self._sequence_totals, out_shardings=replicated(mesh))
+        self._gradients = jax.jit(self._loss_and_grads)
 
     def _init_model(self, rng):
         return init_params(self.model_config, rng, jnp.float32)
@@ -452,16 +453,14 @@ class Trainer:
         if self.config.mini_batches != 1:
             raise ValueError("gradients: the batch is one slice only with trainer.mini_batches=1")
         batch, ref_params = self._check_inputs(batch, ref_params)
+        return self._gradients(state, batch, ref_params, self.base)
 
-        def loss_and_grads(state, batch, ref_params, base):
-            prepared, inputs = self._update_inputs(state, batch, ref_params, base)
-            key = jax.random.split(jax.random.split(jax.random.wrap_key_data(state.rng))[1])[1]
-            grads, _, metrics = self._slice_grads(state.params, state.value_params, inputs, base,
-                                                  lane_shape(batch, self._lanes_of(batch)),
-                                                  self.micro_batches_of(batch), key)
-            return {**metrics, **self.objective.batch_metrics(batch, prepared)}["loss"], grads
-
-        return jax.jit(loss_and_grads)(state, batch, ref_params, self.base)
+    def _loss_and_grads(self, state, batch, ref_params, base):
+        prepared, inputs = self._update_inputs(state, batch, ref_params, base)
+        key = jax.random.split(jax.random.split(jax.random.wrap_key_data(state.rng))[1])[1]
+        grads, _, metrics = self._slice_grads(state.params, state.value_params, inputs, base,
+                                              lane_shape(batch, self._lanes_of(batch)), self.micro_batches_of(batch), key)
+        return {**metrics, **self.objective.batch_metrics(batch, prepared)}["loss"], grads
 
     def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any, base: Any):
         config = self.config

@@ -125,14 +125,22 @@ def params():
     return make_trainer().init_state(seed=3).params
 
 
+@jax.jit
+def plain_logprobs(params, tokens, attention_mask):
+    return token_logprobs(params, MODEL, tokens, attention_mask)[0]
+
+
 def reference_loss(params, samples, aggregation):
-    """Each conversation alone through a plain forward: the NLL of its trained targets."""
+    """Each conversation in a row of its own through a plain forward: the NLL of its trained targets."""
+    tokens, attention = np.zeros((len(samples), 24), np.int32), np.zeros((len(samples), 24), np.int32)
+    for row, sample in enumerate(samples):
+        tokens[row, :len(sample.tokens)], attention[row, :len(sample.tokens)] = sample.tokens, 1
+    logprobs = np.asarray(plain_logprobs(params, tokens, attention), np.float64)
     per_sample = []
-    for sample in samples:
-        logprobs, _ = token_logprobs(params, MODEL, jnp.asarray(sample.tokens[None]))
+    for row, sample in enumerate(samples):
         mask = sample.trained[1:]
-        per_sample.append((-np.asarray(logprobs[0], np.float64) * mask).sum() / (1 if aggregation == "token_mean"
-                                                                                   else mask.sum()))
+        nll = -(logprobs[row, :len(mask)] * mask).sum()
+        per_sample.append(nll if aggregation == "token_mean" else nll / mask.sum())
     total = sum(per_sample)
     return total / (sum(s.trained[1:].sum() for s in samples) if aggregation == "token_mean" else len(samples))
 
