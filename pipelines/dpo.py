@@ -17,7 +17,7 @@ import argparse
 import logging
 import threading
 
-from pipelines.sft import add_arguments, held_out, load_policy, report, split_records, start  # noqa: F401
+from pipelines.sft import add_arguments, load_policy, report, split_records, start  # noqa: F401 (add_arguments: the CLI reads it)
 
 HELP = "direct preference optimization (DPO, IPO) on chosen/rejected pairs, the base or a frozen model as reference"
 
