@@ -54,6 +54,7 @@ def test_sft_on_verified_story_samples_lowers_heldout_nll(tmp_path, story_prompt
     assert sorted(nll) == [0, 4, 8]
     assert nll[8] < nll[0] - 0.2, nll
     trained = [row for row in rows if "train/loss" in row]
+    assert all(row["data/refused"] == 0 and "data/truncated" in row and "data/windowed" in row for row in trained)
     assert all(row["train/tokens_per_s"] > 0 for row in trained) and trained[-1]["train/loss"] < trained[0]["train/loss"]
     assert (tmp_path / "run/hf/step_00000008/config.json").exists()
     # A finished run started again resumes at its last checkpoint and has nothing left to do.
