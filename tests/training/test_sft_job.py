@@ -74,6 +74,6 @@ def test_rlax_plan_covers_the_sft_and_dpo_trainers():
     config = load_run_config(str(ROOT / "configs/quickstart.yaml"), ["sft.examples_per_step=64"])
     plans = {plan.role: plan for plan in memory_plans(config, POST_TRAINING_ROLES)}
     assert set(plans) == {"sft", "dpo"} and all(plan.fits for plan in plans.values())
-    bigger = memory_plans(load_run_config(str(ROOT / "configs/quickstart.yaml"), ["sft.examples_per_step=4096"]),
-                          ("sft",))[0]
-    assert bigger.total > plans["sft"].total  # the plan follows the job's own batch
+    precomputed = memory_plans(load_run_config(str(ROOT / "configs/quickstart.yaml"), ["dpo.reference=precomputed"]),
+                               ("dpo",))[0]
+    assert precomputed.total < plans["dpo"].total  # no frozen reference held when its log-probs came first
