@@ -77,3 +77,19 @@ def test_rlax_plan_covers_the_sft_and_dpo_trainers():
     precomputed = memory_plans(load_run_config(str(ROOT / "configs/quickstart.yaml"), ["dpo.reference=precomputed"]),
                                ("dpo",))[0]
     assert precomputed.total < plans["dpo"].total  # no frozen reference held when its log-probs came first
+
+
+@pytest.mark.slow
+def test_a_stopped_sft_run_resumed_ends_where_an_uninterrupted_one_does(tmp_path, story_prompts):
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in verified_records(story_prompts)))
+    run_sft(tmp_path / "whole", data)
+    run_sft(tmp_path / "split", data, "trainer.total_steps=4")  # stops at its checkpoint 4 ...
+    assert run_sft(tmp_path / "split", data).resumed_from == 4  # ... and the next run takes steps 5 to 8
+    whole = load_file(tmp_path / "whole/hf/step_00000008/model.safetensors")
+    split = load_file(tmp_path / "split/hf/step_00000008/model.safetensors")
+    for name, array in whole.items():
+        np.testing.assert_array_equal(split[name], array, err_msg=name)
