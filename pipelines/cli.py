@@ -37,6 +37,8 @@ SUBCOMMANDS: dict[str, str] = {
     "plan": "pipelines.plan",
     "compile": "pipelines.compile",
     "upcycle": "pipelines.upcycle",
+    "sft": "pipelines.sft",
+    "dpo": "pipelines.dpo",
 }
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.-]*=")

@@ -25,6 +25,7 @@ from rlax_core.planning.memory import MemoryPlan, gib, plan_rollout, plan_traine
 
 HELP = "memory per chip of the rollout engine and the trainer against the config's declared hardware"
 ROLES = ("rollout", "trainer", "filter", "evaluate", "rft")
+POST_TRAINING_ROLES = ("sft", "dpo")  # the trainer with another objective: rlax plan --post-training
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,14 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
                                   rows_per_step=config.rows_per_step(),
                                   uses_reference=config.algorithm.uses_reference,
                                   uses_value_model=config.algorithm.uses_values, name=name))
+    # rlax sft and rlax dpo: the same trainer on the trainer's chips; DPO's batch holds both samples of
+    # each pair, and a frozen reference unless its log-probs were computed before the run.
+    post = {"sft": (config.sft.examples_per_step, False),
+            "dpo": (2 * config.dpo.pairs_per_step, config.dpo.reference == "step")}
+    for role, (rows, reference) in post.items():
+        if role in roles and hardware.trainer is not None:
+            plans.append(dataclasses.replace(plan_trainer(model, config.trainer, hardware.trainer, rows_per_step=rows,
+                                                          uses_reference=reference, name=name), role=role))
     return plans
 
 
@@ -149,6 +158,7 @@ def markdown_table(rows: list[tuple[str, MemoryPlan]]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", action="store_true", help="plan every run recipe in configs/ (not --config)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table (docs/memory.md)")
+    parser.add_argument("--post-training", action="store_true", help="also plan the rlax sft and rlax dpo trainers")
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
@@ -162,7 +172,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     sources = recipe_paths() if args.recipes else [args.config]
     configs = {source: load_run_config(source, args.overrides) for source in sources}
     rows = [(Path(source).name if source else "(defaults)", plan) for source in sources
-            for plan in memory_plans(configs[source])]
+            for plan in memory_plans(configs[source], ROLES + (POST_TRAINING_ROLES if args.post_training else ()))]
     print(markdown_table(rows) if args.markdown else "\n".join(f"{name}: {plan.describe()}" for name, plan in rows))
     if not args.markdown:
         for source, config in configs.items():

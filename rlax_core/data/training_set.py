@@ -21,11 +21,12 @@ _cache: dict[str, tuple[dict[str, Any], ...]] = {}
 _cache_lock = threading.Lock()
 
 
-def read_examples(path: str) -> list[dict[str, Any]]:
+def read_examples(path: str, required: tuple[str, ...] = REQUIRED_FIELDS, kind: str = "Example") -> list[dict[str, Any]]:
     """Example rows from a parquet file, a folder or glob of parquet shards or a JSON-lines file (local or gs://).
 
     Rows come back sorted by ``id``: the prompt schedule indexes rows, so their order must not depend
-    on how shards were written. Rows without the Example schema's required fields raise ``InputError``,
+    on how shards were written. Rows without the ``required`` fields (of the Example schema, or another
+    ``kind``: the post-training records) raise ``InputError``,
     and so does a folder a batch command did not finish writing (``rlax_core.data.completion``).
     """
     import fsspec
@@ -51,7 +52,9 @@ def read_examples(path: str) -> list[dict[str, Any]]:
                 rows.extend(pq.read_table(handle).to_pylist())
     if not rows:
         raise FileNotFoundError(f"no examples under {path}")
-    missing = [name for name in REQUIRED_FIELDS if name not in rows[0]]
+    missing = [name for name in required if name not in rows[0]]
+    if missing and kind != "Example":
+        raise InputError(f"{path}: not {kind} rows (no {', '.join(missing)}; found {', '.join(sorted(rows[0]))})")
     if missing:
         raise InputError(f"{path}: not Example rows (no {', '.join(missing)}; found {', '.join(sorted(rows[0]))}); "
                          "rows of another layout become Example rows through rlax curate --format NAME")

@@ -181,7 +181,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         ref_params = jax.device_put(jax.tree.map(lambda x: np.asarray(x, trainer.param_dtype), initial_params),
                                     trainer.param_shardings)
     step = int(state.step)
-    publisher = _Publisher(weights, trainer)
+    publisher = Publisher(weights, trainer)
     startup.mark("trainer_publish")
     publisher.publish(step, state.params)
     published = step  # the newest version handed to the publisher: its commit time goes in the next row
@@ -232,7 +232,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
                 checkpointer.save(step, state, ledger)
                 last_saved = step
             if export is not None and config.export_every and step % config.export_every == 0:
-                _export(export, step, model_config, state.params, trainer)
+                export_version(export, step, model_config, state.params, trainer)
             if metrics is not None:
                 tokens = float(real_tokens(batch))
                 versions = batch["policy_versions"][batch["sample_mask"] > 0]
@@ -255,8 +255,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         preempted = step < config.total_steps
         if last_saved != step:
             checkpointer.save(step, state, ledger)
-        if export is not None and not preempted and not _exported(export, step):
-            _export(export, step, model_config, state.params, trainer)
+        if export is not None and not preempted and not is_exported(export, step):
+            export_version(export, step, model_config, state.params, trainer)
         if preempted:
             log.info("stop requested: checkpointed step %d and leaving", step)
     finally:
@@ -309,7 +309,7 @@ def _timeline(wait_start_t: float, read_t: float, publish_t: float | None, previ
     return row
 
 
-def _export(export: HFExport, step: int, model_config: ModelConfig, params: Any, trainer: Trainer) -> None:
+def export_version(export: HFExport, step: int, model_config: ModelConfig, params: Any, trainer: Trainer) -> None:
     """Every host takes part in gathering the params; the chief writes the folder (LoRA: the merged
     model, and the adapters as a PEFT folder inside it)."""
     adapters = None
@@ -333,14 +333,14 @@ def _export(export: HFExport, step: int, model_config: ModelConfig, params: Any,
              time.monotonic() - started)
 
 
-def _exported(export: HFExport, step: int) -> bool:
+def is_exported(export: HFExport, step: int) -> bool:
     """True when step's folder is complete (``config.json`` is written last): a re-run does not redo it."""
     from rlax_core.utils.storage import open_storage
 
     return open_storage(export.folder(step)).exists(MODEL_CONFIG)
 
 
-class _Publisher:
+class Publisher:
     """Weight versions out: asynchronous on one host, collective (every host writes its shards) on many."""
 
     def __init__(self, store: WeightStore | None, trainer: Trainer):

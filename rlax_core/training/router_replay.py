@@ -41,7 +41,6 @@ import jax.numpy as jnp
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward_with_routing
 from rlax_core.rl.aggregation import masked_mean
-from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.batching import RoutedExperts
 from rlax_core.training.logprobs import layer_major, logprobs_of_logits, token_logprobs
 from rlax_core.training.packing import LaneShape, row_inputs, rows_to_samples
@@ -50,15 +49,15 @@ DIAGNOSTICS = ("routing_agreement", "logprob_mismatch_no_replay", "logprob_misma
 
 
 class RouterReplay:
-    """What the trainer does with the engine's routed experts: replay them (``algorithm.router_replay``)
+    """What the trainer does with the engine's routed experts: replay them (``replay``: ``algorithm.router_replay``)
     and measure the agreement and the log-prob mismatch (the module docstring)."""
 
-    def __init__(self, model_config: ModelConfig, algorithm: AlgorithmConfig):
-        if algorithm.router_replay and model_config.moe is None:
+    def __init__(self, model_config: ModelConfig, replay: bool):
+        if replay and model_config.moe is None:
             raise ValueError("algorithm.router_replay: the model is dense (no mixture of experts, no routing to "
                              "replay); set it to false")
         self.model_config = model_config
-        self.enabled = algorithm.router_replay
+        self.enabled = replay
         # How batches hold the ids (None: a dense model, or replay off; their batches carry none).
         self.records = RoutedExperts.of(model_config, required=True) if self.enabled else None
 

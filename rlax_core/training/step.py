@@ -1,38 +1,29 @@
-"""The update: PPO's epochs of optimizer steps on one batch of rollout groups, in one jitted graph.
+"""The update: PPO's epochs of optimizer steps on one batch, in one jitted graph, for one training
+objective (``objective.py``: RL, SFT or DPO, chosen once per job; an ``AlgorithmConfig`` is the RL one).
 
-Once per batch, before its first update, with the weights the batch arrived to (``prepare_batch``)::
-
-    ref_logprobs   the frozen reference policy's log-probs, when the algorithm has a KL term
-    old_logprobs   pi_old's, when the batch takes more than one update or the KL is in the reward
-    old_values     the value model's, when the estimator needs values (PPO's GAE)
-    kl             kl_estimate(old_logprobs, ref_logprobs): its kl_coef multiple is taken off the
-                   token rewards when ``kl_in_reward`` (summed over the sequence for group estimators)
-    advantages     rlax_core.rl.compute_advantages over the whole batch
-    policy_mask    rlax_core.rl.trained_mask: the loss mask of the completions learnt from (GFPO's
-                   retained ones); the updates' losses and token weights use it
-    returns        rlax_core.rl.value_targets: the value model's regression targets
+Once per batch, before its first update, with the weights the batch arrived to (``prepare_batch``),
+the trainer runs the forwards the objective asks for (the policy's ``old_logprobs``, the frozen
+reference's ``ref_logprobs``, the critic's ``old_values``) and the objective's ``prepare`` turns them
+into what its updates read (RL: advantages and returns, ``rl_objective.py``).
 
 Then ``ppo_epochs`` passes over the batch, each of ``mini_batches`` optimizer updates, one per slice of
 the batch (the same slices in every pass); each slice's gradient is accumulated over ``micro_batches``.
 Slices and micro-batches take strided rows, so each spans every device. Per micro-batch::
 
     logprobs, entropy = log-softmax of the policy's float32 logits at the sampled tokens
-    old_logprobs      = stop_gradient(logprobs) with one update per batch (the ratio is exactly 1.0),
-                        else the prepared ones, held fixed across epochs and slices
-    loss, metrics     = rlax_core.rl.policy_loss(...)
-    value loss        = rlax_core.rl.value_loss(values, old_values, returns), the critic's own gradient
+    loss, metrics     = objective.loss(logprobs, entropy, micro-batch)
+    value loss        = objective.value_loss(values, micro-batch), the critic's own gradient
 
 Micro-batch gradients are summed, each micro-batch loss weighted by its share of its slice's token
-weights, so that the accumulated gradient equals the gradient of the slice's loss under every
-``loss_aggregation``. Under pure data parallelism (the weights replicated, every other mesh axis 1)
-each device sums its own rows' gradients over the micro-batches and the devices reduce them once per
-update, as DDP's ``no_sync`` does, instead of once per micro-batch (``Trainer._micro_grads``). Then
-global-norm clipping and AdamW (``optimizer.py``), for the policy and, with its own optimizer state,
-for the critic.
+weights (the objective's ``token_weights``), so that the accumulated gradient equals the gradient of
+the slice's loss. Under pure data parallelism (the weights replicated, every other mesh axis 1) each
+device sums its own rows' gradients over the micro-batches and the devices reduce them once per update,
+as DDP's ``no_sync`` does, instead of once per micro-batch (``Trainer._micro_grads``). Then global-norm
+clipping and AdamW (``optimizer.py``), for the policy and, with its own optimizer state, for the critic.
 
 Usage::
 
-    trainer = Trainer(model_config, algorithm, trainer_config, mesh)
+    trainer = Trainer(model_config, algorithm, trainer_config, mesh)   # or a TrainingObjective
     state = trainer.init_state(params)              # sharded over the mesh (with a critic for PPO)
     state, metrics = trainer.step(state, batch)     # batch: numpy arrays from batching.make_batch
 
@@ -50,7 +41,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,61 +51,49 @@ from rlax_core.models.attention import attention_for_platform, fits
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import adapter_logical_axes, init_adapters
 from rlax_core.models.transformer import init_params, param_logical_axes
-from rlax_core.parallel.mesh import BATCH_AXES, batch_sharding, replicated, tree_shardings
-from rlax_core.rl.advantages import compute_advantages, trained_mask, value_targets
-from rlax_core.rl.aggregation import masked_mean, token_weights
+from rlax_core.parallel.mesh import BATCH_AXES, replicated, tree_shardings
 from rlax_core.rl.config import AlgorithmConfig
-from rlax_core.rl.kl import kl_estimate
-from rlax_core.rl.objective import policy_loss, value_loss
+from rlax_core.training.batch_layout import BatchLayout
 from rlax_core.training.config import TrainerConfig
 from rlax_core.training.frozen_base import FrozenBase
 from rlax_core.training.layout import ForwardLayout
 from rlax_core.training.logprobs import token_logprobs
+from rlax_core.training.objective import TrainingObjective
+from rlax_core.training.rl_objective import PolicyGradientObjective
 from rlax_core.training.micro_batches import combine_metrics, join_micro_batches, split_micro_batches
-from rlax_core.training.packing import MODEL_INPUTS, LaneShape, lane_shape, pack_batch, row_inputs, rows_to_samples
+from rlax_core.training.packing import MODEL_INPUTS, LaneShape, lane_shape, row_inputs, rows_to_samples
 from rlax_core.training.optimizer import init_float32, learning_rate_schedule, make_optimizer, optimizer_shardings
 from rlax_core.training.router_replay import RouterReplay
+from rlax_core.training.state import TrainState
 from rlax_core.training.value_model import init_value_params, token_values, value_logical_axes
 from rlax_core.utils.dtypes import dtype as dtype_named
-
-
-@flax.struct.dataclass
-class TrainState:
-    """Everything a checkpoint must hold to continue bit for bit."""
-
-    step: jax.Array  # int32: batches trained; each took ppo_epochs x mini_batches optimizer updates
-    params: Any  # the policy's trainable parameters: all of them, or with LoRA the adapters
-    opt_state: Any
-    rng: jax.Array  # uint32 key data (raw, so that any checkpoint format can hold it)
-    value_params: Any = None  # PPO's critic (value_model.py); None without a value-based estimator
-    value_opt_state: Any = None
 
 
 class Trainer:
     """The jitted update for one model, algorithm and mesh, and the state it updates."""
 
-    def __init__(self, model_config: ModelConfig, algorithm: AlgorithmConfig, config: TrainerConfig, mesh: Mesh):
+    def __init__(self, model_config: ModelConfig, objective: TrainingObjective | AlgorithmConfig,
+                 config: TrainerConfig, mesh: Mesh):
         self.model_config = model_config
-        self.algorithm = algorithm
+        self.objective = objective if isinstance(objective, TrainingObjective) else PolicyGradientObjective(objective)
+        self.objective.check(config)
+        self.algorithm = getattr(self.objective, "algorithm", None)  # the RL objective's
         self.config = config
         self.mesh = mesh
         self.param_dtype = dtype_named(config.param_dtype)
         self.optimizer = make_optimizer(config.optimizer)
         self.learning_rate = learning_rate_schedule(config.optimizer)
-        self.batch_shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
-        self.row_multiple = self.batch_shards * config.mini_batches * config.micro_batches
-        # Each device's part of each micro-batch: a packed batch gives every lane the same rows (packing.py).
-        # With trainer.micro_batch_tokens a lane holds that many tokens' rows and the micro-batches
-        # are as many as a batch's tokens take (bucketed): ``micro_batches_of(batch)``.
-        self.lanes = self.row_multiple
-        self.rows_per_micro_batch = config.micro_batch_tokens // config.row_tokens if config.micro_batch_tokens else None
         self.updates_per_batch = config.ppo_epochs * config.mini_batches
-        self.uses_value_model = algorithm.uses_values
-        self.kl_in_reward = algorithm.kl_in_reward and algorithm.kl_coef > 0
-        # pi_old must be computed apart from the training forward when a later update needs it (the
-        # weights have moved by then) or when the rewards need it before any update (the KL penalty).
-        self.needs_old_logprobs = self.updates_per_batch > 1 or self.kl_in_reward
-        self.lora, self.replay = config.lora, RouterReplay(model_config, algorithm)
+        self.uses_value_model = self.objective.uses_values
+        self.needs_old_logprobs = self.objective.scores_policy(self.updates_per_batch)
+        self.lora, self.replay = config.lora, RouterReplay(model_config, self.objective.router_replay)
+        self.batches = BatchLayout(config, mesh, pad_id=model_config.pad_token_id or 0, routed=self.replay.records)
+        self.batch_shards, self.row_multiple = self.batches.batch_shards, self.batches.row_multiple
+        self.lanes, self.rows_per_micro_batch = self.batches.lanes, self.batches.rows_per_micro_batch
+        # ``pack`` (a padded batch as packed rows), ``put_batch`` (host -> mesh), ``micro_batches_of``.
+        self.pack, self.put_batch, self.micro_batches_of = self.batches.pack, self.batches.put, \
+            self.batches.micro_batches_of
+        self._lanes_of = self.batches.lanes_of
         # Pure data parallelism (weights replicated, the batch split over devices): each device sums its
         # micro-batches' gradients and the devices reduce once per update (``_micro_grads``). LoRA
         # dropout keeps XLA's partitioning: its masks are drawn over the whole micro-batch.
@@ -161,8 +139,8 @@ class Trainer:
         self._step = jax.jit(self._train_step, out_shardings=(self.state_shardings, replicated(mesh), replicated(mesh)),
                              donate_argnums=0)
         self._prepare = jax.jit(self._prepare_batch, out_shardings=replicated(mesh))
-
-    # ------------------------------------------------------------------ state
+        self._totals = jax.jit(self._sequence_totals, out_shardings=replicated(mesh))
+        self._gradients = jax.jit(self._loss_and_grads)
 
     def _init_model(self, rng):
         return init_params(self.model_config, rng, jnp.float32)
@@ -211,12 +189,10 @@ class Trainer:
                           rng=jax.random.key_data(rng), value_params=value_params, value_opt_state=value_opt_state)
 
     def init_state(self, params: Any | None = None, *, seed: int | None = None) -> TrainState:
-        """A fresh state: ``params`` (e.g. a pretrained model) or a random init from ``seed``.
-
-        With a value-based estimator the critic starts as a copy of these parameters' backbone with
-        a zero value head (``value_model.py``). With LoRA, ``params`` (random from ``seed`` when None)
-        become the frozen base and the state starts from fresh adapters drawn from ``seed``.
-        """
+        """A fresh state: ``params`` (e.g. a pretrained model) or a random init from ``seed``. With a
+        value-based estimator the critic starts as a copy of these parameters' backbone with a zero
+        value head (``value_model.py``). With LoRA, ``params`` (random from ``seed`` when None) become
+        the frozen base and the state starts from fresh adapters drawn from ``seed``."""
         seed = self.config.seed if seed is None else seed
         rng = jax.random.key(seed)
         init_rng, state_rng = jax.random.split(rng)
@@ -246,52 +222,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ the update
 
-    def pack(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``make_batch``'s padded batch as this trainer steps on it: packed into rows of
-        ``trainer.row_tokens`` (``training.packing``), or as it is when that is 0."""
-        if not self.config.row_tokens:
-            return batch
-        lanes = None if self.rows_per_micro_batch else self.lanes
-        return pack_batch(batch, row_tokens=self.config.row_tokens, lanes=lanes, devices=self.batch_shards,
-                          rows_per_lane=self.rows_per_micro_batch,
-                          lane_multiple=self.batch_shards * self.config.mini_batches,
-                          per_octave=self.config.row_buckets_per_octave, pad_id=self.model_config.pad_token_id or 0)
-
-    def micro_batches_of(self, batch) -> int:
-        """The micro-batches of each slice of ``batch``: ``trainer.micro_batches``, or with
-        ``trainer.micro_batch_tokens`` as many as its packed rows fill."""
-        if self.rows_per_micro_batch and "sample_row" in batch:
-            return batch["tokens"].shape[0] // (self.rows_per_micro_batch * self.batch_shards * self.config.mini_batches)
-        return self.config.micro_batches
-
-    def _lanes_of(self, batch) -> int:
-        return self.batch_shards * self.config.mini_batches * self.micro_batches_of(batch)
-
-    def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Host arrays -> global arrays split over the batch axes (each process supplies its own rows)."""
-        multiple = self.batch_shards * self.config.mini_batches * self.micro_batches_of(batch)
-        for name, x in batch.items():
-            if np.shape(x)[0] % multiple:
-                raise ValueError(f"batch array {name} of {np.shape(x)[0]} rows does not split into {self.batch_shards} "
-                                 f"device shards x {self.config.mini_batches} mini-batches x "
-                                 f"{self.config.micro_batches} micro-batches; pad it with make_batch(row_multiple="
-                                 "trainer.row_multiple) or pack it with pack_batch(lanes=trainer.lanes)")
-
-        def put(x):
-            sharding = batch_sharding(self.mesh, x.ndim)
-            return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-
-        return {name: put(np.asarray(x)) for name, x in batch.items()}
-
     def _reference(self, ref_params):
         """``ref_params`` as the update takes them: required with a KL term (LoRA: the base by default),
         dropped without one."""
-        if not self.algorithm.uses_reference:
+        if not self.objective.uses_reference:
             return None
         if ref_params is None and self.lora.enabled:
             return self.base
         if ref_params is None:
-            raise ValueError(f"{self.algorithm.name}: kl_coef > 0 needs ref_params (the reference policy)")
+            why = f"{self.algorithm.name}: kl_coef > 0" if self.algorithm is not None else self.objective.name
+            raise ValueError(f"{why} needs ref_params (the reference policy)")
         return ref_params
 
     def _require_base(self):
@@ -317,25 +257,12 @@ class Trainer:
         policy's ``base`` (default: the loaded one) may be abstract (``abstract_state()``): ``rlax
         compile`` compiles it for a TPU slice it does not have. With ``trainer.row_tokens`` the batch
         is packed, its shape that of samples of ``mean_tokens`` (default: half of max_seq_len)."""
-        from rlax_core.training.batching import batch_shapes
-        from rlax_core.training.packing import packed_batch_shapes
 
         if base is None:
             self._require_base()
             base = self.base
         ref_params = self._reference(base if ref_params is None and self.lora.enabled else ref_params)
-        config = self.config
-        if config.row_tokens:
-            shapes = packed_batch_shapes(
-                rollouts, mean_tokens or config.max_seq_len // 2, max_seq_len=config.max_seq_len,
-                row_tokens=config.row_tokens, lanes=None if self.rows_per_micro_batch else self.lanes,
-                rows_per_lane=self.rows_per_micro_batch, lane_multiple=self.batch_shards * config.mini_batches,
-                per_octave=config.row_buckets_per_octave, routed=self.replay.records)
-        else:
-            shapes = batch_shapes(rollouts, max_seq_len=config.max_seq_len, row_multiple=self.row_multiple,
-                                  routed=self.replay.records)
-        batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
-                 for name, (shape, dtype) in shapes.items()}
+        batch = self.batches.abstract(rollouts, mean_tokens)
         return self._step.lower(state, batch, ref_params, base)
 
     def step(self, state: TrainState, batch: dict[str, np.ndarray] | dict[str, jax.Array],
@@ -351,11 +278,25 @@ class Trainer:
         return self._step(state, batch, ref_params, self.base)
 
     def prepare_batch(self, state: TrainState, batch, ref_params: Any | None = None) -> dict[str, jax.Array]:
-        """What :meth:`step` computes once for this batch before its first update (see the module
-        docstring): ``advantages``, and as the algorithm needs them ``old_logprobs``, ``ref_logprobs``,
-        ``kl``, ``old_values``, ``returns``; all [B, T-1]."""
+        """What :meth:`step` computes once for this batch before its first update: the forwards the
+        objective asks for and its ``prepare`` (RL: ``rl_objective``'s docstring)."""
         batch, ref_params = self._check_inputs(batch, ref_params)
         return self._prepare(state, batch, ref_params, self.base)
+
+    def sequence_logprobs(self, batch, state: TrainState | None = None, ref_params: Any | None = None) -> jax.Array:
+        """Each sample's total log-prob [S] of its ``loss_mask`` tokens, without a gradient: under the
+        policy of ``state``, or else the reference (``ref_params``; with LoRA the base). Held-out NLL,
+        and DPO's reference totals computed once."""
+        self._require_base()
+        params = self._policy(state.params, self.base) if state is not None else (
+            self.base if ref_params is None and self.lora.enabled else ref_params)
+        return self._totals(params, self.put_batch(batch) if isinstance(batch["tokens"], np.ndarray) else batch)
+
+    def _sequence_totals(self, params, batch):
+        lanes, params = lane_shape(batch, self._lanes_of(batch)), self.layout.to_forward(params)
+        scored = self._forward_rows(lambda micro: {"lp": self._logprobs(params, micro, lanes, policy=False)[0]},
+                                    {name: batch[name] for name in (*MODEL_INPUTS, "loss_mask") if name in batch})
+        return jnp.sum(jnp.where(batch["loss_mask"] > 0, scored["lp"], 0.0), axis=-1)
 
     def _logprobs(self, params, micro, lanes, remat=False, dropout_key=None, on_device=False, policy=True):
         """Per sample [samples, T-1], however the rows hold them (``lanes``: see ``packing``).
@@ -387,7 +328,7 @@ class Trainer:
 
     def _prepare_batch(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any,
                        base: Any = None) -> dict[str, jax.Array]:
-        algorithm, mask = self.algorithm, batch["loss_mask"]
+        mask = batch["loss_mask"]
         policy, reference, critic = (self.layout.to_forward(p) for p in (self._policy(state.params, base), ref_params,
                                                                          state.value_params))
 
@@ -409,30 +350,12 @@ class Trainer:
             prepared = self._forward_rows(score, {name: batch[name] for name in (*MODEL_INPUTS, "loss_mask")
                                                   if name in batch})
         prepared = {name: jnp.where(mask > 0, x, 0.0) for name, x in prepared.items()}
-        kl = None
-        if self.kl_in_reward:
-            kl = prepared["kl"] = kl_estimate(prepared["old_logprobs"], prepared["ref_logprobs"],
-                                              algorithm.kl_estimator) * mask
-        values = prepared.get("old_values")
-        prepared["advantages"] = compute_advantages(algorithm, batch["rewards"], mask, group_ids=batch["group_ids"],
-                                                    sample_mask=batch["sample_mask"], values=values, kl=kl)
-        # The policy loss counts only the completions it learns from (GFPO's retained ones).
-        prepared["policy_mask"] = trained_mask(algorithm, batch["rewards"], mask, group_ids=batch["group_ids"],
-                                               sample_mask=batch["sample_mask"])
-        if self.uses_value_model:
-            prepared["returns"] = value_targets(algorithm, batch["rewards"], mask, values, kl=kl)
-        return prepared
+        return {**prepared, **self.objective.prepare(batch, prepared)}
 
     def _policy_loss(self, params, micro, base=None, dropout_key=None, on_device=False, *, lanes=None):
-        algorithm, config = self.algorithm, self.config
-        logprobs, entropy = self._logprobs(self._policy(params, base), micro, lanes, remat=config.remat,
+        logprobs, entropy = self._logprobs(self._policy(params, base), micro, lanes, remat=self.config.remat,
                                            dropout_key=dropout_key, on_device=on_device)
-        old_logprobs = micro["old_logprobs"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(logprobs)
-        if algorithm.entropy_coef == 0:
-            entropy = jax.lax.stop_gradient(entropy)
-        loss, metrics = policy_loss(algorithm, logprobs, old_logprobs, micro["advantages"], micro["loss_mask"],
-                                    ref_logprobs=micro.get("ref_logprobs"),
-                                    behavior_logprobs=micro["behavior_logprobs"], entropy=entropy)
+        loss, metrics = self.objective.loss(logprobs, entropy, micro, one_update=self.updates_per_batch == 1)
         return loss * micro["share"], metrics
 
     def _micro_grads(self, loss_fn, params, micro, *args):
@@ -442,15 +365,13 @@ class Trainer:
         With ``accumulate_on_device`` each device takes the gradient of its own rows' part of the loss
         and keeps it, with a leading [devices] axis, so that the micro-batches' gradients are summed on
         the device and reduced across devices once per update: the shares make the parts add up to the
-        micro-batch's loss under every ``loss_aggregation``. The loss and metrics come per device too
+        micro-batch's loss under every ``loss_aggregation`` (the objective's ``token_weights``). The loss and metrics come per device too
         ([devices]), combined with the micro-batches' after the loop (the loss summed, the metrics as
         ``_combine_metrics`` does), so that nothing waits on another device within it. Otherwise XLA
         reduces each micro-batch's gradient as it partitions the batch: one all-reduce per micro-batch.
         """
-        algorithm = self.algorithm
-
         def weighted(micro):
-            own = jnp.sum(token_weights(micro["loss_mask"], algorithm.loss_aggregation, algorithm.loss_max_length))
+            own = jnp.sum(self.objective.token_weights(micro["loss_mask"]))
             return {**micro, "share": jnp.sum(micro["slice_weights"]) / jnp.maximum(own, 1e-30)}
 
         if not self.accumulate_on_device:
@@ -467,20 +388,14 @@ class Trainer:
 
     def _value_loss(self, value_params, micro, on_device=False, *, lanes=None):
         values = self._values(value_params, micro, lanes, remat=self.config.remat, on_device=on_device)
-        # One update per batch: the old critic is the critic, exactly (as for the policy's ratio).
-        old_values = micro["old_values"] if self.updates_per_batch > 1 else jax.lax.stop_gradient(values)
-        loss, metrics = value_loss(self.algorithm, values, old_values, micro["returns"], micro["loss_mask"])
+        loss, metrics = self.objective.value_loss(values, micro, one_update=self.updates_per_batch == 1)
         return loss * micro["share"], metrics
 
-    def _update(self, carry, slice_, base=None, lanes=None, micro_batches=1):
-        """One optimizer update (policy, and critic) on one slice of the batch, over its micro-batches."""
-        algorithm, config = self.algorithm, self.config
-        params, opt_state, value_params, value_opt_state, dropout_key = carry
-        dropout_key, update_key = jax.random.split(dropout_key)
+    def _slice_grads(self, params, value_params, slice_, base, lanes, micro_batches, update_key):
+        """The gradients (policy, critic) and metrics of one slice of the batch, over its micro-batches."""
         forward_params, forward_value_params = self.layout.to_forward(params), self.layout.to_forward(value_params)
         forward_base = self.layout.to_forward(base)
-        slice_["slice_weights"] = token_weights(slice_["loss_mask"], algorithm.loss_aggregation,
-                                                algorithm.loss_max_length)
+        slice_["slice_weights"] = self.objective.token_weights(slice_["loss_mask"])
 
         def accumulate(grad_sums, micro_and_key):
             micro, micro_key = micro_and_key
@@ -507,7 +422,14 @@ class Trainer:
         grads, value_grads = self.layout.to_state(grads), self.layout.to_state(value_grads)
         # Micro-batch losses are already weighted by their shares: their sum is the slice's loss.
         losses = {name: jnp.sum(metrics.pop(name)) for name in ("loss", "value_loss") if name in metrics}
-        metrics = {**combine_metrics(metrics), **losses}
+        return grads, value_grads, {**combine_metrics(metrics), **losses}
+
+    def _update(self, carry, slice_, base=None, lanes=None, micro_batches=1):
+        """One optimizer update (policy, and critic) on one slice of the batch."""
+        params, opt_state, value_params, value_opt_state, dropout_key = carry
+        dropout_key, update_key = jax.random.split(dropout_key)
+        grads, value_grads, metrics = self._slice_grads(params, value_params, slice_, base, lanes, micro_batches,
+                                                        update_key)
         grads = jax.lax.with_sharding_constraint(grads, self.param_shardings)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -519,14 +441,30 @@ class Trainer:
             metrics["value_grad_norm"] = optax.global_norm(value_grads)
         return (params, opt_state, value_params, value_opt_state, dropout_key), metrics
 
+    def _update_inputs(self, state, batch, ref_params, base):
+        prepared = self._prepare_batch(state, batch, ref_params, base)
+        return prepared, {**self.objective.update_inputs(batch, prepared),
+                          **{name: batch[name] for name in MODEL_INPUTS if name in batch}}
+
+    def gradients(self, state: TrainState, batch, ref_params: Any | None = None) -> tuple[jax.Array, Any]:
+        """The loss and the policy's gradient of the first update :meth:`step` would take on ``batch``
+        (the whole batch as one slice: ``trainer.mini_batches`` 1), without taking it: what a test
+        compares across layouts (padded, packed, micro-batched)."""
+        if self.config.mini_batches != 1:
+            raise ValueError("gradients: the batch is one slice only with trainer.mini_batches=1")
+        batch, ref_params = self._check_inputs(batch, ref_params)
+        return self._gradients(state, batch, ref_params, self.base)
+
+    def _loss_and_grads(self, state, batch, ref_params, base):
+        prepared, inputs = self._update_inputs(state, batch, ref_params, base)
+        key = jax.random.split(jax.random.split(jax.random.wrap_key_data(state.rng))[1])[1]
+        grads, _, metrics = self._slice_grads(state.params, state.value_params, inputs, base,
+                                              lane_shape(batch, self._lanes_of(batch)), self.micro_batches_of(batch), key)
+        return {**metrics, **self.objective.batch_metrics(batch, prepared)}["loss"], grads
+
     def _train_step(self, state: TrainState, batch: dict[str, jax.Array], ref_params: Any, base: Any):
         config = self.config
-        prepared = self._prepare_batch(state, batch, ref_params, base)
-        inputs = dict(loss_mask=prepared["policy_mask"], behavior_logprobs=batch["behavior_logprobs"],
-                      advantages=prepared["advantages"], **{name: batch[name] for name in MODEL_INPUTS if name in batch})
-        for name in ("old_logprobs", "ref_logprobs", "old_values", "returns"):
-            if name in prepared:
-                inputs[name] = prepared[name]
+        prepared, inputs = self._update_inputs(state, batch, ref_params, base)
         slices = split_micro_batches(inputs, config.mini_batches)
         micro_batches, lanes = self.micro_batches_of(batch), lane_shape(batch, self._lanes_of(batch))
 
@@ -548,16 +486,12 @@ class Trainer:
         metrics.update(
             param_norm=optax.global_norm(params),
             learning_rate=self.learning_rate(state.step * self.updates_per_batch),
-            reward_mean=jnp.sum(batch["rewards"] * sample_mask) / num_samples,
             completion_length_mean=jnp.sum(jnp.sum(mask, axis=1) * sample_mask) / num_samples,
             num_samples=jnp.sum(sample_mask),
             num_tokens=jnp.sum(mask),
         )
         metrics.update(self.replay.metrics(prepared, batch["behavior_logprobs"], mask))
-        if "kl" in prepared:
-            metrics["reward_kl"] = masked_mean(prepared["kl"], mask)  # the KL taken off the rewards, per token
-        if "returns" in prepared:
-            metrics["return_mean"] = masked_mean(prepared["returns"], mask)
+        metrics.update(self.objective.batch_metrics(batch, prepared))
         new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng,
                                value_params=value_params, value_opt_state=value_opt_state)
         return new_state, metrics, per_update
