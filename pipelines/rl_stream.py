@@ -35,11 +35,15 @@ log = logging.getLogger(__name__)
 
 def load_configs(config_path: str | None, overrides: Sequence[str]):
     """(RunConfig, its ``loop:`` section) from a run config file and dotted overrides; refused (ConfigError)
-    when the loop names no reward, before anything starts."""
+    when the loop names no reward, or a distillation teacher whose tokenizer is not the policy's,
+    before anything starts."""
     from pipelines.config import load_run_config
 
+    from rlax_core.rewards.distillation import check_teacher
+
     run_config = load_run_config(config_path, overrides)
-    run_config.loop.named_rewards()
+    check_teacher(run_config.model.resolved_path(), run_config.loop.named_rewards().distillation,
+                  "loop.rewards.distillation.teacher")  # a teacher of another tokenizer: refused before anything starts
     return run_config, run_config.loop
 
 

@@ -66,11 +66,15 @@ ROLLOUT_SCHEMA = pa.schema(
         # and sparse layer at top 2, where a list column would add offsets and validity per value.
         # An episode's record covers its whole transcript (observations too). Null for a dense model.
         pa.field("routed_experts", pa.binary()),
+        # Per completion token, a reward of its own (on-policy distillation's negative reverse KL to a
+        # teacher, rlax_core.rewards.distillation), added to that token's advantage. Null: none.
+        pa.field("token_rewards", pa.list_(pa.float32())),
     ]
 )
 # Fields a row may leave out (they are null then): rollouts written before episodes existed, and
 # every single-turn rollout, need not name them.
-OPTIONAL_ROLLOUT_FIELDS = ("policy_mask", "turn_versions", "episode", "token_versions", "routed_experts")
+OPTIONAL_ROLLOUT_FIELDS = ("policy_mask", "turn_versions", "episode", "token_versions", "routed_experts",
+                           "token_rewards")
 
 # Post-training (docs/post_training.md). Written by the rejection-sampling pipeline (verified samples
 # of the filter, or a teacher's) or brought by users; read by the SFT, DPO and reward-model jobs.

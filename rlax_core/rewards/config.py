@@ -9,6 +9,7 @@ In YAML (the ``rewards`` section of a run)::
       sql: {workers: 2, executes_credit: 0.1, limits: {deadline_s: 5}}   # docs/sql.md
       modules: [my_project.rewards]                     # a user's own terms (docs/rewards.md)
       functions: {concise: "my_rewards.py:concise"}      # a plain function as a term
+      distillation: {teacher: runs/teacher/hf, weight: 1.0}   # per-token rewards from a teacher
 
 The reward of a sample is ``sum(weight * term score)``.
 """
@@ -21,8 +22,9 @@ from typing import ClassVar
 
 from rlax_core.config import ConfigError, require
 from rlax_core.rewards.answers import EXTRACTION_METHODS
+from rlax_core.rewards.distillation import DistillationConfig
 from rlax_core.rewards.judge import JudgeConfig
-from rlax_core.rewards.reward_model import RewardModelConfig
+from rlax_core.rewards.reward_model import RewardModelConfig, placed_models
 from rlax_core.rewards.custom import RewardImportError, function_reward, import_reward_module, register_function_reward
 from rlax_core.rewards.math_verifier import MathVerifierConfig
 from rlax_core.rewards.registry import reward_names
@@ -72,6 +74,8 @@ class RewardConfig:
     reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)  # docs/reward_models.md
     judge: JudgeConfig = dataclasses.field(default_factory=JudgeConfig)
     sql: SqlRewardConfig = dataclasses.field(default_factory=SqlRewardConfig)  # the sql term (docs/sql.md)
+    # On-policy distillation: a teacher's per-token rewards beside the terms (docs/post_training.md).
+    distillation: DistillationConfig = dataclasses.field(default_factory=DistillationConfig)
 
     def __post_init__(self):
         for index, spec in enumerate(self.modules):
@@ -93,5 +97,9 @@ class RewardConfig:
         for name in ("reward_model", "judge"):  # the learned terms need their model
             require(name not in self.terms or bool(getattr(self, name).path), f"{name}.path",
                     f"the {name} term needs a model folder")
+        placed = sorted(name for name, settings in placed_models(self).items() if settings.placement == "own_stage")
+        if len({repr(sorted(getattr(self, name).resource_hints.items())) for name in placed}) > 1:
+            raise ConfigError(f"{placed[-1]}.resource_hints", f"the scoring runs on one stage of its own: give "
+                                                             f"{' and '.join(placed)} the same resource_hints")
         require(len(self.extraction) > 0 and all(m in EXTRACTION_METHODS for m in self.extraction), "extraction",
                 f"a non-empty list of {', '.join(EXTRACTION_METHODS)}")

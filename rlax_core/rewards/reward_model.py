@@ -52,22 +52,40 @@ class RewardModelConfig:
     resource_hints: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        unknown = sorted(set(self.resource_hints) - set(RESOURCE_HINTS))
-        require(not unknown, "resource_hints", f"unknown hint(s) {unknown}; Beam's are {', '.join(RESOURCE_HINTS)}")
-        require(self.placement == "own_stage" or not self.resource_hints, "resource_hints",
-                "apply to placement: own_stage (on the rollout worker the scoring shares its devices)")
+        check_placement(self.placement, self.resource_hints)
         require(self.calibration_samples >= 2, "calibration_samples", "must be >= 2 (a std needs two scores)")
         require(self.batch_size >= 1, "batch_size", "must be >= 1")
         require(self.max_length >= 2, "max_length", "must be >= 2")
 
 
+def check_placement(placement: str, resource_hints: dict[str, str]) -> None:
+    """A model's scoring placement and Beam hints (a reward model's, a distillation teacher's)."""
+    unknown = sorted(set(resource_hints) - set(RESOURCE_HINTS))
+    require(not unknown, "resource_hints", f"unknown hint(s) {unknown}; Beam's are {', '.join(RESOURCE_HINTS)}")
+    require(placement == "own_stage" or not resource_hints, "resource_hints",
+            "apply to placement: own_stage (on the rollout worker the scoring shares its devices)")
+
+
+def placed_models(rewards) -> dict:
+    """The settings of each model the scoring runs (``placement``, ``resource_hints``): the reward
+    model's when a term names it, the distillation teacher's when it has one."""
+    models = {}
+    if "reward_model" in rewards.terms:
+        models["reward_model"] = rewards.reward_model
+    distillation = getattr(rewards, "distillation", None)
+    if distillation is not None and distillation.enabled:
+        models["distillation"] = distillation
+    return models
+
+
 def scoring_stage_hints(rewards) -> dict[str, str] | None:
-    """The Beam resource hints of the scoring stage when a reward model runs on its own stage
-    (``placement: own_stage``); None when scoring stays fused with generation on the rollout worker."""
-    settings = rewards.reward_model
-    if "reward_model" not in rewards.terms or settings.placement != "own_stage":
+    """The Beam resource hints of the scoring stage when a model it runs (a reward model, a
+    distillation teacher) is placed on its own stage (``placement: own_stage``); None when scoring
+    stays fused with generation on the rollout worker."""
+    own = [settings for settings in placed_models(rewards).values() if settings.placement == "own_stage"]
+    if not own:
         return None
-    return dict(settings.resource_hints)
+    return {key: value for settings in own for key, value in settings.resource_hints.items()}
 
 
 def render_for_reward_model(example, completion: str, tokenizer) -> tuple[str, bool]:

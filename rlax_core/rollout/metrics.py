@@ -29,6 +29,9 @@ def group_summary(group: dict, *, written: bool) -> dict:
         "learned": {name: scores for name, scores in learned.items() if any(s is not None for s in scores)},
         # Judge answers where nothing parsed (scored by the judge's stated default).
         "judge_unparsed": sum(info.get("terms", {}).get("judge", {}).get("judge_parsed") is False for info in infos),
+        # On-policy distillation (rewards.distillation): the group's reverse-KL estimate to the teacher, summed over tokens.
+        "distillation": [sum(info["distillation"][key] for info in infos) for key in ("reverse_kl_sum", "tokens")]
+        if infos and all("distillation" in info for info in infos) else None,
         "lengths": [len(row["completion_ids"]) for row in rows],
         "versions": [row["policy_version"] for row in rows],
         "generate_seconds": group["generate_seconds"],
@@ -58,7 +61,16 @@ def step_metrics(step: int, summaries: list[dict]) -> dict:
         "rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else None,
         **step_timeline_clocks([s["timeline"] for s in summaries]),
         **learned_reward_metrics(summaries),
+        **distillation_metrics(summaries),
     }
+
+
+def distillation_metrics(summaries: list[dict]) -> dict:
+    """``distill_reverse_kl``: the step's mean per-token reverse KL of the student to the teacher
+    (student log-prob minus teacher log-prob of each sampled token), when the run distills."""
+    parts = [s["distillation"] for s in summaries if s.get("distillation")]
+    tokens = sum(count for _, count in parts)
+    return {"distill_reverse_kl": sum(total for total, _ in parts) / tokens} if tokens else {}
 
 
 def learned_reward_metrics(summaries: list[dict]) -> dict:

@@ -65,6 +65,20 @@ class Sampler(abc.ABC):
         """``group`` with every row's reward and ``reward_info``, and how many samples could not be
         scored (reward 0, the reason in ``reward_info``)."""
 
+    def distilled(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``rows`` with a teacher's per-token rewards when the run distills (``rewards.distillation``):
+        the teacher is read on first use, where the scoring runs (``rewards.distillation.placement``)."""
+        settings = self.spec.rewards.distillation
+        if not settings.enabled or not rows:
+            return rows
+        from rlax_core.rewards.distillation import Teacher, distill_rows
+        from rlax_core.rewards.reward_model import process_shared
+
+        teacher = process_shared(("distillation_teacher", settings.teacher, settings.tokenizer, settings.dtype,
+                                  settings.weight, settings.batch_size, settings.max_length, self.spec.model_path),
+                                 lambda: Teacher(settings, self.spec.model_path))
+        return distill_rows(teacher, rows)
+
     def _samples(self, group: dict[str, Any]) -> list[Sample]:
         return [Sample(group["example"], text, row["finish_reason"], len(row["completion_ids"]))
                 for row, text in zip(group["rows"], group["texts"])]
@@ -94,7 +108,7 @@ class CompletionSampler(Sampler):
     def score(self, rewarder: Rewarder, group: dict[str, Any]) -> tuple[dict[str, Any], int]:
         results = rewarder.score_many(self._samples(group)) if group["rows"] else []
         rows = [scored_row(row, *result) for row, result in zip(group["rows"], results)]
-        return {**group, "rows": rows}, failed_samples(results)
+        return {**group, "rows": self.distilled(rows)}, failed_samples(results)
 
 
 class EpisodeSampler(Sampler):
@@ -139,7 +153,7 @@ class EpisodeSampler(Sampler):
             reward, info = verdict or (0.0, {"pass": bool(turns) and bool(turns[-1]["info"].get("pass", False))})
             scored.append(scored_row(row, row["reward"] + reward, {**info, "env_return": row["reward"],
                                                                    "turn_rewards": [turn["reward"] for turn in turns]}))
-        return {**group, "rows": scored}, failed_samples([v for v in judged if v is not None])
+        return {**group, "rows": self.distilled(scored)}, failed_samples([v for v in judged if v is not None])
 
 
 def make_sampler(spec: RolloutSpec) -> Sampler:

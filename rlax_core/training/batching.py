@@ -66,7 +66,8 @@ def batch_shapes(rollouts: int, *, max_seq_len: int, row_multiple: int = 1,
 def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: int = 1,
                pad_id: int = 0, routed: RoutedExperts | None = None) -> dict[str, np.ndarray]:
     """Arrays ``tokens, attention_mask [B, T]``, ``loss_mask, behavior_logprobs [B, T-1]`` and
-    ``rewards, group_ids, sample_mask, policy_versions [B]``; with ``routed`` (a mixture of experts)
+    ``rewards, group_ids, sample_mask, policy_versions [B]``; ``token_rewards [B, T-1]`` when a
+    rollout has them (on-policy distillation); with ``routed`` (a mixture of experts)
     ``routed_experts [B, T, moe_layers, k]`` when every rollout has them (see ``RoutedExperts``).
 
     Columnar: each list column is read as one flat array of values and placed with one indexed
@@ -91,10 +92,11 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
     completion_len, completion_ids = _list_column(table, "completion_ids")
     logprob_len, logprobs = _list_column(table, "behavior_logprobs")
     policy_len, policy = _list_column(table, "policy_mask")
+    token_reward_len, token_rewards = _list_column(table, "token_rewards")
     has_policy = policy_len >= 0
     _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len,
                                    _rows_with_invalid_ids(prompt_ids, prompt_len)
-                                   | _rows_with_invalid_ids(completion_ids, completion_len))
+                                   | _rows_with_invalid_ids(completion_ids, completion_len), token_reward_len)
 
     routed_len, routed_values = _routed_experts(table, routed, prompt_len + completion_len)
     fill = {"tokens": pad_id, "group_ids": -1}
@@ -111,6 +113,9 @@ def make_batch(groups: Sequence[pa.Table], *, max_seq_len: int, row_multiple: in
     trained[np.repeat(has_policy, completion_len)] = policy  # an episode's policy tokens only
     _place(batch["loss_mask"], trained, completion_len, start=prompt_len - 1)
     _place(batch["behavior_logprobs"], logprobs, completion_len, start=prompt_len - 1)
+    if (token_reward_len >= 0).any():  # per-token rewards (on-policy distillation); rows without them: 0
+        batch["token_rewards"] = np.zeros_like(batch["behavior_logprobs"])
+        _place(batch["token_rewards"], token_rewards, token_reward_len, start=prompt_len - 1)
     batch["rewards"][:rows] = pc.fill_null(table.column("reward").cast(pa.float32()), 0.0).to_numpy()
     group_index: dict[str, int] = {}
     batch["group_ids"][:rows] = [group_index.setdefault(g, len(group_index))
@@ -178,7 +183,8 @@ def _rows_with_invalid_ids(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len, invalid_ids):
+def _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob_len, policy_len, invalid_ids,
+                                   token_reward_len):
     """A ``ValueError`` naming the first malformed rollout in batch order and its first problem."""
     problems = [(length < 0, lambda r, name=name: f" has no {name}")  # -1: a null list, or no such column
                 for name, length in (("prompt_ids", prompt_len), ("completion_ids", completion_len),
@@ -192,6 +198,8 @@ def _raise_for_the_first_malformed(table, T, prompt_len, completion_len, logprob
          lambda r: f": {logprob_len[r]} behavior log-probs for {completion_len[r]} completion tokens"),
         ((policy_len >= 0) & (policy_len != completion_len),  # a single-turn rollout has none
          lambda r: f": a policy_mask of {policy_len[r]} for {completion_len[r]} completion tokens"),
+        ((token_reward_len >= 0) & (token_reward_len != completion_len),
+         lambda r: f": {token_reward_len[r]} token rewards for {completion_len[r]} completion tokens"),
     ]
     bad = np.logical_or.reduce([failed for failed, _ in problems])
     if bad.any():

@@ -11,7 +11,8 @@ and ``prepare`` adds::
 
     kl             kl_estimate(old_logprobs, ref_logprobs): its kl_coef multiple is taken off the
                    token rewards when ``kl_in_reward`` (summed over the sequence for group estimators)
-    advantages     rlax_core.rl.compute_advantages over the whole batch
+    advantages     rlax_core.rl.compute_advantages over the whole batch, plus each token's own
+                   ``token_rewards`` where the rows carry them (on-policy distillation), undiscounted
     policy_mask    rlax_core.rl.trained_mask: the loss mask of the completions learnt from (GFPO's
                    retained ones); the updates' losses and token weights use it
     returns        rlax_core.rl.value_targets: the value model's regression targets
@@ -66,6 +67,8 @@ class PolicyGradientObjective(TrainingObjective):
         # The policy loss counts only the completions it learns from (GFPO's retained ones).
         prepared["policy_mask"] = trained_mask(algorithm, batch["rewards"], mask, group_ids=batch["group_ids"],
                                                sample_mask=batch["sample_mask"])
+        if "token_rewards" in batch:  # a token's own reward (a teacher's verdict on it) is its own credit: undiscounted
+            prepared["advantages"] = prepared["advantages"] + batch["token_rewards"] * prepared["policy_mask"]
         if self.uses_values:
             prepared["returns"] = value_targets(algorithm, batch["rewards"], mask, values, kl=kl)
         return prepared
@@ -102,4 +105,6 @@ class PolicyGradientObjective(TrainingObjective):
             metrics["reward_kl"] = masked_mean(prepared["kl"], mask)  # the KL taken off the rewards, per token
         if "returns" in prepared:
             metrics["return_mean"] = masked_mean(prepared["returns"], mask)
+        if "token_rewards" in batch:  # on-policy distillation: -weight x the reverse KL to the teacher, per token
+            metrics["token_reward_mean"] = masked_mean(batch["token_rewards"], mask)
         return metrics
