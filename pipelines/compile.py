@@ -6,7 +6,8 @@ Runs in the lock-tpu environment for TPU slices (``make setup-tpu-compile`` buil
 is the TPU compiler) and in the lock-gpu environment for NVIDIA GPUs (``make setup-gpu-compile`` builds
 ``.venv-gpu``: jax's CUDA plugin, ptxas and cuDNN); no TPU or GPU is needed.
 Per role of the recipe (``rlax plan``'s roles: rollout, filter and evaluate engines on the rollout
-workers, the trainer on its slice), the programs of ``rlax_core.compile.programs`` are compiled for
+workers, the trainer on its slice, and when named ``sft`` and ``dpo``, the post-training jobs' steps
+on the trainer's slice: ``--roles sft,dpo``), the programs of ``rlax_core.compile.programs`` are compiled for
 the slice from the recipe's ``hardware:`` section, and each prints: compiled or the compiler's error,
 XLA's bytes per chip against the planner's figure and the chip's HBM, FLOPs, bytes accessed, XLA's
 optimal time and the roofline time, and the attention kernels in the compiled program (Pallas kernels
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--roles", default="rollout,trainer,filter,evaluate",
-                        help="comma-separated roles to compile (default: all the recipe has)")
+                        help="comma-separated roles to compile (default: all the recipe has; sft and dpo, "
+                             "the rlax sft and rlax dpo trainers' steps, when named)")
     parser.add_argument("--programs", default="",
                         help="comma-separated program names or their beginnings to compile, e.g. "
                              "'prefill 4x512,decode,update step' (default: every program of the roles)")
@@ -87,6 +89,31 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
                     lambda slice_=slice_: trainer_programs(model, config.algorithm, config.trainer,
                                              slice_devices(slice_.chip, slice_.chips, slice_.chips_per_host), rows,
                                              mean_tokens)))
+    out += post_training_programs(config, plans)
+    return out
+
+
+def post_training_programs(config, plans) -> list[tuple[str, object, object, None, object]]:
+    """``rlax sft``'s and ``rlax dpo``'s update step on the trainer's slice (roles ``sft``, ``dpo``:
+    ``rlax plan --post-training``'s), for the batch each job steps on: ``sft.examples_per_step``
+    samples, or both samples of ``dpo.pairs_per_step`` pairs and the reference (a frozen copy in the
+    step, or its precomputed log-probs with the batch); rows packed from samples of half ``max_seq_len``."""
+    from pipelines.config import policy_shape
+    from rlax_core.compile.programs import trainer_programs
+    from rlax_core.compile.topology import slice_devices
+    from rlax_core.training.preference import PreferenceObjective
+    from rlax_core.training.supervised import SupervisedObjective
+
+    slice_ = config.hardware.trainer
+    jobs = {"sft": (lambda: SupervisedObjective(config.sft.loss_aggregation), config.sft.examples_per_step, ()),
+            "dpo": (lambda: PreferenceObjective(config.dpo), 2 * config.dpo.pairs_per_step,
+                    ("reference_logprobs",) if config.dpo.reference == "precomputed" else ())}
+    out = []
+    for role, (objective, rows, per_sample) in jobs.items():
+        if role in plans and slice_ is not None:
+            out.append((role, slice_, plans[role], None, lambda objective=objective, rows=rows, per_sample=per_sample,
+                        role=role: trainer_programs(policy_shape(config), objective(), config.trainer, slice_devices(
+                            slice_.chip, slice_.chips, slice_.chips_per_host), rows, role=role, per_sample=per_sample)))
     return out
 
 
@@ -98,6 +125,7 @@ def selected(name: str, programs: tuple[str, ...]) -> bool:
 def compile_roles(config, roles, programs_wanted: tuple[str, ...] = ()) -> tuple[list, dict, dict]:
     """Compile each role's programs (those ``programs_wanted`` names; all when empty): (reports, HBM
     bytes per role, planned bytes per role)."""
+    from pipelines.plan import POST_TRAINING_ROLES
     from rlax_core.compile.report import ProgramReport, compile_program
     from rlax_core.compile.topology import compiled_ahead, not_compiled_ahead, topology_name
 
@@ -108,7 +136,7 @@ def compile_roles(config, roles, programs_wanted: tuple[str, ...] = ()) -> tuple
             reports.append(ProgramReport(role, "(every program)", slice_.chip, "-", compiled=False,
                                          error=f"not compiled: {not_compiled_ahead(slice_.chip)}"))
             continue
-        chips = slice_.chips if role == "trainer" else slice_.chips_per_host
+        chips = slice_.chips if role in ("trainer", *POST_TRAINING_ROLES) else slice_.chips_per_host
         topology = topology_name(slice_.chip, chips, slice_.chips_per_host)
         for program in (p for p in programs() if selected(p.name, programs_wanted)):
             # An engine of the same model, configuration, dtype and slice runs the same prefill

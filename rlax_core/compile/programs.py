@@ -30,6 +30,7 @@ from rlax_core.models.lora import LoraConfig, init_adapters, quantize_kernels
 from rlax_core.models.transformer import init_params, unstack_layers
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.config import TrainerConfig
+from rlax_core.training.objective import TrainingObjective
 from rlax_core.parallel.mesh import make_mesh
 from rlax_core.training.step import Trainer
 from rlax_core.utils.dtypes import dtype as dtype_named
@@ -49,17 +50,21 @@ def _abstract(tree: Any, shardings: Any, dtype=None) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, dtype or x.dtype, sharding=s), tree, shardings)
 
 
-def trainer_programs(model: ModelConfig, algorithm: AlgorithmConfig, config: TrainerConfig,
-                     devices: Sequence[jax.Device], rows_per_step: int, mean_tokens: int | None = None) -> list[Program]:
+def trainer_programs(model: ModelConfig, algorithm: AlgorithmConfig | TrainingObjective, config: TrainerConfig,
+                     devices: Sequence[jax.Device], rows_per_step: int, mean_tokens: int | None = None,
+                     role: str = "trainer", per_sample: tuple[str, ...] = ()) -> list[Program]:
     """The update step of ``rlax train`` for a batch of ``rows_per_step`` rollouts, on ``devices``
-    (packed rows: of ``mean_tokens`` tokens per rollout on average; ``Trainer.lower_step``)."""
+    (packed rows: of ``mean_tokens`` tokens per rollout on average; ``Trainer.lower_step``). With
+    another training objective (``rlax sft``'s, ``rlax dpo``'s) it is that job's step, ``role``;
+    ``per_sample``: the batch's further arrays of one float per sample (DPO's precomputed
+    ``reference_logprobs``)."""
     trainer = Trainer(model, algorithm, config, make_mesh(config.mesh, devices))
     state = trainer.abstract_state()
     # A LoRA policy's frozen base is an input of the update (and its reference policy: lower_step's default).
     base = trainer.abstract_base() if config.lora.enabled else None
-    reference = state.params if algorithm.uses_reference and base is None else None
-    return [Program("trainer", "update step", lambda: trainer.lower_step(state, rows_per_step, reference, base,
-                                                                         mean_tokens))]
+    reference = state.params if trainer.objective.uses_reference and base is None else None
+    return [Program(role, "update step", lambda: trainer.lower_step(state, rows_per_step, reference, base,
+                                                                    mean_tokens, per_sample))]
 
 
 def _replica_mesh(config: EngineConfig, devices: Sequence[jax.Device]):

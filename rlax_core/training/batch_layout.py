@@ -63,9 +63,10 @@ class BatchLayout:
 
         return {name: put(np.asarray(x)) for name, x in batch.items()}
 
-    def abstract(self, rollouts: int, mean_tokens: int | None = None) -> dict[str, Any]:
+    def abstract(self, rollouts: int, mean_tokens: int | None = None, per_sample: tuple[str, ...] = ()) -> dict[str, Any]:
         """The batch of ``rollouts`` samples as shapes with their shardings (``Trainer.lower_step``): packed
-        from samples of ``mean_tokens`` (default: half of max_seq_len) with ``trainer.row_tokens``."""
+        from samples of ``mean_tokens`` (default: half of max_seq_len) with ``trainer.row_tokens``;
+        ``per_sample``: further float32 arrays of one value per sample slot."""
         config = self.config
         if config.row_tokens:
             shapes = packed_batch_shapes(
@@ -76,5 +77,6 @@ class BatchLayout:
         else:
             shapes = batch_shapes(rollouts, max_seq_len=config.max_seq_len, row_multiple=self.row_multiple,
                                   routed=self.routed)
+        shapes.update({name: (shapes["sample_mask"][0], np.float32) for name in per_sample})
         return {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, len(shape)))
                 for name, (shape, dtype) in shapes.items()}

@@ -252,17 +252,19 @@ class Trainer:
         self.lower_step(state, rollouts, ref_params).compile()
 
     def lower_step(self, state: TrainState, rollouts: int, ref_params: Any | None = None,
-                   base: Any | None = None, mean_tokens: int | None = None) -> jax.stages.Lowered:
+                   base: Any | None = None, mean_tokens: int | None = None,
+                   per_sample: tuple[str, ...] = ()) -> jax.stages.Lowered:
         """:meth:`step` lowered for a batch of ``rollouts`` rows; ``state``, ``ref_params`` and a LoRA
         policy's ``base`` (default: the loaded one) may be abstract (``abstract_state()``): ``rlax
         compile`` compiles it for a TPU slice it does not have. With ``trainer.row_tokens`` the batch
-        is packed, its shape that of samples of ``mean_tokens`` (default: half of max_seq_len)."""
+        is packed, its shape that of samples of ``mean_tokens`` (default: half of max_seq_len);
+        ``per_sample`` names further float32 arrays of one value per sample the objective reads."""
 
         if base is None:
             self._require_base()
             base = self.base
         ref_params = self._reference(base if ref_params is None and self.lora.enabled else ref_params)
-        batch = self.batches.abstract(rollouts, mean_tokens)
+        batch = self.batches.abstract(rollouts, mean_tokens, per_sample)
         return self._step.lower(state, batch, ref_params, base)
 
     def step(self, state: TrainState, batch: dict[str, np.ndarray] | dict[str, jax.Array],
