@@ -72,12 +72,10 @@ class Sampler(abc.ABC):
         if not settings.enabled or not rows:
             return rows
         from rlax_core.rewards.distillation import Teacher, distill_rows
-        from rlax_core.rewards.reward_model import process_shared
 
-        teacher = process_shared(("distillation_teacher", settings.teacher, settings.tokenizer, settings.dtype,
-                                  settings.weight, settings.batch_size, settings.max_length, self.spec.model_path),
-                                 lambda: Teacher(settings, self.spec.model_path))
-        return distill_rows(teacher, rows)
+        if getattr(self, "_teacher", None) is None:  # its weights and forward are held once per process
+            self._teacher = Teacher(settings, self.spec.model_path)
+        return distill_rows(self._teacher, rows)
 
     def _samples(self, group: dict[str, Any]) -> list[Sample]:
         return [Sample(group["example"], text, row["finish_reason"], len(row["completion_ids"]))

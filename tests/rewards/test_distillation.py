@@ -164,3 +164,33 @@ def test_the_teacher_is_placed_as_a_reward_model_is():
             "teacher": "t", "placement": "own_stage", "resource_hints": hints}})
     with pytest.raises(ConfigError, match=r"distillation\.weight: must be a finite number > 0"):
         from_dict(RewardConfig, {"terms": {"task": 1.0}, "distillation": {"teacher": "t", "weight": 0}})
+
+
+def test_the_scoring_stage_adds_the_teachers_token_rewards_to_every_row(teacher_folder):
+    """Through the rollout stream's ``ScoreRollouts`` (two DoFn instances of one process, as a worker's
+    threads): each row gets its token rewards, and the teacher is read once for the process."""
+    import rlax_core.tasks  # noqa: F401 - registers story_word
+    from rlax_core.rewards.reward_model import _PROCESS_MODELS
+    from tests.support.rollout_spec import rollout_spec
+    from transforms.rollout import ScoreRollouts
+
+    rewards = from_dict(RewardConfig, {"terms": {"story_word": 0.0}, "distillation": {"teacher": str(teacher_folder)}})
+    spec = rollout_spec(model_path=STUDENT, rewards=rewards)
+    example = {"id": "e", "task": "story", "prompt": "Once upon a time", "answer": "cat"}
+    rows = [{**row, "reward": None, "reward_info": None} for row in _rows([[-1.0, -2.0, -0.5], [-3.0, -0.25]])]
+    group = {"key": (0, 0), "example": example, "rows": rows, "texts": [" a cat.", " the"]}
+    scored = []
+    for _ in range(2):
+        score = ScoreRollouts(spec)
+        score.setup()
+        [out] = list(score.process(group))
+        scored.append(out)
+        score.teardown()
+    teachers = [key for key in _PROCESS_MODELS if key[:2] == ("teacher", str(teacher_folder))]
+    assert len(teachers) == 1
+    for out in scored:
+        for row in out["rows"]:
+            assert len(row["token_rewards"]) == len(row["completion_ids"])
+            info = json.loads(row["reward_info"])
+            assert "distillation" in info and "story_word" in info["terms"]
+    assert scored[0]["rows"][0]["token_rewards"] == scored[1]["rows"][0]["token_rewards"]
