@@ -269,6 +269,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
     from rlax_core.weights.adapters import load_version
+    from rlax_core.utils.compile_cache import enable_compilation_cache
     from rlax_core.weights.store import WeightStore
 
     for folder in ("configs", "logs"):
@@ -300,6 +301,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     log.info("quickstart: training on %d prompts from %s", len(read_examples(str(train_set))), train_set)
 
     heldout = [json.loads(line) for line in (ASSETS / "story_task" / "heldout.jsonl").read_text().splitlines()]
+    # The evaluations compile the engine in this process: from the cache the run's other jobs share.
+    enable_compilation_cache(run_config.run.compilation_cache_dir, enabled=run_config.run.compilation_cache)
     base = from_pretrained(model_path)
     mark = time.monotonic()
     before = evaluate(base.config, base.params, base.params, tokenizer, heldout, run_config, stops)
