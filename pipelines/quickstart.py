@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="fail if the RL run is not done by then")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run already in --output (a folder holding files is refused otherwise)")
+    parser.add_argument("--curve-every", type=int, default=5,
+                        help="warm start: score every N-th RL weight version for the steps to the target pass@1")
+    parser.add_argument("--no-cold", action="store_true",
+                        help="warm start: skip the plain (cold) RL run the report compares against")
 
 
 def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None) -> None:
@@ -218,7 +222,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Held-out prompts: {before['prompts']} x {before['samples_per_prompt']} samples. "
         f"RL: {report['rl']['steps']} GRPO steps ({report['rl']['groups_per_step']} prompts x "
         f"{report['rl']['samples_per_prompt']} samples), max staleness k={report['rl']['max_staleness']}, "
-        f"{report['rl']['seconds']:.0f} s.",
+        f"{report['rl']['seconds'] or 0:.0f} s.",
         *(["", "This run was resumed (`--resume`): it continued the run already in this folder, so its RL "
                "time and reward curve count only what this invocation did on top of it."]
           if report.get("resumed") else []),
@@ -246,101 +250,118 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def warm_markdown(report: dict[str, Any]) -> str:
+    """The warm-start section: RFT data, SFT's held-out NLL, pass@1 base / after SFT / after RL beside
+    the cold run, and the RL steps each took to the target pass@1."""
+    rft, sft, before, after = report.get("rft", {}), report["sft"], report["before"], report["after"]
+    cold, warm, target, steps = report.get("cold", {}), report.get("warm", {}), report["target_pass@1"], report["rl"]["steps"]
+
+    def reached(run: dict[str, Any]) -> str:
+        if "curve" not in run:
+            return "not run"
+        return f"{run['steps_to_target']}" if run["steps_to_target"] is not None else f"not within {steps}"
+
+    rows = [("base model", before, "")]
+    rows.append(("after SFT, before any RL", sft, ""))
+    if "curve" in cold:
+        cold_after = cold["curve"][-1]
+        rows.append((f"cold: RL from the base (the plain quickstart), {steps} steps", cold_after, reached(cold)))
+    rows.append((f"warm: RL from the SFT policy, {steps} steps", after, reached(warm)))
+    lines = [
+        "", "## Warm start: RFT -> SFT -> RL", "",
+        f"Stages: {' -> '.join(report['stages'])}.",
+    ]
+    if rft:
+        lines.append(f"RFT: the base model sampled {rft['prompts']} training prompts x {rft['samples_per_prompt']}; "
+                     f"{rft['sft_examples']} verified samples from {rft['prompts_with_data']} prompts became SFT rows "
+                     f"(mean pass rate {rft['mean_pass_rate']:.3f}).")
+    lines += [
+        f"SFT: {sft['steps']} steps of {sft['examples_per_step']} examples, learning rate {sft['learning_rate']:g}, "
+        f"{sft['seconds']:.0f} s. Held-out NLL of {sft['heldout_examples']} held-out verified samples (nats per "
+        f"completion token): **{sft['heldout_nll_before']:.3f} before SFT -> {sft['heldout_nll_after']:.3f} after**.",
+        "", f"| policy (held-out prompts) | pass@1 | pass@1 se | RL steps to pass@1 >= {target} |", "|---|---|---|---|",
+        *[f"| {name} | {stats['pass@1']:.3f} | {stats['pass@1_se']:.3f} | {steps_cell} |" for name, stats, steps_cell in rows],
+    ]
+    if "curve" in warm:
+        cold_at = {p["step"]: p["pass@1"] for p in cold.get("curve", [])}
+        lines += ["", "| RL step | cold pass@1 | warm pass@1 |", "|---|---|---|",
+                  *[f"| {p['step']} | {cold_at[p['step']]:.3f} | {p['pass@1']:.3f} |" if p["step"] in cold_at
+                    else f"| {p['step']} | | {p['pass@1']:.3f} |" for p in warm["curve"]]]
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.config import require
     from pipelines.run_folder import claim
 
     require(args.filter_prompts >= 1, "--filter-prompts", f"a number of prompts >= 1, got {args.filter_prompts}")
     require(args.timeout_s > 0, "--timeout-s", f"seconds > 0, got {args.timeout_s:g}")
+    require(args.curve_every >= 1, "--curve-every", f"a number of steps >= 1, got {args.curve_every}")
     output = Path(args.output).resolve()
     resumed = claim(output, resume=args.resume)  # before the imports below: a minute on a busy machine
     if resumed:
         log.info("quickstart: resuming the run in %s (its curated and filtered prompts, checkpoints and "
                  "rollouts are reused)", output)
 
-    import jax
-
     from pipelines.config import find_config, load_run_config
     from pipelines.initial_policy import prepare_policy
-    from pipelines.launch import launch
+    from pipelines.quickstart_stages import RUNNERS, QuickstartRun
+    from pipelines.stages import DEFAULT_STAGES
     from rlax_core.data.rollout_store import RolloutStore
     from rlax_core.rollout.loop_metrics import loop_metrics
-    from rlax_core.data.training_set import read_examples
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
-    from rlax_core.weights.adapters import load_version
-    from rlax_core.weights.store import WeightStore
 
     for folder in ("configs", "logs"):
         (output / folder).mkdir(parents=True, exist_ok=True)
     config_path = str(find_config(args.config or QUICKSTART_RECIPE).resolve())
     overrides = [f"run.output_dir={output / 'run'}", *args.overrides]
     run_config = load_run_config(config_path, overrides)
-    seconds: dict[str, float] = {}
     started = time.monotonic()
     # The policy the filter samples, the evaluation starts from and the run trains: with model.upcycle,
     # the mixture of experts made here once (a resumed run reuses it).
     model_path = prepare_policy(run_config)
-    if run_config.model.upcycle is not None:
-        seconds["upcycle"] = time.monotonic() - started
+    upcycled = time.monotonic() - started
     tokenizer = load_tokenizer(model_path)
     stops = stop_token_ids(tokenizer)
     overrides.append(f"loop.sampling.stop_token_ids={stops}")
-
-    # A resumed run keeps the prompts it was trained on: curate and filter run only when their output
-    # is missing (a second curate into the same folder would add shards beside the first ones).
-    mark = time.monotonic()
-    curated = output / "curated" if resumed and read_examples_or_none(output / "curated") else curate(output)
-    seconds["curate"] = time.monotonic() - mark
-    mark = time.monotonic()
-    filtered = (output / "filtered" if resumed and read_examples_or_none(output / "filtered")
-                else filter_prompts(output, curated, model_path, ["\n"], args.filter_prompts))
-    seconds["filter"] = time.monotonic() - mark
-    train_set = filtered if filtered is not None and read_examples_or_none(filtered) else curated
-    log.info("quickstart: training on %d prompts from %s", len(read_examples(str(train_set))), train_set)
-
     heldout = [json.loads(line) for line in (ASSETS / "story_task" / "heldout.jsonl").read_text().splitlines()]
-    base = from_pretrained(model_path)
-    mark = time.monotonic()
-    before = evaluate(base.config, base.params, base.params, tokenizer, heldout, run_config, stops)
-    seconds["evaluate_before"] = time.monotonic() - mark
-    log.info("quickstart: before RL held-out pass@1 %.3f +- %.3f", before["pass@1"], before["pass@1_se"])
+    require(not run_config.stages or run_config.stages[-1] == "evaluate", "stages",
+            "the quickstart's report is made by its evaluate stage: end the stages with evaluate")
+    q = QuickstartRun(output=output, config_path=config_path, overrides=overrides, run_config=run_config,
+                      beam_args=beam_args, filter_prompts=args.filter_prompts, timeout_s=args.timeout_s,
+                      resumed=resumed, model_path=model_path, tokenizer=tokenizer, stops=stops, heldout=heldout,
+                      base=from_pretrained(model_path), stages=run_config.stages or DEFAULT_STAGES,
+                      compare_cold=not args.no_cold, curve_every=args.curve_every)
+    if run_config.model.upcycle is not None:
+        q.seconds["upcycle"] = upcycled
+    for stage in q.stages:  # pipelines.stages: the recipe's order (checked as it loaded)
+        RUNNERS[stage](q)
+    q.seconds["total"] = time.monotonic() - started
 
-    mark = time.monotonic()
-    where = launch(config_path, overrides, beam_args, train_set=str(train_set), timeout_s=args.timeout_s,
-                   resume=resumed)
-    seconds["rl"] = time.monotonic() - mark
-
-    store = WeightStore(run_config.weight_store())
-    final_version = store.latest()
-    # A LoRA run's versions are adapters: load_version merges them into their base version.
-    final_params = jax.tree.map(jax.numpy.asarray, load_version(store, final_version)[0])
-    store.close()
-    export_final_model(load_run_config(config_path, overrides), base.config, final_params, output / "final_model")
-    mark = time.monotonic()
-    after = evaluate(base.config, final_params, base.params, tokenizer, heldout, run_config, stops)
-    seconds["evaluate_after"] = time.monotonic() - mark
-    seconds["total"] = time.monotonic() - started
-
-    rows = loop_metrics(run_config.metrics_dir(), RolloutStore(run_config.rollout_root(), run_config.run.name))
-    reward_curve(rows, output / "reward_curve.png")
+    if q.final_version is not None:
+        export_final_model(load_run_config(config_path, overrides), q.base.config, q.final_params,
+                           output / "final_model")
+        rows = loop_metrics(run_config.metrics_dir(), RolloutStore(run_config.rollout_root(), run_config.run.name))
+        reward_curve(rows, output / "reward_curve.png")
     report = {
         "task": "continue the story with one paragraph that ends within 64 tokens, repeats no word 3-gram, "
                 "and uses the word 'happy' exactly once (reward: pass = 1, else half-credit for each half)",
         "model": model_path,
-        "policy": policy_summary(base.config),
+        "policy": policy_summary(q.base.config),
         "resumed": resumed,  # true: this report continues a run that was already in the folder
-        "before": before,
-        "after": after,
-        "pass@1_gain_in_se": significance(before, after),
+        "stages": list(q.stages),
+        **q.report,
+        "pass@1_gain_in_se": significance(q.report["before"], q.report["after"]),
         "target_pass@1": TARGET_PASS_AT_1,
-        "rl": {**rl_settings(run_config), "final_weight_version": final_version, "seconds": seconds["rl"]},
-        "seconds": seconds,
-        "where": {**where, "final_model": str(output / "final_model")},
+        "rl": {**rl_settings(run_config), "final_weight_version": q.final_version, "seconds": q.seconds.get("rl")},
+        "seconds": q.seconds,
+        "where": {**q.where, "final_model": str(output / "final_model")},
     }
     (output / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
-    (output / "report.md").write_text(markdown(report))
-    print(markdown(report))
+    text = markdown(report) + (warm_markdown(report) if "sft" in report else "")
+    (output / "report.md").write_text(text)
+    print(text)
     print(f"rlax quickstart: report in {output / 'report.md'} and {output / 'report.json'}")
     return 0
 
