@@ -29,28 +29,18 @@ import argparse
 import json
 import logging
 import math
-import os
-import re
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pipelines.quickstart_stages import (  # noqa: F401  (the quickstart's names, where they always were)
+    ASSETS, HELDOUT_SAMPLES, TARGET_PASS_AT_1, evaluate, read_examples_or_none, stop_token_ids)
 
 HELP = "curate -> filter -> RL -> evaluate on stories260K, all on this machine"
 
-log = logging.getLogger(__name__)
-
-ASSETS = Path(__file__).resolve().parent / "assets"
 QUICKSTART_RECIPE = "quickstart.yaml"  # a shipped recipe (pipelines.config.find_config)
 
-HELDOUT_SAMPLES = 8
-TARGET_PASS_AT_1 = 0.25
-PROGRESS_EVERY_S = 15.0  # how often a running step reports
-FILTER_TIMEOUT_S = 300.0  # the quickstart's budget is 10 minutes: past this, train on the curated prompts  # the held-out pass@1 the benchmark times runs to
-
+log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="runs/quickstart", help="folder for everything the quickstart writes")
@@ -62,97 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="warm start: score every N-th RL weight version for the steps to the target pass@1")
     parser.add_argument("--no-cold", action="store_true",
                         help="warm start: skip the plain (cold) RL run the report compares against")
-
-
-def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None) -> None:
-    """Run ``rlax ARGV`` as its own process (each step is the real entry point); fail loudly.
-
-    Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
-    step samples), how many prompts the engine has sampled so far, read from the step's own log.
-    """
-    from pipelines.failures import JobFailed, job_failed
-    from pipelines.lifeline import cli_command, spawn_job
-
-    log.info("quickstart: %s (log: %s)", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
-             log_path)
-    started = time.monotonic()
-    process = spawn_job(cli_command(argv), log_path)  # owned: the step dies with the quickstart, however it dies
-    while True:
-        try:
-            code = process.wait(timeout=PROGRESS_EVERY_S)
-            break
-        except subprocess.TimeoutExpired:
-            elapsed = time.monotonic() - started
-            if elapsed > timeout_s:
-                os.killpg(process.pid, signal.SIGKILL)  # the step and what it started
-                process.wait()
-                raise JobFailed(f"the rlax {argv[0]} job did not finish within {timeout_s:.0f} s; its log: {log_path}") from None
-            sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
-            log.info("quickstart: rlax %s running for %.0f s%s", argv[0], elapsed, sampled)
-    if code != 0:
-        raise job_failed(f"rlax {argv[0]}", code, log_path)
-
-
-# EngineHost.complete (rlax_core.rollout.host) logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
-_SAMPLED_BATCH = re.compile(rb": (\d+) prompt\(s\) x \d+ sample\(s\)")
-
-
-def prompts_sampled(log_path: Path) -> int:
-    return sum(int(n) for n in _SAMPLED_BATCH.findall(log_path.read_bytes()))
-
-
-def stop_token_ids(tokenizer) -> list[int]:
-    """A paragraph ends at a newline; a story at BOS (llama2.c's delimiter) or EOS."""
-    ids = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.token_to_id("<0x0A>")}
-    ids |= {tokenizer.encode("\n")[-1]} if tokenizer.encode("\n") else set()
-    return sorted(i for i in ids if i is not None)
-
-
-def curate(output: Path) -> Path:
-    config = {
-        "inputs": [{"path": str(ASSETS / "story_task" / "train.jsonl"), "format": "generic", "source": "story_word",
-                    "split": "train", "mapping": {"prompt": "prompt", "answer": "answer", "task": "story"}}],
-        "decontaminate_against": [{"path": str(ASSETS / "story_task" / "heldout.jsonl"), "format": "generic",
-                                   "source": "story_heldout",
-                                   "mapping": {"prompt": "prompt", "answer": "answer", "task": "story"}}],
-        "output": str(output / "curated"),
-    }
-    path = output / "configs" / "curate.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    _cli(["curate", "--config", str(path)], output / "logs" / "curate.log")
-    return output / "curated"
-
-
-def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: list[str], limit: int) -> Path | None:
-    """``rlax filter`` over the curated prompts; None (and the reason logged) when it cannot run."""
-    config = {
-        "input": str(curated / "examples-*.parquet"),
-        "output": str(output / "filtered"),
-        "generation": {"model": model_path, "sampling": {"samples_per_prompt": 4, "max_new_tokens": 64,
-                                                          "stop_strings": stops_text}, "batch_size": 32, "engine": {"num_slots": 64, "num_pages": 640, "max_prompt_len": 64,
-                                                    "max_new_tokens": 64, "prefill_buckets": [32, 64]}},
-        "low": 0.0, "high": 0.75, "limit": limit,
-    }
-    path = output / "configs" / "filter.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    try:
-        # --allow-empty: a band that keeps no prompt is not a failure here; training falls back to the curated ones
-        _cli(["filter", "--config", str(path), "--allow-empty"], output / "logs" / "filter.log",
-             timeout_s=FILTER_TIMEOUT_S, prompts=limit)
-    except RuntimeError as error:
-        log.warning("quickstart: the difficulty filter did not run (%s); training on the curated prompts",
-                    str(error).splitlines()[0])
-        return None
-    return output / "filtered"
-
-
-def evaluate(model_config, params, base_params, tokenizer, examples, run_config, stops) -> dict[str, Any]:
-    from rlax_core.eval.policy import evaluate_policy
-
-    return evaluate_policy(model_config, params, tokenizer, examples, rewards=run_config.loop.named_rewards(),
-                           engine=run_config.engine,
-                           samples=HELDOUT_SAMPLES, ks=(1, HELDOUT_SAMPLES), stop_token_ids=stops,
-                           seed=run_config.run.seed + 1, base_params=base_params)
 
 
 def policy_summary(model_config) -> dict[str, Any]:
@@ -374,12 +273,3 @@ def export_final_model(run_config, model_config, params, folder: Path) -> None:
 
     recipe = hf_export(run_config, model_config)
     export_hf(folder, model_config, params, tokenizer_source=recipe.tokenizer_source, generation=recipe.generation)
-
-
-def read_examples_or_none(path: Path):
-    from rlax_core.data.training_set import read_examples
-
-    try:
-        return read_examples(str(path))
-    except FileNotFoundError:
-        return None

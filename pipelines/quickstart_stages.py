@@ -17,11 +17,124 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import re
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+HELDOUT_SAMPLES = 8
+TARGET_PASS_AT_1 = 0.25  # the held-out pass@1 the benchmarks (and the warm report) count steps to
+PROGRESS_EVERY_S = 15.0  # how often a running step reports
+FILTER_TIMEOUT_S = 300.0  # the quickstart's budget is 10 minutes: past this, train on the curated prompts
+
+
+def run_step(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None) -> None:
+    """Run ``rlax ARGV`` as its own process (each step is the real entry point); fail loudly.
+
+    Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
+    step samples), how many prompts the engine has sampled so far, read from the step's own log.
+    """
+    from pipelines.failures import JobFailed, job_failed
+    from pipelines.lifeline import cli_command, spawn_job
+
+    log.info("quickstart: %s (log: %s)", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
+             log_path)
+    started = time.monotonic()
+    process = spawn_job(cli_command(argv), log_path)  # owned: the step dies with the quickstart, however it dies
+    while True:
+        try:
+            code = process.wait(timeout=PROGRESS_EVERY_S)
+            break
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - started
+            if elapsed > timeout_s:
+                os.killpg(process.pid, signal.SIGKILL)  # the step and what it started
+                process.wait()
+                raise JobFailed(f"the rlax {argv[0]} job did not finish within {timeout_s:.0f} s; its log: {log_path}") from None
+            sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
+            log.info("quickstart: rlax %s running for %.0f s%s", argv[0], elapsed, sampled)
+    if code != 0:
+        raise job_failed(f"rlax {argv[0]}", code, log_path)
+
+
+# EngineHost.complete (rlax_core.rollout.host) logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
+_SAMPLED_BATCH = re.compile(rb": (\d+) prompt\(s\) x \d+ sample\(s\)")
+
+
+def prompts_sampled(log_path: Path) -> int:
+    return sum(int(n) for n in _SAMPLED_BATCH.findall(log_path.read_bytes()))
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """A paragraph ends at a newline; a story at BOS (llama2.c's delimiter) or EOS."""
+    ids = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.token_to_id("<0x0A>")}
+    ids |= {tokenizer.encode("\n")[-1]} if tokenizer.encode("\n") else set()
+    return sorted(i for i in ids if i is not None)
+
+
+def curate(output: Path) -> Path:
+    config = {
+        "inputs": [{"path": str(ASSETS / "story_task" / "train.jsonl"), "format": "generic", "source": "story_word",
+                    "split": "train", "mapping": {"prompt": "prompt", "answer": "answer", "task": "story"}}],
+        "decontaminate_against": [{"path": str(ASSETS / "story_task" / "heldout.jsonl"), "format": "generic",
+                                   "source": "story_heldout",
+                                   "mapping": {"prompt": "prompt", "answer": "answer", "task": "story"}}],
+        "output": str(output / "curated"),
+    }
+    path = output / "configs" / "curate.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    run_step(["curate", "--config", str(path)], output / "logs" / "curate.log")
+    return output / "curated"
+
+
+def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: list[str], limit: int) -> Path | None:
+    """``rlax filter`` over the curated prompts; None (and the reason logged) when it cannot run."""
+    config = {
+        "input": str(curated / "examples-*.parquet"),
+        "output": str(output / "filtered"),
+        "generation": {"model": model_path, "sampling": {"samples_per_prompt": 4, "max_new_tokens": 64,
+                                                          "stop_strings": stops_text}, "batch_size": 32, "engine": {"num_slots": 64, "num_pages": 640, "max_prompt_len": 64,
+                                                    "max_new_tokens": 64, "prefill_buckets": [32, 64]}},
+        "low": 0.0, "high": 0.75, "limit": limit,
+    }
+    path = output / "configs" / "filter.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    try:
+        # --allow-empty: a band that keeps no prompt is not a failure here; training falls back to the curated ones
+        run_step(["filter", "--config", str(path), "--allow-empty"], output / "logs" / "filter.log",
+             timeout_s=FILTER_TIMEOUT_S, prompts=limit)
+    except RuntimeError as error:
+        log.warning("quickstart: the difficulty filter did not run (%s); training on the curated prompts",
+                    str(error).splitlines()[0])
+        return None
+    return output / "filtered"
+
+
+def evaluate(model_config, params, base_params, tokenizer, examples, run_config, stops) -> dict[str, Any]:
+    from rlax_core.eval.policy import evaluate_policy
+
+    return evaluate_policy(model_config, params, tokenizer, examples, rewards=run_config.loop.named_rewards(),
+                           engine=run_config.engine,
+                           samples=HELDOUT_SAMPLES, ks=(1, HELDOUT_SAMPLES), stop_token_ids=stops,
+                           seed=run_config.run.seed + 1, base_params=base_params)
+
+
+def read_examples_or_none(path: Path):
+    from rlax_core.data.training_set import read_examples
+
+    try:
+        return read_examples(str(path))
+    except FileNotFoundError:
+        return None
 
 
 @dataclasses.dataclass
@@ -72,8 +185,6 @@ class QuickstartRun:
 
 
 def curate_stage(q: QuickstartRun) -> None:
-    from pipelines.quickstart import curate, read_examples_or_none
-
     # A resumed run keeps the prompts it was trained on (a second curate would add shards beside the first)
     q.curated = q.timed("curate", lambda: q.output / "curated" if q.resumed and read_examples_or_none(
         q.output / "curated") else curate(q.output))
@@ -82,7 +193,6 @@ def curate_stage(q: QuickstartRun) -> None:
 
 def filter_stage(q: QuickstartRun) -> None:
     from rlax_core.data.training_set import read_examples
-    from pipelines.quickstart import filter_prompts, read_examples_or_none
 
     filtered = q.timed("filter", lambda: q.output / "filtered" if q.resumed and read_examples_or_none(
         q.output / "filtered") else filter_prompts(q.output, q.curated, q.policy, ["\n"], q.filter_prompts))
@@ -93,14 +203,12 @@ def filter_stage(q: QuickstartRun) -> None:
 def rft_stage(q: QuickstartRun) -> None:
     """``rlax rft`` over the curated prompts with the current policy as the generator: its verified
     samples are the SFT set (the recipe's ``rft:`` section says how many samples, rows, which first)."""
-    from pipelines.quickstart import _cli
-
     out = q.output / "rft"
     if not (q.resumed and (out / "stats.json").is_file()):
         argv = ["rft", "--config", q.config_path, *q.overrides, f"rft.input={q.curated}/examples-*.parquet",
                 f"rft.output={out}", f"rft.generator={q.policy}", *q.stage_overrides("rft")]
         limit = q.run_config.rft.limit or None
-        q.timed("rft", lambda: _cli(argv, q.output / "logs" / "rft.log", timeout_s=q.timeout_s, prompts=limit))
+        q.timed("rft", lambda: run_step(argv, q.output / "logs" / "rft.log", timeout_s=q.timeout_s, prompts=limit))
     q.report["rft"] = json.loads((out / "stats.json").read_text())
 
 
@@ -108,7 +216,6 @@ def sft_stage(q: QuickstartRun) -> None:
     """``rlax sft`` on the RFT rows (or the recipe's ``sft.data``) from the current policy; its final
     export becomes the policy. Held-out NLL of the held-out verified samples before and after."""
     from pipelines.config import load_run_config
-    from pipelines.quickstart import _cli
     from pipelines.sft import split_records
     from rlax_core.utils.metrics import read_metrics
 
@@ -116,7 +223,7 @@ def sft_stage(q: QuickstartRun) -> None:
     data = q.run_config.sft.data or str(q.output / "rft" / "sft-*.parquet")
     overrides = [*q.overrides, f"sft.data={data}", f"model.path={q.policy}", *q.stage_overrides("sft")]
     argv = ["sft", "--config", q.config_path, "--output", str(out), *overrides]
-    q.timed("sft", lambda: _cli(argv, q.output / "logs" / "sft.log", timeout_s=q.timeout_s))
+    q.timed("sft", lambda: run_step(argv, q.output / "logs" / "sft.log", timeout_s=q.timeout_s))
     config = load_run_config(q.config_path, [*overrides, f"run.output_dir={out}"])
     steps = config.trainer.total_steps
     nll = [(row["step"], row["train/heldout_nll"]) for row in read_metrics(config.metrics_dir())
@@ -133,8 +240,6 @@ def sft_stage(q: QuickstartRun) -> None:
 
 
 def _evaluate(q: QuickstartRun, params) -> dict[str, Any]:
-    from pipelines.quickstart import evaluate
-
     return evaluate(q.base.config, params, q.base.params, q.tokenizer, q.heldout, q.run_config, q.stops)
 
 
@@ -226,8 +331,6 @@ def curves(q: QuickstartRun) -> None:
 
 def steps_to_target(curve: list[dict]) -> int | None:
     """The first evaluated RL step (0: before any) whose held-out pass@1 is at or above the target."""
-    from pipelines.quickstart import TARGET_PASS_AT_1
-
     return next((p["step"] for p in curve if p["pass@1"] >= TARGET_PASS_AT_1), None)
 
 
