@@ -2,6 +2,7 @@
 
     rlax quickstart --output runs/quickstart
     rlax quickstart --config configs/quickstart_moe.yaml --output runs/quickstart-moe   # the policy a mixture of experts
+    rlax quickstart --config configs/quickstart_warm.yaml --output runs/quickstart-warm  # RFT -> SFT -> RL
 
 The task (``rlax_core.tasks.story``): continue a story opening with one paragraph that ends on its
 own within 64 tokens, repeats no phrase, and uses the word "happy" exactly once. stories260K passes
@@ -21,6 +22,12 @@ about 5% of the time; repetition cannot win it. The steps, each the real entry p
 With ``model.upcycle`` (``configs/quickstart_moe.yaml``) the policy is made first: stories260K upcycled
 into a mixture of experts in ``DIR/run/upcycled_model`` (``pipelines.initial_policy``), which every
 step then samples, evaluates and trains.
+
+A recipe that names ``stages`` (``pipelines.stages``) runs those instead, in its order, by the runners
+of ``pipelines.quickstart_stages``; ``configs/quickstart_warm.yaml`` adds ``rlax rft`` and ``rlax sft``
+before the filter, starts RL from the SFT job's final version, runs the plain RL beside it, and its
+report adds pass@1 after SFT, the held-out NLL of held-out verified samples before and after SFT, and
+each run's RL steps to the target pass@1 (docs/post_training.md).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ HELP = "curate -> filter -> RL -> evaluate on stories260K, all on this machine"
 QUICKSTART_RECIPE = "quickstart.yaml"  # a shipped recipe (pipelines.config.find_config)
 
 log = logging.getLogger(__name__)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="runs/quickstart", help="folder for everything the quickstart writes")
