@@ -10,6 +10,9 @@ A warm-started run also trains the plain quickstart's RL beside it (``OUTPUT/run
 recipe, prompts, steps and seed, from the base model), keeps every weight version of both runs, and
 scores every ``curve_every``-th one on the held-out prompts after training, so its report says how
 many RL steps each needed to reach the target pass@1 (evaluation costs no training time).
+
+The steps' shared helpers live here too: ``run_step`` (one ``rlax`` command as an owned process, its
+progress logged), the story task's ``curate`` and ``filter_prompts`` configs, and the held-out ``evaluate``.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: lis
     try:
         # --allow-empty: a band that keeps no prompt is not a failure here; training falls back to the curated ones
         run_step(["filter", "--config", str(path), "--allow-empty"], output / "logs" / "filter.log",
-             timeout_s=FILTER_TIMEOUT_S, prompts=limit)
+                 timeout_s=FILTER_TIMEOUT_S, prompts=limit)
     except RuntimeError as error:
         log.warning("quickstart: the difficulty filter did not run (%s); training on the curated prompts",
                     str(error).splitlines()[0])
