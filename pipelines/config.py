@@ -16,6 +16,8 @@ that reads it; this module only assembles them::
     rft:       pipelines.sections.RftConfig         (rejection-sampling data: SFT rows and preference pairs)
     loop:      rlax_core.rollout.LoopConfig         (the streaming rollout side of the online loop)
     hardware:  rlax_core.planning.HardwareConfig    (chips of the rollout fleet and the trainer: ``rlax plan``)
+    sft, dpo:  rlax_core.training.post_config        (``rlax sft``, ``rlax dpo``)
+    stages:    the run's stages in order, ``stage_overrides`` per stage (pipelines.stages)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
 
 A file for one pipeline may spell only that pipeline's section (``configs/filter_stories260k.yaml``
@@ -185,8 +187,14 @@ class RunConfig:
     beam: BeamSpec = field(default_factory=BeamSpec)
     sft: SftConfig = field(default_factory=SftConfig)  # rlax sft (docs/post_training.md)
     dpo: DpoConfig = field(default_factory=DpoConfig)  # rlax dpo
+    # The run's stages in order, and overrides only one stage's job takes (pipelines.stages).
+    stages: tuple[str, ...] = ()
+    stage_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
+        from pipelines.stages import check_stages
+
+        check_stages(self.stages, self.stage_overrides, sft_data=self.sft.data)
         algorithm = self.algorithm
         if algorithm.overlong_max_length:  # DAPO's shaping must be able to fire within the run's budget
             longest = self.loop.env.max_tokens if self.loop.env is not None else self.loop.sampling.budget(self.engine)
