@@ -42,7 +42,7 @@ from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import algorithm_from_dict, corrected_for_engine, get_preset
 from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
-from rlax_core.training.post_config import DpoConfig, SftConfig
+from rlax_core.training.post_config import DpoConfig, RmConfig, SftConfig
 from rlax_core.weights.config import WeightStoreConfig
 from pipelines.beam_args import merge_beam_args
 from pipelines.run_folder import UPCYCLED_MODEL
@@ -185,6 +185,7 @@ class RunConfig:
     beam: BeamSpec = field(default_factory=BeamSpec)
     sft: SftConfig = field(default_factory=SftConfig)  # rlax sft (docs/post_training.md)
     dpo: DpoConfig = field(default_factory=DpoConfig)  # rlax dpo
+    rm: RmConfig = field(default_factory=RmConfig)  # rlax rm (docs/reward_models.md)
 
     def __post_init__(self):
         algorithm = self.algorithm

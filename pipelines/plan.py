@@ -25,7 +25,7 @@ from rlax_core.planning.memory import MemoryPlan, gib, plan_rollout, plan_traine
 
 HELP = "memory per chip of the rollout engine and the trainer against the config's declared hardware"
 ROLES = ("rollout", "trainer", "filter", "evaluate", "rft")
-POST_TRAINING_ROLES = ("sft", "dpo")  # the trainer with another objective: rlax plan --post-training
+POST_TRAINING_ROLES = ("sft", "dpo", "rm")  # the trainer with another objective: rlax plan --post-training
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     # rlax sft and rlax dpo: the same trainer on the trainer's chips; DPO's batch holds both samples of
     # each pair, and a frozen reference unless its log-probs were computed before the run.
     post = {"sft": (config.sft.examples_per_step, False),
-            "dpo": (2 * config.dpo.pairs_per_step, config.dpo.reference == "step")}
+            "dpo": (2 * config.dpo.pairs_per_step, config.dpo.reference == "step"),
+            "rm": (2 * config.rm.pairs_per_step, False)}
     for role, (rows, reference) in post.items():
         if role in roles and hardware.trainer is not None:
             plans.append(dataclasses.replace(plan_trainer(model, config.trainer, hardware.trainer, rows_per_step=rows,
@@ -158,7 +159,7 @@ def markdown_table(rows: list[tuple[str, MemoryPlan]]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", action="store_true", help="plan every run recipe in configs/ (not --config)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table (docs/memory.md)")
-    parser.add_argument("--post-training", action="store_true", help="also plan the rlax sft and rlax dpo trainers")
+    parser.add_argument("--post-training", action="store_true", help="also plan the rlax sft, rlax dpo and rlax rm trainers")
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
