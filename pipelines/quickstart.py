@@ -21,6 +21,14 @@ about 5% of the time; repetition cannot win it. The steps, each the real entry p
 With ``model.upcycle`` (``configs/quickstart_moe.yaml``) the policy is made first: stories260K upcycled
 into a mixture of experts in ``DIR/run/upcycled_model`` (``pipelines.initial_policy``), which every
 step then samples, evaluates and trains.
+
+With ``rm.train_before_rl`` (``configs/quickstart_rm.yaml``) the reward is a model made by the run
+itself, before RL (``reward_model_stage``): ``rlax rft`` samples the curated training prompts and pairs
+a verified completion with a failed one of the same prompt (``DIR/rft``), ``rlax rm`` trains a
+Bradley-Terry reward model on those pairs (``DIR/rm``, its final export copied to
+``DIR/rm/reward_model``), and the RL run's ``reward_model`` term reads it. The verifier stays in the
+reward's terms with weight 0: it pays nothing, and it is what held-out pass@1 and each step's pass
+rate are measured by, beside the reward model's score (the report's per-step table).
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ QUICKSTART_RECIPE = "quickstart.yaml"  # a shipped recipe (pipelines.config.find
 HELDOUT_SAMPLES = 8
 TARGET_PASS_AT_1 = 0.25
 PROGRESS_EVERY_S = 15.0  # how often a running step reports
+RM_EPOCHS = 2  # passes of rlax rm over the pairs (tests/training/test_reward_model_story.py: 0.85+ held out)
+RM_LEARNING_RATE = 3e-3  # a reward model from stories260K: the rate that test measured
 FILTER_TIMEOUT_S = 300.0  # the quickstart's budget is 10 minutes: past this, train on the curated prompts  # the held-out pass@1 the benchmark times runs to
 
 
@@ -232,6 +242,7 @@ def markdown(report: dict[str, Any]) -> str:
         "TinyStories-like), distinct-n the share of distinct word n-grams.",
         "",
         "![reward curve](reward_curve.png)",
+        *learned_reward_table(report.get("learned_reward", [])),
         "",
         "## Samples after RL",
         "",
@@ -276,6 +287,9 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config_path = str(find_config(args.config or QUICKSTART_RECIPE).resolve())
     overrides = [f"run.output_dir={output / 'run'}", *args.overrides]
     run_config = load_run_config(config_path, overrides)
+    if run_config.rm.train_before_rl:  # the reward model this run makes, where the stage below puts it
+        overrides.append(f"loop.rewards.reward_model.path={output / 'rm' / 'reward_model'}")
+        run_config = load_run_config(config_path, overrides)
     seconds: dict[str, float] = {}
     started = time.monotonic()
     # The policy the filter samples, the evaluation starts from and the run trains: with model.upcycle,
@@ -298,6 +312,11 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     seconds["filter"] = time.monotonic() - mark
     train_set = filtered if filtered is not None and read_examples_or_none(filtered) else curated
     log.info("quickstart: training on %d prompts from %s", len(read_examples(str(train_set))), train_set)
+
+    if run_config.rm.train_before_rl:
+        mark = time.monotonic()
+        reward_model_stage(output, config_path, overrides, curated, run_config)
+        seconds["reward_model"] = time.monotonic() - mark
 
     heldout = [json.loads(line) for line in (ASSETS / "story_task" / "heldout.jsonl").read_text().splitlines()]
     base = from_pretrained(model_path)
@@ -335,6 +354,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         "pass@1_gain_in_se": significance(before, after),
         "target_pass@1": TARGET_PASS_AT_1,
         "rl": {**rl_settings(run_config), "final_weight_version": final_version, "seconds": seconds["rl"]},
+        "learned_reward": learned_reward_steps(rows),
         "seconds": seconds,
         "where": {**where, "final_model": str(output / "final_model")},
     }
@@ -362,3 +382,47 @@ def read_examples_or_none(path: Path):
         return read_examples(str(path))
     except FileNotFoundError:
         return None
+
+
+def reward_model_stage(output: Path, config_path: str, overrides: list[str], curated: Path, run_config) -> Path:
+    """``rm.train_before_rl``: pairs from ``rlax rft`` (a verified against a failed completion of one
+    training prompt), then ``rlax rm`` on them; the model is copied to ``DIR/rm/reward_model``, the
+    path the run's ``reward_model`` term was given. A resumed run keeps the pairs and the model it made."""
+    import shutil
+
+    rft_dir, rm_dir = output / "rft", output / "rm"
+    final = rm_dir / "reward_model"
+    if (final / "config.json").exists():
+        return final
+    if not (rft_dir / "stats.json").exists():
+        _cli(["rft", "--config", config_path, *overrides, f"rft.input={curated}/examples-*.parquet",
+              f"rft.output={rft_dir}"], output / "logs" / "rft.log", prompts=run_config.rft.limit or None)
+    pairs = json.loads((rft_dir / "stats.json").read_text())["pairs"]
+    settings = run_config.rm
+    steps = max(1, math.ceil(RM_EPOCHS * pairs * (1 - settings.validation_fraction) / settings.pairs_per_step))
+    _cli(["rm", "--config", config_path, *overrides, f"run.output_dir={rm_dir}", f"rm.data={rft_dir}/pairs-*.parquet",
+          f"trainer.total_steps={steps}", f"trainer.checkpoint_every={steps}",
+          f"trainer.optimizer.learning_rate={RM_LEARNING_RATE}"], output / "logs" / "rm.log")
+    shutil.copytree(rm_dir / "hf" / f"step_{steps:08d}", final)
+    log.info("quickstart: reward model trained on %d pairs in %d steps: %s", pairs, steps, final)
+    return final
+
+
+def learned_reward_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step, the reward model's mean score beside the verifier's pass rate and their correlation."""
+    return [{"step": r["step"], "reward_model_mean": r["rollout/reward_model_mean"],
+             "pass_rate": r.get("rollout/pass_rate"),
+             "correlation": r.get("rollout/reward_model_pass_correlation")}
+            for r in rows if r.get("rollout/reward_model_mean") is not None]
+
+
+def learned_reward_table(steps: list[dict[str, Any]]) -> list[str]:
+    if not steps:
+        return []
+    number = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    return ["", "## The reward model's score and the verifier, per step", "",
+            "The reward is the reward model's score alone; the verifier pays nothing and measures. A score "
+            "that rises while the pass rate does not, or a correlation near zero, is the reward being hacked.", "",
+            "| step | reward model score (normalised) | verifier pass rate | correlation |", "|---|---|---|---|",
+            *[f"| {s['step']} | {number(s['reward_model_mean'])} | {number(s['pass_rate'])} | "
+              f"{number(s['correlation'])} |" for s in steps]]

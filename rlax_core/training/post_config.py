@@ -85,6 +85,9 @@ class RmConfig:
     pairs_per_step: int = 8
     eval_every: int = 10  # held-out pair accuracy every this many steps (and at step 0 and after the last)
     shuffle_seed: int = 0
+    # rlax quickstart: make the reward model before RL (rlax rft's pairs of the training prompts, then
+    # rlax rm) and give it to the run's reward_model term (configs/quickstart_rm.yaml).
+    train_before_rl: bool = False
 
     def __post_init__(self):
         require(0.0 <= self.validation_fraction < 1.0, "validation_fraction", "must lie in [0, 1)")
