@@ -353,14 +353,22 @@ def reward_model_beside(run_config) -> dict[str, int]:
     rewards = run_config.loop.rewards
     if rewards is None or "reward_model" not in rewards.terms:
         return {}
-    from rlax_core.models.checkpoint import read_model_config
     from rlax_core.planning.memory import reward_model_parts
 
     settings = rewards.reward_model
-    shape = read_model_config(resolve_asset(settings.path))
+    if settings.placement != "rollout_worker":  # its own scoring stage's chips (rlax plan's reward_model role)
+        return {}
+    return reward_model_parts(reward_model_shape(run_config), settings.batch_size, settings.max_length, settings.dtype)
+
+
+def reward_model_shape(run_config):
+    """The ``ModelConfig`` of the run's ``reward_model`` term (a score head), read from its folder."""
+    from rlax_core.models.checkpoint import read_model_config
+
+    shape = read_model_config(resolve_asset(run_config.loop.rewards.reward_model.path))
     if shape.moe is None:  # a published causal shape named for the reward model: its score head, no classifier
         shape = dataclasses.replace(shape, score_head=True)
-    return reward_model_parts(shape, settings.batch_size, settings.max_length, settings.dtype)
+    return shape
 
 
 def policy_shape(run_config):
