@@ -63,3 +63,30 @@ def test_a_stopped_rm_run_resumed_ends_where_an_uninterrupted_one_does(tmp_path)
     for name, array in whole.items():
         np.testing.assert_array_equal(split[name], array, err_msg=name)
     assert read_score_stats(tmp_path / "whole/hf/step_00000004") == read_score_stats(tmp_path / "split/hf/step_00000004")
+
+
+SEVEN_B_RM = ["loop.rewards.terms={reward_model: 1.0, math: 0.0}", "loop.rewards.reward_model.path=gs://bucket/models/Qwen2.5-7B",
+              "loop.rewards.reward_model.dtype=bfloat16"]
+
+
+def test_rlax_compile_refuses_a_7b_reward_model_beside_the_7b_policy_with_the_numbers(capsys):
+    # The same refusal as rlax plan's, before anything is compiled: the rollout chip holds neither whole.
+    code = main(["compile", "--config", "qwen25_7b_math_dataflow_tpu.yaml", *SEVEN_B_RM])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("rlax compile: config error: engine.num_pages: auto")
+    assert "reward model weights 13.17 GiB" in line and "total 23.00 GiB of 14.40 GiB usable" in line
+
+
+def test_on_its_own_stage_a_7b_reward_model_is_planned_on_its_own_chips():
+    from pipelines.config import load_run_config
+    from pipelines.plan import memory_plans
+
+    own = [*SEVEN_B_RM, "loop.rewards.reward_model.placement=own_stage"]
+    config = load_run_config("qwen25_7b_math_dataflow_tpu.yaml", own)  # the rollout chips hold the policy alone
+    rollout, = memory_plans(config, ("rollout",))
+    assert "reward model weights" not in rollout.parts and rollout.fits
+    on_v5e, = memory_plans(config, ("reward_model",))  # by default the rollout fleet's kind of chip: too small
+    assert on_v5e.chip == "v5e" and not on_v5e.fits
+    on_v5p, = memory_plans(load_run_config("qwen25_7b_math_dataflow_tpu.yaml", [
+        *own, "hardware.reward_model={chip: v5p, chips_per_host: 4, hosts: 4}"]), ("reward_model",))
+    assert on_v5p.fits and on_v5p.parts["reward model weights"] == on_v5e.parts["reward model weights"]
