@@ -2,7 +2,6 @@
 Bradley-Terry loss (packed, micro-batched, pairs split across micro-batches), LoRA trains the score
 head beside its adapters, and the job resumes exactly and writes a model the reward term reads."""
 
-import json
 
 import jax
 import numpy as np
