@@ -23,10 +23,7 @@ def test_the_header_runs_the_quickstart_with_the_reward_model_recipe():
     assert command.startswith("rlax quickstart --config configs/quickstart_rm.yaml --output ")
 
 
-@pytest.mark.slow  # rft pairs, rlax rm, 30 GRPO steps scored by the reward model, evaluations: ~15-25 minutes loaded
-@pytest.mark.xfail(strict=False, reason="measured 2026-12-05 (load average 25-30): pass@1 0.041 +- 0.008 -> 0.098 +- "
-                   "0.016, 3.1 standard errors, not 5: the reward model pays for 'happy' and RL learned to repeat it "
-                   "(the per-step table shows the correlation with the verifier falling to ~0.05); issue 47 left open")
+@pytest.mark.slow  # rft pairs (448 prompts), rlax rm, 30 GRPO steps on its score, evaluations: 11 minutes at load 8-25
 def test_rl_on_the_reward_model_alone_raises_held_out_pass_at_1_by_5_standard_errors(tmp_path):
     (tmp_path / "configs").symlink_to(REPO_ROOT / "configs")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
