@@ -362,9 +362,12 @@ def reward_model_beside(run_config) -> dict[str, int]:
 
 
 def reward_model_shape(run_config):
-    """The ``ModelConfig`` of the run's ``reward_model`` term (a score head), read from its folder."""
+    """The ``ModelConfig`` of the run's ``reward_model`` term (a score head), read from its folder; a
+    run that makes its reward model first (``rm.train_before_rl``) makes it of the policy's shape."""
     from rlax_core.models.checkpoint import read_model_config
 
+    if run_config.rm.train_before_rl:  # not there until the run's reward model stage has trained it
+        return dataclasses.replace(policy_shape(run_config), score_head=True)
     shape = read_model_config(resolve_asset(run_config.loop.rewards.reward_model.path))
     if shape.moe is None:  # a published causal shape named for the reward model: its score head, no classifier
         shape = dataclasses.replace(shape, score_head=True)
