@@ -6,7 +6,8 @@ Runs in the lock-tpu environment for TPU slices (``make setup-tpu-compile`` buil
 is the TPU compiler) and in the lock-gpu environment for NVIDIA GPUs (``make setup-gpu-compile`` builds
 ``.venv-gpu``: jax's CUDA plugin, ptxas and cuDNN); no TPU or GPU is needed.
 Per role of the recipe (``rlax plan``'s roles: rollout, filter and evaluate engines on the rollout
-workers, the trainer on its slice), the programs of ``rlax_core.compile.programs`` are compiled for
+workers, the trainer on its slice, a ``reward_model`` term's forward on a rollout chip beside the engine
+or on its own scoring stage's chip), the programs of ``rlax_core.compile.programs`` are compiled for
 the slice from the recipe's ``hardware:`` section, and each prints: compiled or the compiler's error,
 XLA's bytes per chip against the planner's figure and the chip's HBM, FLOPs, bytes accessed, XLA's
 optimal time and the roofline time, and the attention kernels in the compiled program (Pallas kernels
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--roles", default="rollout,trainer,filter,evaluate",
+    parser.add_argument("--roles", default="rollout,trainer,filter,evaluate,reward_model",
                         help="comma-separated roles to compile (default: all the recipe has)")
     parser.add_argument("--programs", default="",
                         help="comma-separated program names or their beginnings to compile, e.g. "
@@ -75,6 +76,7 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
                     lambda model=model, engine=engine, dtype=dtype, mode=mode, role=role, slice_=slice_, lora=lora:
                     engine_programs(model, engine, dtype, slice_devices(slice_.chip, slice_.chips_per_host,
                                                                         slice_.chips_per_host), mode, role, lora)))
+    out.extend(reward_model_roles(config, plans))
     if "trainer" in plans and config.hardware.trainer is not None:
         slice_ = config.hardware.trainer
         model = policy_shape(config)
@@ -88,6 +90,27 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
                                              slice_devices(slice_.chip, slice_.chips, slice_.chips_per_host), rows,
                                              mean_tokens)))
     return out
+
+
+def reward_model_roles(config, plans) -> list[tuple]:
+    """The ``reward_model`` term's forward: on one rollout chip beside the engine (its programs join
+    the rollout role's), or on one chip of its own scoring stage (the reward_model role)."""
+    from pipelines.config import reward_model_shape
+    from rlax_core.compile.reward_model import reward_model_programs
+    from rlax_core.compile.topology import slice_devices
+
+    rewards = config.loop.rewards
+    if rewards is None or "reward_model" not in rewards.terms:
+        return []
+    settings = rewards.reward_model
+    role = "rollout" if settings.placement == "rollout_worker" else "reward_model"
+    slice_ = config.hardware.workers_of(role)
+    if role not in plans or slice_ is None:
+        return []
+    model = reward_model_shape(config)
+    return [(role, slice_, plans[role], None, lambda: reward_model_programs(
+        model, settings.batch_size, settings.max_length, settings.dtype,
+        slice_devices(slice_.chip, slice_.chips_per_host, slice_.chips_per_host), role))]
 
 
 def selected(name: str, programs: tuple[str, ...]) -> bool:
@@ -128,12 +151,18 @@ def compile_roles(config, roles, programs_wanted: tuple[str, ...] = ()) -> tuple
 
 def role_peaks(reports, plans_incoming: dict[str, int]) -> dict[str, int]:
     """XLA's bytes per chip of each role: its largest program, plus the incoming weights a weight
-    swap places beside the engine's own (no single program holds them)."""
+    swap places beside the engine's own (no single program holds them), plus on a rollout chip the
+    reward model's forward (its weights stay beside the engine's; counted whole, as the planner does)."""
+    from rlax_core.compile.reward_model import PROGRAM
+
     peaks: dict[str, int] = {}
+    beside: dict[str, int] = {}
     for r in reports:
         if r.compiled:
-            peaks[r.role] = max(peaks.get(r.role, 0), r.peak_bytes)
-    return {role: peak + plans_incoming.get(role, 0) for role, peak in peaks.items()}
+            held = beside if r.program.startswith(PROGRAM) and r.role == "rollout" else peaks
+            held[r.role] = max(held.get(r.role, 0), r.peak_bytes)
+    return {role: peaks.get(role, 0) + beside.get(role, 0) + plans_incoming.get(role, 0)
+            for role in {*peaks, *beside}}
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

@@ -24,8 +24,8 @@ from pipelines.config import template_of
 from rlax_core.planning.memory import MemoryPlan, gib, plan_rollout, plan_trainer, refuse_unless_fits
 
 HELP = "memory per chip of the rollout engine and the trainer against the config's declared hardware"
-ROLES = ("rollout", "trainer", "filter", "evaluate", "rft")
-POST_TRAINING_ROLES = ("sft", "dpo")  # the trainer with another objective: rlax plan --post-training
+ROLES = ("rollout", "trainer", "filter", "evaluate", "rft", "reward_model")
+POST_TRAINING_ROLES = ("sft", "dpo", "rm")  # the trainer with another objective: rlax plan --post-training
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,8 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
         # A LoRA run's versions after the base are adapters, which the rollout engine applies itself.
         plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name,
                                   lora=config.trainer.lora, beside=reward_model_beside(config)))
+    if "reward_model" in roles:
+        plans.extend(reward_stage_plan(config))
     # Difficulty filtering and evaluation run an engine on their workers (by default the rollouts' kind).
     generations = [("filter", config.filter.generation, config.filter.generation.model)]
     generations += [("evaluate", config.evaluate.generation, path) for path in config.evaluate.models]
@@ -67,12 +69,30 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     # rlax sft and rlax dpo: the same trainer on the trainer's chips; DPO's batch holds both samples of
     # each pair, and a frozen reference unless its log-probs were computed before the run.
     post = {"sft": (config.sft.examples_per_step, False),
-            "dpo": (2 * config.dpo.pairs_per_step, config.dpo.reference == "step")}
+            "dpo": (2 * config.dpo.pairs_per_step, config.dpo.reference == "step"),
+            "rm": (2 * config.rm.pairs_per_step, False)}
     for role, (rows, reference) in post.items():
         if role in roles and hardware.trainer is not None:
             plans.append(dataclasses.replace(plan_trainer(model, config.trainer, hardware.trainer, rows_per_step=rows,
                                                           uses_reference=reference, name=name), role=role))
     return plans
+
+
+def reward_stage_plan(config) -> list[MemoryPlan]:
+    """A reward model on its own scoring stage (``placement: own_stage``), whole on one chip of
+    ``hardware.reward_model`` (by default the rollout fleet's kind): its weights and one forward."""
+    from pipelines.config import reward_model_shape
+    from rlax_core.planning.memory import reward_model_parts
+
+    rewards = config.loop.rewards
+    settings = rewards.reward_model if rewards is not None else None
+    chips = config.hardware.workers_of("reward_model")
+    if settings is None or "reward_model" not in rewards.terms or settings.placement != "own_stage" or chips is None:
+        return []
+    parts = reward_model_parts(reward_model_shape(config), settings.batch_size, settings.max_length, settings.dtype)
+    return [MemoryPlan("reward_model", _name_of(settings.path), chips.chip, 1, "whole on one chip", chips.bytes_per_chip,
+                       parts, {"reward model weights": "loop.rewards.reward_model.dtype",
+                               "reward model activations": "loop.rewards.reward_model.batch_size or max_length"})]
 
 
 def layout_warnings(config) -> list[str]:
@@ -158,7 +178,7 @@ def markdown_table(rows: list[tuple[str, MemoryPlan]]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", action="store_true", help="plan every run recipe in configs/ (not --config)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table (docs/memory.md)")
-    parser.add_argument("--post-training", action="store_true", help="also plan the rlax sft and rlax dpo trainers")
+    parser.add_argument("--post-training", action="store_true", help="also plan the rlax sft, rlax dpo and rlax rm trainers")
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

@@ -27,7 +27,11 @@ A recipe that names ``stages`` (``pipelines.stages``) runs those instead, in its
 of ``pipelines.quickstart_stages``; ``configs/quickstart_warm.yaml`` adds ``rlax rft`` and ``rlax sft``
 before the filter, starts RL from the SFT job's final version, runs the plain RL beside it, and its
 report adds pass@1 after SFT, the held-out NLL of held-out verified samples before and after SFT, and
-each run's RL steps to the target pass@1 (docs/post_training.md).
+each run's RL steps to the target pass@1 (docs/post_training.md). ``configs/quickstart_rm.yaml`` lists
+an ``rm`` stage: the run makes its own reward model before RL (``rlax rft`` pairs a verified completion
+with a failed one of the same prompt, ``rlax rm`` trains a Bradley-Terry model on them, copied to
+``DIR/rm/reward_model``) and RL is paid by that model's score alone; the verifier stays in the reward's
+terms with weight 0 and measures, beside the model's score, each step (the report's per-step table).
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 from pipelines.quickstart_stages import (  # noqa: F401  (the quickstart's names, where they always were)
-    ASSETS, HELDOUT_SAMPLES, TARGET_PASS_AT_1, evaluate, read_examples_or_none, stop_token_ids)
+    ASSETS, HELDOUT_SAMPLES, TARGET_PASS_AT_1, evaluate, learned_reward_steps, learned_reward_table,
+    read_examples_or_none, stop_token_ids)
 
 HELP = "curate -> filter -> RL -> evaluate on stories260K, all on this machine"
 
@@ -143,6 +147,7 @@ def markdown(report: dict[str, Any]) -> str:
         "TinyStories-like), distinct-n the share of distinct word n-grams.",
         "",
         "![reward curve](reward_curve.png)",
+        *learned_reward_table(report.get("learned_reward", [])),
         "",
         "## Samples after RL",
         "",
@@ -225,6 +230,9 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     config_path = str(find_config(args.config or QUICKSTART_RECIPE).resolve())
     overrides = [f"run.output_dir={output / 'run'}", *args.overrides]
     run_config = load_run_config(config_path, overrides)
+    if "rm" in run_config.stages:  # the reward model this run makes, where its rm stage puts it
+        overrides.append(f"loop.rewards.reward_model.path={output / 'rm' / 'reward_model'}")
+        run_config = load_run_config(config_path, overrides)
     started = time.monotonic()
     # The policy the filter samples, the evaluation starts from and the run trains: with model.upcycle,
     # the mixture of experts made here once (a resumed run reuses it).
@@ -249,6 +257,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         RUNNERS[stage](q)
     q.seconds["total"] = time.monotonic() - started
 
+    rows = []
     if q.final_version is not None:
         export_final_model(load_run_config(config_path, overrides), q.base.config, q.final_params,
                            output / "final_model")
@@ -265,6 +274,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         "pass@1_gain_in_se": significance(q.report["before"], q.report["after"]),
         "target_pass@1": TARGET_PASS_AT_1,
         "rl": {**rl_settings(run_config), "final_weight_version": q.final_version, "seconds": q.seconds.get("rl")},
+        "learned_reward": learned_reward_steps(rows),
         "seconds": q.seconds,
         "where": {**q.where, "final_model": str(output / "final_model")},
     }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -38,6 +39,8 @@ HELDOUT_SAMPLES = 8
 TARGET_PASS_AT_1 = 0.25  # the held-out pass@1 the benchmarks (and the warm report) count steps to
 PROGRESS_EVERY_S = 15.0  # how often a running step reports
 FILTER_TIMEOUT_S = 300.0  # the quickstart's budget is 10 minutes: past this, train on the curated prompts
+RM_EPOCHS = 2  # passes of rlax rm over the pairs (tests/training/test_reward_model_story.py: 0.85+ held out)
+RM_LEARNING_RATE = 3e-3  # a reward model from stories260K: the rate that test measured
 
 
 def run_step(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None) -> None:
@@ -242,6 +245,53 @@ def sft_stage(q: QuickstartRun) -> None:
              q.report["sft"]["heldout_nll_before"], q.report["sft"]["heldout_nll_after"])
 
 
+def rm_stage(q: QuickstartRun) -> None:
+    """Pairs from ``rlax rft`` (a verified against a failed completion of one training prompt), then
+    ``rlax rm`` on them; the model is copied to ``DIR/rm/reward_model``, the path the run's
+    ``reward_model`` term was given. A resumed run keeps the pairs and the model it made."""
+    import shutil
+
+    rft_dir, rm_dir = q.output / "rft", q.output / "rm"
+    final = rm_dir / "reward_model"
+    if (final / "config.json").exists():
+        return
+    mark = time.monotonic()
+    if not (rft_dir / "stats.json").exists():
+        run_step(["rft", "--config", q.config_path, *q.overrides, f"rft.input={q.curated}/examples-*.parquet",
+                  f"rft.output={rft_dir}", *q.stage_overrides("rm")], q.output / "logs" / "rft.log",
+                 timeout_s=q.timeout_s, prompts=q.run_config.rft.limit or None)
+    pairs = json.loads((rft_dir / "stats.json").read_text())["pairs"]
+    settings = q.run_config.rm
+    steps = max(1, math.ceil(RM_EPOCHS * pairs * (1 - settings.validation_fraction) / settings.pairs_per_step))
+    run_step(["rm", "--config", q.config_path, *q.overrides, f"run.output_dir={rm_dir}",
+              f"rm.data={rft_dir}/pairs-*.parquet", f"trainer.total_steps={steps}", f"trainer.checkpoint_every={steps}",
+              f"trainer.optimizer.learning_rate={RM_LEARNING_RATE}", *q.stage_overrides("rm")],
+             q.output / "logs" / "rm.log", timeout_s=q.timeout_s)
+    shutil.copytree(rm_dir / "hf" / f"step_{steps:08d}", final)
+    q.seconds["reward_model"] = time.monotonic() - mark
+    log.info("quickstart: reward model trained on %d pairs in %d steps: %s", pairs, steps, final)
+
+
+def learned_reward_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step, the reward model's mean score beside the verifier's pass rate and their correlation."""
+    return [{"step": r["step"], "reward_model_mean": r["rollout/reward_model_mean"],
+             "pass_rate": r.get("rollout/pass_rate"),
+             "correlation": r.get("rollout/reward_model_pass_correlation")}
+            for r in rows if r.get("rollout/reward_model_mean") is not None]
+
+
+def learned_reward_table(steps: list[dict[str, Any]]) -> list[str]:
+    if not steps:
+        return []
+    number = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    return ["", "## The reward model's score and the verifier, per step", "",
+            "The reward is the reward model's score alone; the verifier pays nothing and measures. A score "
+            "that rises while the pass rate does not, or a correlation near zero, is the reward being hacked.", "",
+            "| step | reward model score (normalised) | verifier pass rate | correlation |", "|---|---|---|---|",
+            *[f"| {s['step']} | {number(s['reward_model_mean'])} | {number(s['pass_rate'])} | "
+              f"{number(s['correlation'])} |" for s in steps]]
+
+
 def _evaluate(q: QuickstartRun, params) -> dict[str, Any]:
     return evaluate(q.base.config, params, q.base.params, q.tokenizer, q.heldout, q.run_config, q.stops)
 
@@ -338,6 +388,6 @@ def steps_to_target(curve: list[dict]) -> int | None:
 
 
 RUNNERS: dict[str, Callable[[QuickstartRun], None]] = {
-    "curate": curate_stage, "rft": rft_stage, "sft": sft_stage, "filter": filter_stage, "rl": rl_stage,
+    "curate": curate_stage, "rft": rft_stage, "rm": rm_stage, "sft": sft_stage, "filter": filter_stage, "rl": rl_stage,
     "evaluate": evaluate_stage,
 }

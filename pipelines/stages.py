@@ -2,20 +2,24 @@
 
     stages: [curate, rft, sft, filter, rl, evaluate]     # configs/quickstart_warm.yaml
     stage_overrides:
-      sft: [trainer.total_steps=40, trainer.optimizer.learning_rate=1.0e-3]
+      sft:
+        - trainer.total_steps=40
+        - trainer.optimizer.learning_rate=1.0e-3
 
 A stage is a real entry point in its own process, run in the listed order by ``rlax quickstart``
 (``pipelines.quickstart``: each stage's runner there calls ``rlax curate``, ``rlax rft``, ``rlax
-sft``, ``rlax filter`` or ``rlax launch``); ``stage_overrides`` are dotted overrides that only that
+sft``, ``rlax filter`` or ``rlax launch``; ``rm`` runs ``rlax rft`` for preference pairs, then
+``rlax rm``, and the ``reward_model`` term reads the model it makes); ``stage_overrides`` are dotted overrides that only that
 stage's job takes (the SFT job reads the same ``trainer:`` section as the RL trainer, so its steps and
 learning rate are set here). A recipe that names no stages runs the quickstart's own
 ``curate -> filter -> rl -> evaluate``.
 
 With ``sft`` among the stages the run is warm-started: the policy every later stage samples (the
 filter) and trains (``rl``) is the SFT job's final Hugging Face export, not ``model.path``. So an
-``rl`` listed before ``sft`` would not be warm-started at all and is refused, as are an unknown or
+``rl`` listed before ``sft`` would not be warm-started at all and is refused, as is an ``rl`` before
+``rm`` (the reward model it is paid by would not exist yet), and an unknown or
 repeated stage, an ``sft`` with neither an ``rft`` stage before it nor ``sft.data``, and a stage that
-reads prompts (``rft``, ``filter``, ``rl``) without ``curate`` before it: each in one line
+reads prompts (``rft``, ``rm``, ``filter``, ``rl``) without ``curate`` before it: each in one line
 (``ConfigError`` on the ``stages`` key). Kept free of heavy imports: ``pipelines.config`` checks a
 recipe's stages with it as the recipe loads.
 """
@@ -26,9 +30,9 @@ from typing import Mapping, Sequence
 
 from rlax_core.config import require
 
-STAGES = ("curate", "rft", "sft", "filter", "rl", "evaluate")
+STAGES = ("curate", "rft", "rm", "sft", "filter", "rl", "evaluate")
 DEFAULT_STAGES = ("curate", "filter", "rl", "evaluate")  # the quickstart's, when a recipe names none
-READS_PROMPTS = ("rft", "filter", "rl")  # these sample the curated prompts
+READS_PROMPTS = ("rft", "rm", "filter", "rl")  # these sample the curated prompts
 
 
 def check_stages(stages: Sequence[str], overrides: Mapping[str, Sequence[str]] = {}, *, sft_data: str = "") -> None:
@@ -41,6 +45,9 @@ def check_stages(stages: Sequence[str], overrides: Mapping[str, Sequence[str]] =
     if "sft" in at and "rl" in at:
         require(at["rl"] > at["sft"], "stages", "rl comes before sft, but a warm start trains RL from the SFT "
                 "stage's final version: list sft before rl")
+    if "rm" in at and "rl" in at:
+        require(at["rl"] > at["rm"], "stages", "rl comes before rm, but the rm stage trains the reward model "
+                "the rl stage is paid by: list rm before rl")
     if "sft" in at:
         require(at.get("rft", len(stages)) < at["sft"] or bool(sft_data), "stages",
                 "sft has no data: list rft before sft (its verified samples), or set sft.data to your SFT set")

@@ -174,7 +174,8 @@ NEEDS_DATA = {
     "configs/evaluate_math.yaml": "two trained checkpoints (base/, runs/step_200/) and ../shared/data's eval sets",
 }
 # Recipes whose header commands one test runs as written, in order, end to end.
-RUN_BY_THEIR_TEST = {"configs/quickstart_sql.yaml": "tests/pipelines/test_quickstart_sql.py (slow lane)"}
+RUN_BY_THEIR_TEST = {"configs/quickstart_sql.yaml": "tests/pipelines/test_quickstart_sql.py (slow lane)",
+                     "configs/quickstart_rm.yaml": "tests/pipelines/test_quickstart_rm.py (slow lane)"}
 WORKER_IMAGE = "make worker-image"  # without Docker it says so and exits 2 (tests/foundation/test_worker_image.py)
 
 

@@ -20,10 +20,14 @@ def test_the_warm_recipe_names_its_stages_and_the_plain_quickstart_none():
     plain = load_run_config("configs/quickstart.yaml")
     assert plain.stages == () and DEFAULT_STAGES == ("curate", "filter", "rl", "evaluate")
     assert not warm_start(DEFAULT_STAGES)
+    learned = load_run_config("configs/quickstart_rm.yaml")
+    assert learned.stages == ("curate", "filter", "rm", "rl", "evaluate") and not warm_start(learned.stages)
 
 
 @pytest.mark.parametrize("stages, said", [
-    (["curate", "rft", "sft", "bogus", "rl"], "unknown stage 'bogus'; the stages are curate, rft, sft, filter, rl, evaluate"),
+    (["curate", "rft", "sft", "bogus", "rl"], "unknown stage 'bogus'; the stages are curate, rft, rm, sft, filter, rl, evaluate"),
+    (["curate", "rl", "rm", "evaluate"], "rl comes before rm"),
+    (["rm", "rl"], "rm samples the curated prompts: list curate before rm"),
     (["curate", "rft", "rl", "sft", "evaluate"], "rl comes before sft"),
     (["curate", "sft", "rl"], "sft has no data: list rft before sft"),
     (["rft", "sft", "rl"], "rft samples the curated prompts: list curate before rft"),
