@@ -57,7 +57,7 @@ class DecodeStepCost:
 # HLO dtype names of the dtypes an engine holds, and which are narrower than which.
 _HLO_DTYPE = {"bfloat16": "bf16", "float32": "f32", "float16": "f16", "int8": "s8", "float8_e4m3fn": "f8e4m3fn"}
 _WIDTH = {"s8": 1, "f8e4m3fn": 1, "bf16": 2, "f16": 2, "f32": 4}
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{\s*$")
+_COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]\S* ([\w\-]+)\(")
 # Instructions that name a buffer without forming one.
 _NOT_A_BUFFER = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant"}
@@ -73,17 +73,18 @@ def full_width_arrays(hlo_text: str, held: Iterable[tuple[str, tuple[int, ...]]]
     on one chip) of the arrays the program holds (KV pools, weights). A buffer counts when XLA
     materialises it (an instruction outside a fusion's body) with a held array's shape and either
     copies it (``copy``) or holds it wider than it is held (a dequantised pool or kernel, or scales
-    broadcast to it). Each is named ``"<instruction> = <dtype>[shape] <op>"``."""
+    broadcast to it). Each is named ``"<instruction> = <dtype>[shape] <op> (where)"``: "once a call"
+    in the entry computation, else the computation holding it (the decode loop's body: every step)."""
     held = {(hlo_dtype(dtype), tuple(shape)) for dtype, shape in held if len(shape) >= 2}
     shapes = {}
     for dtype, shape in held:
         shapes.setdefault(shape, []).append(dtype)
     fused = set(_FUSED.findall(hlo_text))
-    found, inside = [], None
+    found, inside, entry = [], None, False
     for line in hlo_text.splitlines():
         start = _COMPUTATION.match(line)
         if start:
-            inside = start.group(1)
+            inside, entry = start.group(2), bool(start.group(1))
             continue
         match = _INSTRUCTION.match(line)
         if not match or inside in fused:
@@ -95,5 +96,5 @@ def full_width_arrays(hlo_text: str, held: Iterable[tuple[str, tuple[int, ...]]]
             continue
         if (op == "copy" and dtype in stored) or (dtype not in stored and _WIDTH.get(dtype, 0) > min(
                 _WIDTH.get(s, 99) for s in stored)):
-            found.append(f"{name} = {dtype}[{dims}] {op}")
+            found.append(f"{name} = {dtype}[{dims}] {op} ({'once a call' if entry else 'in ' + inside})")
     return tuple(found)

@@ -62,6 +62,6 @@ def test_full_width_copies_are_the_materialised_copies_and_widenings_of_held_arr
     found = full_width_arrays(HLO, held)
     # the dequantised pool (a fusion's output), the scales broadcast to the pool's width, and the
     # weight's copies; not the fusion's own body, the parameters, nor the in-place scatter
-    assert found == ("fusion.5 = bf16[2,12,4,8] fusion", "broadcast_in_dim.6 = f32[2,12,4,8] broadcast",
-                     "copy.7 = s8[64,2,8] copy", "copy.10 = s8[64,2,8] copy")
+    assert found == ("fusion.5 = bf16[2,12,4,8] fusion (in body.2)", "broadcast_in_dim.6 = f32[2,12,4,8] broadcast "
+                     "(in body.2)", "copy.7 = s8[64,2,8] copy (in body.2)", "copy.10 = s8[64,2,8] copy (once a call)")
     assert full_width_arrays(HLO, (("int8", (5, 5)),)) == ()
