@@ -233,3 +233,13 @@ def test_plan_chips_proposes_the_split_that_trains_the_most_tokens(monkeypatch, 
     assert "train the most tokens" in capsys.readouterr().out
     assert main(["plan", "--chips", "40"]) == 2
     assert "needs the recipe's compile reports" in capsys.readouterr().err
+
+
+def test_the_benchmark_prints_a_row_per_configuration(monkeypatch, capsys):
+    _benchmark(monkeypatch, "--rows", f"{FIXTURE},{FIXTURE}", str(FIXTURE), "--trainer-step-s", "0.5", "--markdown")
+    out = capsys.readouterr().out
+    rows = json.loads(out[:out.rindex("}") + 1])["rows"]
+    assert len(rows) == 2 and rows[0]["prediction"] == rows[1]["prediction"]
+    per_chip = rows[0]["prediction"]["rollout_tokens_per_s_per_chip"]
+    assert per_chip == pytest.approx(rows[0]["prediction"]["rollout_tokens_per_s"] / 4)  # 1 worker of 4 chips
+    assert "| small_qwen2_tpu.yaml | 1 x v5e 4 chips: bfloat16 weights, bfloat16 KV, 256 pages | 8 |" in out
