@@ -2,6 +2,8 @@
 
     rlax plan --config configs/qwen25_7b_math_dataflow_tpu.yaml
     rlax plan --recipes --markdown          # the table of docs/memory.md, every recipe in configs/
+    rlax plan --chips 1024 --compiled runs/compile-qwq32b-v5p-bf16.json --trainer-step-s 400
+                                            # the rollout/trainer split that trains the most tokens (docs/fleet.md)
 
 Reads ``model.path`` (the checkpoint's shape only: ``rlax_core.models.checkpoint.read_model_config``),
 ``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.sampling.samples_per_prompt``, the engines of
