@@ -143,10 +143,52 @@ def compile_roles(config, roles, programs_wanted: tuple[str, ...] = ()) -> tuple
                 continue
             log.info("compiling %s: %s for %s", role, program.name, topology)
             report = compile_program(program, slice_.chip, topology)
+            if role == "rollout" and program.name.startswith("decode") and report.compiled:
+                report = with_kv_reads(report, config, plan, engine_key[0])
             log.info("%s: %s", program.name, f"{report.compile_s:.0f} s" if report.compiled else report.error)
             reports.append(report)
             done[key] = report
     return reports, hbm, planned
+
+
+def running_sequences(config, num_pages: int) -> tuple[int, float]:
+    """(sequences the rollout engine decodes at once, their mean context in tokens) at the recipe's
+    response lengths (``loop.response_lengths``), prompts of the smallest prefill bucket, as the fleet
+    simulator takes them (``pipelines.fleet.fleet_shape``)."""
+    from rlax_core.planning.memory import concurrent_sequences, mean_occupancy
+
+    engine, budget = config.engine, config.loop.sampling.budget(config.engine)
+    lengths = config.loop.response_lengths.sample(budget)
+    prompt, occupancy = min(engine.prefill_buckets), mean_occupancy(lengths)
+    sequences = concurrent_sequences(num_pages, engine.page_size, engine.num_slots, prompt, max(lengths), occupancy,
+                                     engine.admission)
+    return sequences, prompt + occupancy
+
+
+def with_kv_reads(report, config, plan, model):
+    """A rollout decode's report with the KV pages its attention reads per step (``compile.decode_step``),
+    counted at the recipe's running sequences and mean context."""
+    from rlax_core.planning.memory import decode_kv_read_bytes
+
+    engine = config.engine
+    kernel = "tpu" if report.program.endswith("(tpu)") else ""
+    sequences, context = running_sequences(config, plan.num_pages)
+    return dataclasses.replace(report, kv_bytes_per_page=decode_kv_read_bytes(model, engine, [engine.page_size], kernel),
+                               page_size=engine.page_size, running_sequences=sequences, mean_context=context)
+
+
+def decode_step_line(report) -> str | None:
+    """One line per rollout decode: its step's bytes with the KV pages read, and the full-width check."""
+    step = report.decode_step()
+    if step is None:
+        return None
+    copies = (f"full-width copies of a held array: {len(report.full_width)} ({', '.join(report.full_width[:3])}"
+              f"{', ...' if len(report.full_width) > 3 else ''})" if report.full_width
+              else "no full-width copy of the KV pool or the weights")
+    return (f"{report.role}: {report.program}: one step of {step['running_sequences']} sequences at a mean context of "
+            f"{step['mean_context']:,.0f} tokens reads XLA's {step['xla_bytes'] / 1e9:.2f} GB + KV pages "
+            f"{step['kv_read_bytes'] / 1e9:.2f} GB = {step['step_bytes'] / 1e9:.2f} GB per chip, "
+            f"{step['step_roofline_s'] * 1e3:.3g} ms roofline; {copies}")
 
 
 def role_peaks(reports, plans_incoming: dict[str, int]) -> dict[str, int]:
@@ -192,6 +234,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
               f"against the planner's {gib(planned[role])} ({peak / planned[role]:.2f}x) and {gib(hbm[role])} HBM")
     for plan in (plan for plan in plans if plan.role == "rollout"):
         print(pool_occupancy(config, plan))
+    for line in filter(None, map(decode_step_line, reports)):
+        print(line)
     if args.json_path:
         with open(args.json_path, "w") as out:
             json.dump({"config": args.config, "overrides": args.overrides, "roles_asked": list(roles),

@@ -2,6 +2,8 @@
 
     rlax plan --config configs/qwen25_7b_math_dataflow_tpu.yaml
     rlax plan --recipes --markdown          # the table of docs/memory.md, every recipe in configs/
+    rlax plan --chips 1024 --compiled runs/compile-qwq32b-v5p-bf16.json --trainer-step-s 400
+                                            # the rollout/trainer split that trains the most tokens (docs/fleet.md)
 
 Reads ``model.path`` (the checkpoint's shape only: ``rlax_core.models.checkpoint.read_model_config``),
 ``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.sampling.samples_per_prompt``, the engines of
@@ -179,6 +181,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", action="store_true", help="plan every run recipe in configs/ (not --config)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table (docs/memory.md)")
     parser.add_argument("--post-training", action="store_true", help="also plan the rlax sft, rlax dpo and rlax rm trainers")
+    parser.add_argument("--chips", type=int, help="propose the split of this many chips between rollout and trainer "
+                        "that trains the most tokens per second (needs --compiled)")
+    parser.add_argument("--compiled", nargs="+", metavar="REPORT", help="with --chips: the recipe's `rlax compile "
+                        "--json` reports (the first names the recipe, as benchmarks/fleet_sim.py --compiled takes them)")
+    parser.add_argument("--trainer-step-s", type=float, help="with --chips: the trainer's seconds per step at the "
+                        "recipe's trainer chips instead of the compiled update's (assumed)")
+
+
+def plan_split(args: argparse.Namespace) -> int:
+    """``rlax plan --chips N --compiled REPORT...``: the split that trains the most tokens per second."""
+    from pipelines.fleet import best_split, split_table
+    from rlax_core.config import ConfigError
+
+    if not args.compiled:
+        raise ConfigError("compiled", "rlax plan --chips needs the recipe's compile reports: --compiled REPORT ...")
+    try:
+        sweep = best_split(args.compiled, args.chips, args.trainer_step_s)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError("compiled", str(error)) from error
+    best = sweep["best"]
+    print(split_table(sweep))
+    print(f"{sweep['config']}: of {args.chips:,} chips, {best['trainer_chips']:,} for the trainer and "
+          f"{best['rollout_chips']:,} for {best['rollout_workers']} rollout workers train the most tokens: "
+          f"{best['tokens_trained_per_s']:,.0f} per second ({best['seconds_per_step']:,.3g} s a step; the trainer's "
+          f"step scaled from {sweep['trainer_step_s']['value']:,.3g} s at {sweep['trainer_step_s']['at_chips']:,} chips, "
+          f"{sweep['trainer_step_s']['scaling']})")
+    return 0
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
@@ -189,6 +220,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         raise ConfigError("", f"rlax plan takes no Beam options; unknown arguments: {' '.join(beam_args)}")
     if args.recipes and args.config:
         raise ConfigError("", "rlax plan: give --config or --recipes, not both")
+    if args.chips is not None:
+        return plan_split(args)
     sources = recipe_paths() if args.recipes else [args.config]
     configs = {source: load_run_config(source, args.overrides) for source in sources}
     rows = [(Path(source).name if source else "(defaults)", plan) for source in sources
