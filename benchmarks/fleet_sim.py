@@ -32,6 +32,13 @@ is the same fleet with k = 0:
 
     .venv-tpu/bin/rlax compile --config configs/qwq32b_code_tpu_1024.yaml --json runs/compile-qwq32b.json
     python benchmarks/fleet_sim.py --compiled runs/compile-qwq32b.json [--completion-fraction 0.5] [--markdown]
+
+With ``--rows`` it prints one row per configuration, each a comma-separated set of reports (the
+rollout's decode and the trainer's update of one configuration: pages on demand, packed trainer,
+the engine's dtypes), the way docs/fleet.md's tables are made:
+
+    python benchmarks/fleet_sim.py --rows runs/compile-qwq32b-v5p-bf16.json,runs/compile-qwq32b-trainer.json \
+        runs/compile-qwq32b-v5p-int8.json,runs/compile-qwq32b-trainer.json --markdown
 """
 
 from __future__ import annotations
@@ -139,6 +146,51 @@ def compiled_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def fleet_rows(report_sets: list[str], trainer_step_s: float | None) -> list[dict]:
+    """One prediction per comma-separated set of reports (a rollout's and a trainer's of one configuration)."""
+    from pipelines.config import load_run_config
+    from pipelines.fleet import predict_from_reports
+
+    rows = []
+    for reports in report_sets:
+        paths = [path for path in reports.split(",") if path]
+        result = predict_from_reports(paths, trainer_step_s=trainer_step_s)
+        config = load_run_config(result["config"], result["overrides"])
+        engine, rollout = config.engine, config.hardware.rollout
+        rows.append({"config": result["config"], "reports": paths,
+                     "engine": f"{rollout.hosts} x {rollout.chip} {rollout.chips_per_host} chips: {engine.weight_dtype} "
+                               f"weights, {engine.cache_dtype} KV, {engine.num_pages:,} pages",
+                     "prediction": result["prediction"], "baseline_k0": result["baseline_k0"]})
+    return rows
+
+
+def rows_markdown(rows: list[dict]) -> str:
+    lines = ["| recipe | rollout workers and engine | sequences per worker | decode step | s per step, k | rollout tokens/s | "
+             "per chip | engine tokens/s per chip | trainer idle | k = 0: s per step, tokens/s, idle |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        r, b = row["prediction"], row["baseline_k0"]
+        inputs = r["inputs"]
+        lines.append(f"| {Path(row['config']).name} | {row['engine']} | "
+                     f"{inputs['concurrent_sequences']['value']} | {inputs['decode_step_s']['value'] * 1e3:.3g} ms | "
+                     f"{r['seconds_per_step']:,.4g}, {inputs['max_staleness']['value']} | "
+                     f"{r['rollout_tokens_per_s']:,.0f} | {r['rollout_tokens_per_s_per_chip']:,.0f} | "
+                     f"{r['engine_tokens_per_s_per_chip']:,.0f} | {r['trainer_idle_fraction']:.2f} | "
+                     f"{b['seconds_per_step']:,.4g} s, {b['rollout_tokens_per_s']:,.0f}, {b['trainer_idle_fraction']:.2f} |")
+    return "\n".join(lines)
+
+
+def main_rows(args: argparse.Namespace) -> None:
+    try:
+        rows = fleet_rows(args.rows, args.trainer_step_s)
+    except ValueError as error:
+        raise SystemExit(f"fleet_sim: {error}")
+    print(json.dumps({"benchmark": "fleet_sim_rows", "rows": rows,
+                      "load_average": [round(x, 2) for x in os.getloadavg()]}, indent=2))
+    if args.markdown:
+        print(rows_markdown(rows))
+
+
 def main_compiled(args: argparse.Namespace) -> None:
     from pipelines.fleet import predict_from_reports
 
@@ -160,6 +212,9 @@ def main() -> None:
     parser.add_argument("--compiled", nargs="+", metavar="REPORT",
                         help="predict from `rlax compile --json` reports instead (the first names the recipe; "
                              "a role's programs come from the first report that has them)")
+    parser.add_argument("--rows", nargs="+", metavar="REPORT,REPORT",
+                        help="one table row per comma-separated set of reports (a configuration's rollout and "
+                             "trainer reports), predicted as --compiled predicts one")
     parser.add_argument("--prompt-tokens", type=int, help="with --compiled: mean prompt length (assumed; "
                         "default: the smallest prefill bucket)")
     parser.add_argument("--completion-fraction", type=float, default=0.5,
@@ -177,6 +232,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps simulated per configuration (a fifth warm up)")
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     args = parser.parse_args()
+    if args.rows:
+        return main_rows(args)
     if args.compiled:
         return main_compiled(args)
     if args.scaling:

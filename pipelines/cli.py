@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, str] = {
     "upcycle": "pipelines.upcycle",
     "sft": "pipelines.sft",
     "dpo": "pipelines.dpo",
+    "rm": "pipelines.rm",
 }
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w.-]*=")

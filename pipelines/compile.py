@@ -6,7 +6,8 @@ Runs in the lock-tpu environment for TPU slices (``make setup-tpu-compile`` buil
 is the TPU compiler) and in the lock-gpu environment for NVIDIA GPUs (``make setup-gpu-compile`` builds
 ``.venv-gpu``: jax's CUDA plugin, ptxas and cuDNN); no TPU or GPU is needed.
 Per role of the recipe (``rlax plan``'s roles: rollout, filter and evaluate engines on the rollout
-workers, the trainer on its slice, and when named ``sft`` and ``dpo``, the post-training jobs' steps
+workers, the trainer on its slice, a ``reward_model`` term's forward on a rollout chip beside the engine
+or on its own scoring stage's chip, and when named ``sft`` and ``dpo``, the post-training jobs' steps
 on the trainer's slice: ``--roles sft,dpo``), the programs of ``rlax_core.compile.programs`` are compiled for
 the slice from the recipe's ``hardware:`` section, and each prints: compiled or the compiler's error,
 XLA's bytes per chip against the planner's figure and the chip's HBM, FLOPs, bytes accessed, XLA's
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--roles", default="rollout,trainer,filter,evaluate",
+    parser.add_argument("--roles", default="rollout,trainer,filter,evaluate,reward_model",
                         help="comma-separated roles to compile (default: all the recipe has; sft and dpo, "
                              "the rlax sft and rlax dpo trainers' steps, when named)")
     parser.add_argument("--programs", default="",
@@ -77,6 +78,7 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
                     lambda model=model, engine=engine, dtype=dtype, mode=mode, role=role, slice_=slice_, lora=lora:
                     engine_programs(model, engine, dtype, slice_devices(slice_.chip, slice_.chips_per_host,
                                                                         slice_.chips_per_host), mode, role, lora)))
+    out.extend(reward_model_roles(config, plans))
     if "trainer" in plans and config.hardware.trainer is not None:
         slice_ = config.hardware.trainer
         model = policy_shape(config)
@@ -117,6 +119,27 @@ def post_training_programs(config, plans) -> list[tuple[str, object, object, Non
     return out
 
 
+def reward_model_roles(config, plans) -> list[tuple]:
+    """The ``reward_model`` term's forward: on one rollout chip beside the engine (its programs join
+    the rollout role's), or on one chip of its own scoring stage (the reward_model role)."""
+    from pipelines.config import reward_model_shape
+    from rlax_core.compile.reward_model import reward_model_programs
+    from rlax_core.compile.topology import slice_devices
+
+    rewards = config.loop.rewards
+    if rewards is None or "reward_model" not in rewards.terms:
+        return []
+    settings = rewards.reward_model
+    role = "rollout" if settings.placement == "rollout_worker" else "reward_model"
+    slice_ = config.hardware.workers_of(role)
+    if role not in plans or slice_ is None:
+        return []
+    model = reward_model_shape(config)
+    return [(role, slice_, plans[role], None, lambda: reward_model_programs(
+        model, settings.batch_size, settings.max_length, settings.dtype,
+        slice_devices(slice_.chip, slice_.chips_per_host, slice_.chips_per_host), role))]
+
+
 def selected(name: str, programs: tuple[str, ...]) -> bool:
     """Whether ``--programs`` names the program ``name`` (by its whole name or a beginning of it)."""
     return not programs or any(name.startswith(wanted) for wanted in programs)
@@ -148,20 +171,68 @@ def compile_roles(config, roles, programs_wanted: tuple[str, ...] = ()) -> tuple
                 continue
             log.info("compiling %s: %s for %s", role, program.name, topology)
             report = compile_program(program, slice_.chip, topology)
+            if role == "rollout" and program.name.startswith("decode") and report.compiled:
+                report = with_kv_reads(report, config, plan, engine_key[0])
             log.info("%s: %s", program.name, f"{report.compile_s:.0f} s" if report.compiled else report.error)
             reports.append(report)
             done[key] = report
     return reports, hbm, planned
 
 
+def running_sequences(config, num_pages: int) -> tuple[int, float]:
+    """(sequences the rollout engine decodes at once, their mean context in tokens) at the recipe's
+    response lengths (``loop.response_lengths``), prompts of the smallest prefill bucket, as the fleet
+    simulator takes them (``pipelines.fleet.fleet_shape``)."""
+    from rlax_core.planning.memory import concurrent_sequences, mean_occupancy
+
+    engine, budget = config.engine, config.loop.sampling.budget(config.engine)
+    lengths = config.loop.response_lengths.sample(budget)
+    prompt, occupancy = min(engine.prefill_buckets), mean_occupancy(lengths)
+    sequences = concurrent_sequences(num_pages, engine.page_size, engine.num_slots, prompt, max(lengths), occupancy,
+                                     engine.admission)
+    return sequences, prompt + occupancy
+
+
+def with_kv_reads(report, config, plan, model):
+    """A rollout decode's report with the KV pages its attention reads per step (``compile.decode_step``),
+    counted at the recipe's running sequences and mean context."""
+    from rlax_core.planning.memory import decode_kv_read_bytes
+
+    engine = config.engine
+    kernel = "tpu" if report.program.endswith("(tpu)") else ""
+    sequences, context = running_sequences(config, plan.num_pages)
+    return dataclasses.replace(report, kv_bytes_per_page=decode_kv_read_bytes(model, engine, [engine.page_size], kernel),
+                               page_size=engine.page_size, running_sequences=sequences, mean_context=context)
+
+
+def decode_step_line(report) -> str | None:
+    """One line per rollout decode: its step's bytes with the KV pages read, and the full-width check."""
+    step = report.decode_step()
+    if step is None:
+        return None
+    copies = (f"full-width copies of a held array: {len(report.full_width)} ({', '.join(report.full_width[:3])}"
+              f"{', ...' if len(report.full_width) > 3 else ''})" if report.full_width
+              else "no full-width copy of the KV pool or the weights")
+    return (f"{report.role}: {report.program}: one step of {step['running_sequences']} sequences at a mean context of "
+            f"{step['mean_context']:,.0f} tokens reads XLA's {step['xla_bytes'] / 1e9:.2f} GB + KV pages "
+            f"{step['kv_read_bytes'] / 1e9:.2f} GB = {step['step_bytes'] / 1e9:.2f} GB per chip, "
+            f"{step['step_roofline_s'] * 1e3:.3g} ms roofline; {copies}")
+
+
 def role_peaks(reports, plans_incoming: dict[str, int]) -> dict[str, int]:
     """XLA's bytes per chip of each role: its largest program, plus the incoming weights a weight
-    swap places beside the engine's own (no single program holds them)."""
+    swap places beside the engine's own (no single program holds them), plus on a rollout chip the
+    reward model's forward (its weights stay beside the engine's; counted whole, as the planner does)."""
+    from rlax_core.compile.reward_model import PROGRAM
+
     peaks: dict[str, int] = {}
+    beside: dict[str, int] = {}
     for r in reports:
         if r.compiled:
-            peaks[r.role] = max(peaks.get(r.role, 0), r.peak_bytes)
-    return {role: peak + plans_incoming.get(role, 0) for role, peak in peaks.items()}
+            held = beside if r.program.startswith(PROGRAM) and r.role == "rollout" else peaks
+            held[r.role] = max(held.get(r.role, 0), r.peak_bytes)
+    return {role: peaks.get(role, 0) + beside.get(role, 0) + plans_incoming.get(role, 0)
+            for role in {*peaks, *beside}}
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
@@ -191,6 +262,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
               f"against the planner's {gib(planned[role])} ({peak / planned[role]:.2f}x) and {gib(hbm[role])} HBM")
     for plan in (plan for plan in plans if plan.role == "rollout"):
         print(pool_occupancy(config, plan))
+    for line in filter(None, map(decode_step_line, reports)):
+        print(line)
     if args.json_path:
         with open(args.json_path, "w") as out:
             json.dump({"config": args.config, "overrides": args.overrides, "roles_asked": list(roles),

@@ -16,6 +16,8 @@ that reads it; this module only assembles them::
     rft:       pipelines.sections.RftConfig         (rejection-sampling data: SFT rows and preference pairs)
     loop:      rlax_core.rollout.LoopConfig         (the streaming rollout side of the online loop)
     hardware:  rlax_core.planning.HardwareConfig    (chips of the rollout fleet and the trainer: ``rlax plan``)
+    sft, dpo:  rlax_core.training.post_config        (``rlax sft``, ``rlax dpo``)
+    stages:    the run's stages in order, ``stage_overrides`` per stage (pipelines.stages)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
 
 A file for one pipeline may spell only that pipeline's section (``configs/filter_stories260k.yaml``
@@ -42,7 +44,7 @@ from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import algorithm_from_dict, corrected_for_engine, get_preset
 from rlax_core.rollout.config import LoopConfig
 from rlax_core.training.config import TrainerConfig
-from rlax_core.training.post_config import DpoConfig, SftConfig
+from rlax_core.training.post_config import DpoConfig, RmConfig, SftConfig
 from rlax_core.weights.config import WeightStoreConfig
 from pipelines.beam_args import merge_beam_args
 from pipelines.run_folder import UPCYCLED_MODEL
@@ -185,8 +187,15 @@ class RunConfig:
     beam: BeamSpec = field(default_factory=BeamSpec)
     sft: SftConfig = field(default_factory=SftConfig)  # rlax sft (docs/post_training.md)
     dpo: DpoConfig = field(default_factory=DpoConfig)  # rlax dpo
+    # The run's stages in order, and overrides only one stage's job takes (pipelines.stages).
+    stages: tuple[str, ...] = ()
+    stage_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    rm: RmConfig = field(default_factory=RmConfig)  # rlax rm (docs/reward_models.md)
 
     def __post_init__(self):
+        from pipelines.stages import check_stages
+
+        check_stages(self.stages, self.stage_overrides, sft_data=self.sft.data)
         algorithm = self.algorithm
         if algorithm.overlong_max_length:  # DAPO's shaping must be able to fire within the run's budget
             longest = self.loop.env.max_tokens if self.loop.env is not None else self.loop.sampling.budget(self.engine)
@@ -352,14 +361,25 @@ def reward_model_beside(run_config) -> dict[str, int]:
     rewards = run_config.loop.rewards
     if rewards is None or "reward_model" not in rewards.terms:
         return {}
-    from rlax_core.models.checkpoint import read_model_config
     from rlax_core.planning.memory import reward_model_parts
 
     settings = rewards.reward_model
-    shape = read_model_config(resolve_asset(settings.path))
+    if settings.placement != "rollout_worker":  # its own scoring stage's chips (rlax plan's reward_model role)
+        return {}
+    return reward_model_parts(reward_model_shape(run_config), settings.batch_size, settings.max_length, settings.dtype)
+
+
+def reward_model_shape(run_config):
+    """The ``ModelConfig`` of the run's ``reward_model`` term (a score head), read from its folder; a
+    run that makes its reward model first (an ``rm`` stage) makes it of the policy's shape."""
+    from rlax_core.models.checkpoint import read_model_config
+
+    if "rm" in run_config.stages:  # not there until the run's rm stage has trained it
+        return dataclasses.replace(policy_shape(run_config), score_head=True)
+    shape = read_model_config(resolve_asset(run_config.loop.rewards.reward_model.path))
     if shape.moe is None:  # a published causal shape named for the reward model: its score head, no classifier
         shape = dataclasses.replace(shape, score_head=True)
-    return reward_model_parts(shape, settings.batch_size, settings.max_length, settings.dtype)
+    return shape
 
 
 def policy_shape(run_config):

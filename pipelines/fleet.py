@@ -76,7 +76,22 @@ def fleet_shape(config, prompt_tokens: int | None = None, completion_fraction: f
         completion_tokens=max(1, round(mean_length if lengths else completion_fraction * budget)),
         weight_bytes=model.num_params * itemsize(dtype), layer_loop_factor=layers,
         host_network_bytes_per_s=host_network_bytes_per_s, admission=engine.admission,
-        occupancy_tokens=mean_occupancy(lengths) if lengths else completion_fraction * budget / 2)
+        occupancy_tokens=mean_occupancy(lengths) if lengths else completion_fraction * budget / 2,
+        groups_per_unit=config.loop.groups_per_unit, chips_per_worker=hardware.rollout.chips_per_host)
+
+
+def kv_reads_of(config, report: dict[str, Any]) -> dict[str, Any]:
+    """The rollout decode's KV bytes per page on one chip by the recipe's engine (for a report compiled
+    before ``rlax compile`` counted them; ``compile.decode_step``)."""
+    from pipelines.config import policy_shape
+    from rlax_core.planning.memory import decode_kv_read_bytes
+
+    decodes = [p["program"] for p in report.get("programs", []) if p["role"] == "rollout"
+               and p["program"].startswith("decode")]
+    kernel = "tpu" if decodes and decodes[0].endswith("(tpu)") else ""
+    engine = config.engine
+    return {"kv_bytes_per_page": decode_kv_read_bytes(policy_shape(config), engine, [engine.page_size], kernel),
+            "page_size": engine.page_size}
 
 
 def predict_from_reports(paths: Sequence[str | Path], prompt_tokens: int | None = None,
@@ -92,9 +107,69 @@ def predict_from_reports(paths: Sequence[str | Path], prompt_tokens: int | None 
     report = read_reports(paths)
     config = load_run_config(report["config"], report.get("overrides") or [])
     shape = fleet_shape(config, prompt_tokens, completion_fraction, host_network_bytes_per_s)
-    costs = read_compiled_costs(report, need_update=trainer_step_s is None)
+    costs = read_compiled_costs(report, need_update=trainer_step_s is None, **kv_reads_of(config, report))
     return {"config": report["config"], "overrides": report.get("overrides") or [],
             "reports": [str(p) for p in paths],
             "prediction": predict(costs, shape, trainer_step_s=trainer_step_s),
             "baseline_k0": predict(costs, dataclasses.replace(shape, max_staleness=0), trainer_step_s=trainer_step_s),
             "reserve": predict(costs, dataclasses.replace(shape, admission="reserve"), trainer_step_s=trainer_step_s)}
+
+
+def best_split(paths: Sequence[str | Path], chips: int, trainer_step_s: float | None = None,
+               splits: int = 16, steps: int = 24) -> dict[str, Any]:
+    """The split of ``chips`` between rollout hosts and the trainer that trains the most tokens per
+    second for the recipe the first report names, from the same compiled costs as
+    ``predict_from_reports``: for trainer slices of 1/``splits`` .. (``splits`` - 1)/``splits`` of
+    the chips (whole hosts of either kind) and the recipe's own trainer, the fleet is simulated with
+    the rest as rollout hosts. A trainer of ``T`` chips is taken to run its step in the compiled
+    (or given) step's time x the recipe's trainer chips / ``T``: data parallel at constant
+    efficiency, an assumption the result names. Tokens trained per second are the simulated groups
+    per second x tokens per group (every group generated is trained, within k)."""
+    from pipelines.config import load_run_config
+    from rlax_core.config import ConfigError
+    from rlax_core.fleet.compiled import compiled_trainer_step_s, predict
+
+    report = read_reports(paths)
+    config = load_run_config(report["config"], report.get("overrides") or [])
+    shape = fleet_shape(config)
+    costs = read_compiled_costs(report, need_update=trainer_step_s is None, **kv_reads_of(config, report))
+    rollout_host, trainer_host = config.hardware.rollout.chips_per_host, config.hardware.trainer.chips_per_host
+    recipe_trainer = config.hardware.trainer.chips
+    if chips < rollout_host + trainer_host:
+        raise ConfigError("chips", f"{chips} chips hold no rollout host ({rollout_host} chips) beside a trainer host "
+                          f"({trainer_host})")
+    base_step = trainer_step_s if trainer_step_s is not None else compiled_trainer_step_s(costs, shape)
+    candidates = {max(trainer_host, chips * i // splits // trainer_host * trainer_host) for i in range(1, splits)}
+    if recipe_trainer < chips:
+        candidates.add(recipe_trainer)
+    rows = []
+    for trainer_chips in sorted(candidates):
+        workers = (chips - trainer_chips) // rollout_host
+        if workers < 1:
+            continue
+        step_s = base_step * recipe_trainer / trainer_chips
+        split = dataclasses.replace(shape, rollout_workers=workers, trainer_hosts=trainer_chips // trainer_host)
+        result = predict(costs, split, steps=steps, trainer_step_s=step_s)
+        rows.append({"trainer_chips": trainer_chips, "rollout_chips": workers * rollout_host, "rollout_workers": workers,
+                     "trainer_step_s": step_s, "seconds_per_step": result["seconds_per_step"],
+                     "tokens_trained_per_s": result["rollout_tokens_per_s"],
+                     "trainer_idle_fraction": result["trainer_idle_fraction"],
+                     "worker_busy_fraction": result["worker_busy_fraction"]})
+    best = max(rows, key=lambda row: row["tokens_trained_per_s"])
+    return {"config": report["config"], "chips": chips, "reports": [str(p) for p in paths],
+            "trainer_step_s": {"value": base_step, "at_chips": recipe_trainer,
+                               "from": "given" if trainer_step_s is not None else "compiled",
+                               "scaling": "assumed: data parallel at constant efficiency"},
+            "splits": rows, "best": best}
+
+
+def split_table(sweep: dict[str, Any]) -> str:
+    lines = ["| trainer chips | rollout chips (workers) | trainer step | s per step | tokens trained/s | trainer idle | "
+             "workers busy |", "|---|---|---|---|---|---|---|"]
+    for row in sweep["splits"]:
+        mark = "**" if row is sweep["best"] else ""
+        lines.append(f"| {mark}{row['trainer_chips']:,}{mark} | {row['rollout_chips']:,} ({row['rollout_workers']}) | "
+                     f"{row['trainer_step_s']:,.3g} s | {row['seconds_per_step']:,.3g} | "
+                     f"{mark}{row['tokens_trained_per_s']:,.0f}{mark} | {row['trainer_idle_fraction']:.2f} | "
+                     f"{row['worker_busy_fraction']:.2f} |")
+    return "\n".join(lines)

@@ -277,6 +277,12 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.output:
         claim(args.output, resume=args.resume)
         overrides.append(f"run.output_dir={args.output}")
+    from pipelines.config import load_run_config
+
+    stages = load_run_config(args.config, overrides).stages
+    # launch() is the rl stage of a staged run; the other stages are the quickstart's (pipelines.quickstart_stages)
+    require(stages in ((), ("rl",)), "stages", f"rlax launch runs the rl stage alone, and this recipe names "
+            f"{', '.join(stages)}: run its stages with rlax quickstart --config {args.config}")
     if args.train_set:
         from pipelines.inputs import require_input  # Beam's file systems read local and gs:// alike
 

@@ -2,6 +2,8 @@
 
     rlax plan --config configs/qwen25_7b_math_dataflow_tpu.yaml
     rlax plan --recipes --markdown          # the table of docs/memory.md, every recipe in configs/
+    rlax plan --chips 1024 --compiled runs/compile-qwq32b-v5p-bf16.json --trainer-step-s 400
+                                            # the rollout/trainer split that trains the most tokens (docs/fleet.md)
 
 Reads ``model.path`` (the checkpoint's shape only: ``rlax_core.models.checkpoint.read_model_config``),
 ``model.dtype``, ``engine``, ``trainer``, ``algorithm``, ``loop.sampling.samples_per_prompt``, the engines of
@@ -24,8 +26,8 @@ from pipelines.config import template_of
 from rlax_core.planning.memory import MemoryPlan, gib, plan_rollout, plan_trainer, refuse_unless_fits
 
 HELP = "memory per chip of the rollout engine and the trainer against the config's declared hardware"
-ROLES = ("rollout", "trainer", "filter", "evaluate", "rft")
-POST_TRAINING_ROLES = ("sft", "dpo")  # the trainer with another objective: rlax plan --post-training
+ROLES = ("rollout", "trainer", "filter", "evaluate", "rft", "reward_model")
+POST_TRAINING_ROLES = ("sft", "dpo", "rm")  # the trainer with another objective: rlax plan --post-training
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
         # A LoRA run's versions after the base are adapters, which the rollout engine applies itself.
         plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name,
                                   lora=config.trainer.lora, beside=reward_model_beside(config)))
+    if "reward_model" in roles:
+        plans.extend(reward_stage_plan(config))
     # Difficulty filtering and evaluation run an engine on their workers (by default the rollouts' kind).
     generations = [("filter", config.filter.generation, config.filter.generation.model)]
     generations += [("evaluate", config.evaluate.generation, path) for path in config.evaluate.models]
@@ -67,12 +71,30 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     # rlax sft and rlax dpo: the same trainer on the trainer's chips; DPO's batch holds both samples of
     # each pair, and a frozen reference unless its log-probs were computed before the run.
     post = {"sft": (config.sft.examples_per_step, False),
-            "dpo": (2 * config.dpo.pairs_per_step, config.dpo.reference == "step")}
+            "dpo": (2 * config.dpo.pairs_per_step, config.dpo.reference == "step"),
+            "rm": (2 * config.rm.pairs_per_step, False)}
     for role, (rows, reference) in post.items():
         if role in roles and hardware.trainer is not None:
             plans.append(dataclasses.replace(plan_trainer(model, config.trainer, hardware.trainer, rows_per_step=rows,
                                                           uses_reference=reference, name=name), role=role))
     return plans
+
+
+def reward_stage_plan(config) -> list[MemoryPlan]:
+    """A reward model on its own scoring stage (``placement: own_stage``), whole on one chip of
+    ``hardware.reward_model`` (by default the rollout fleet's kind): its weights and one forward."""
+    from pipelines.config import reward_model_shape
+    from rlax_core.planning.memory import reward_model_parts
+
+    rewards = config.loop.rewards
+    settings = rewards.reward_model if rewards is not None else None
+    chips = config.hardware.workers_of("reward_model")
+    if settings is None or "reward_model" not in rewards.terms or settings.placement != "own_stage" or chips is None:
+        return []
+    parts = reward_model_parts(reward_model_shape(config), settings.batch_size, settings.max_length, settings.dtype)
+    return [MemoryPlan("reward_model", _name_of(settings.path), chips.chip, 1, "whole on one chip", chips.bytes_per_chip,
+                       parts, {"reward model weights": "loop.rewards.reward_model.dtype",
+                               "reward model activations": "loop.rewards.reward_model.batch_size or max_length"})]
 
 
 def layout_warnings(config) -> list[str]:
@@ -158,7 +180,36 @@ def markdown_table(rows: list[tuple[str, MemoryPlan]]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", action="store_true", help="plan every run recipe in configs/ (not --config)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table (docs/memory.md)")
-    parser.add_argument("--post-training", action="store_true", help="also plan the rlax sft and rlax dpo trainers")
+    parser.add_argument("--post-training", action="store_true", help="also plan the rlax sft, rlax dpo and rlax rm trainers")
+    parser.add_argument("--chips", type=int, help="propose the split of this many chips between rollout and trainer "
+                        "that trains the most tokens per second (needs --compiled)")
+    parser.add_argument("--compiled", nargs="+", metavar="REPORT", help="with --chips: the recipe's `rlax compile "
+                        "--json` reports (the first names the recipe, as benchmarks/fleet_sim.py --compiled takes them)")
+    parser.add_argument("--trainer-step-s", type=float, help="with --chips: the trainer's seconds per step at the "
+                        "recipe's trainer chips instead of the compiled update's (assumed)")
+
+
+def plan_split(args: argparse.Namespace) -> int:
+    """``rlax plan --chips N --compiled REPORT...``: the split that trains the most tokens per second."""
+    from pipelines.fleet import best_split, split_table
+    from rlax_core.config import ConfigError
+
+    if not args.compiled:
+        raise ConfigError("compiled", "rlax plan --chips needs the recipe's compile reports: --compiled REPORT ...")
+    try:
+        sweep = best_split(args.compiled, args.chips, args.trainer_step_s)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError("compiled", str(error)) from error
+    best = sweep["best"]
+    print(split_table(sweep))
+    print(f"{sweep['config']}: of {args.chips:,} chips, {best['trainer_chips']:,} for the trainer and "
+          f"{best['rollout_chips']:,} for {best['rollout_workers']} rollout workers train the most tokens: "
+          f"{best['tokens_trained_per_s']:,.0f} per second ({best['seconds_per_step']:,.3g} s a step; the trainer's "
+          f"step scaled from {sweep['trainer_step_s']['value']:,.3g} s at {sweep['trainer_step_s']['at_chips']:,} chips, "
+          f"{sweep['trainer_step_s']['scaling']})")
+    return 0
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
@@ -169,6 +220,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         raise ConfigError("", f"rlax plan takes no Beam options; unknown arguments: {' '.join(beam_args)}")
     if args.recipes and args.config:
         raise ConfigError("", "rlax plan: give --config or --recipes, not both")
+    if args.chips is not None:
+        return plan_split(args)
     sources = recipe_paths() if args.recipes else [args.config]
     configs = {source: load_run_config(source, args.overrides) for source in sources}
     rows = [(Path(source).name if source else "(defaults)", plan) for source in sources

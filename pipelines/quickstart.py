@@ -2,6 +2,7 @@
 
     rlax quickstart --output runs/quickstart
     rlax quickstart --config configs/quickstart_moe.yaml --output runs/quickstart-moe   # the policy a mixture of experts
+    rlax quickstart --config configs/quickstart_warm.yaml --output runs/quickstart-warm  # RFT -> SFT -> RL
 
 The task (``rlax_core.tasks.story``): continue a story opening with one paragraph that ends on its
 own within 64 tokens, repeats no phrase, and uses the word "happy" exactly once. stories260K passes
@@ -21,6 +22,16 @@ about 5% of the time; repetition cannot win it. The steps, each the real entry p
 With ``model.upcycle`` (``configs/quickstart_moe.yaml``) the policy is made first: stories260K upcycled
 into a mixture of experts in ``DIR/run/upcycled_model`` (``pipelines.initial_policy``), which every
 step then samples, evaluates and trains.
+
+A recipe that names ``stages`` (``pipelines.stages``) runs those instead, in its order, by the runners
+of ``pipelines.quickstart_stages``; ``configs/quickstart_warm.yaml`` adds ``rlax rft`` and ``rlax sft``
+before the filter, starts RL from the SFT job's final version, runs the plain RL beside it, and its
+report adds pass@1 after SFT, the held-out NLL of held-out verified samples before and after SFT, and
+each run's RL steps to the target pass@1 (docs/post_training.md). ``configs/quickstart_rm.yaml`` lists
+an ``rm`` stage: the run makes its own reward model before RL (``rlax rft`` pairs a verified completion
+with a failed one of the same prompt, ``rlax rm`` trains a Bradley-Terry model on them, copied to
+``DIR/rm/reward_model``) and RL is paid by that model's score alone; the verifier stays in the reward's
+terms with weight 0 and measures, beside the model's score, each step (the report's per-step table).
 """
 
 from __future__ import annotations
@@ -28,28 +39,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import os
-import re
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pipelines.quickstart_stages import (  # noqa: F401  (the quickstart's names, where they always were)
+    ASSETS, HELDOUT_SAMPLES, TARGET_PASS_AT_1, evaluate, learned_reward_steps, learned_reward_table,
+    read_examples_or_none, stop_token_ids)
 
 HELP = "curate -> filter -> RL -> evaluate on stories260K, all on this machine"
 
-log = logging.getLogger(__name__)
-
-ASSETS = Path(__file__).resolve().parent / "assets"
 QUICKSTART_RECIPE = "quickstart.yaml"  # a shipped recipe (pipelines.config.find_config)
 
-HELDOUT_SAMPLES = 8
-TARGET_PASS_AT_1 = 0.25
-PROGRESS_EVERY_S = 15.0  # how often a running step reports
-FILTER_TIMEOUT_S = 300.0  # the quickstart's budget is 10 minutes: past this, train on the curated prompts  # the held-out pass@1 the benchmark times runs to
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,97 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="fail if the RL run is not done by then")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run already in --output (a folder holding files is refused otherwise)")
-
-
-def _cli(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None) -> None:
-    """Run ``rlax ARGV`` as its own process (each step is the real entry point); fail loudly.
-
-    Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
-    step samples), how many prompts the engine has sampled so far, read from the step's own log.
-    """
-    from pipelines.failures import JobFailed, job_failed
-    from pipelines.lifeline import cli_command, spawn_job
-
-    log.info("quickstart: %s (log: %s)", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
-             log_path)
-    started = time.monotonic()
-    process = spawn_job(cli_command(argv), log_path)  # owned: the step dies with the quickstart, however it dies
-    while True:
-        try:
-            code = process.wait(timeout=PROGRESS_EVERY_S)
-            break
-        except subprocess.TimeoutExpired:
-            elapsed = time.monotonic() - started
-            if elapsed > timeout_s:
-                os.killpg(process.pid, signal.SIGKILL)  # the step and what it started
-                process.wait()
-                raise JobFailed(f"the rlax {argv[0]} job did not finish within {timeout_s:.0f} s; its log: {log_path}") from None
-            sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
-            log.info("quickstart: rlax %s running for %.0f s%s", argv[0], elapsed, sampled)
-    if code != 0:
-        raise job_failed(f"rlax {argv[0]}", code, log_path)
-
-
-# EngineHost.complete (rlax_core.rollout.host) logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
-_SAMPLED_BATCH = re.compile(rb": (\d+) prompt\(s\) x \d+ sample\(s\)")
-
-
-def prompts_sampled(log_path: Path) -> int:
-    return sum(int(n) for n in _SAMPLED_BATCH.findall(log_path.read_bytes()))
-
-
-def stop_token_ids(tokenizer) -> list[int]:
-    """A paragraph ends at a newline; a story at BOS (llama2.c's delimiter) or EOS."""
-    ids = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.token_to_id("<0x0A>")}
-    ids |= {tokenizer.encode("\n")[-1]} if tokenizer.encode("\n") else set()
-    return sorted(i for i in ids if i is not None)
-
-
-def curate(output: Path) -> Path:
-    config = {
-        "inputs": [{"path": str(ASSETS / "story_task" / "train.jsonl"), "format": "generic", "source": "story_word",
-                    "split": "train", "mapping": {"prompt": "prompt", "answer": "answer", "task": "story"}}],
-        "decontaminate_against": [{"path": str(ASSETS / "story_task" / "heldout.jsonl"), "format": "generic",
-                                   "source": "story_heldout",
-                                   "mapping": {"prompt": "prompt", "answer": "answer", "task": "story"}}],
-        "output": str(output / "curated"),
-    }
-    path = output / "configs" / "curate.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    _cli(["curate", "--config", str(path)], output / "logs" / "curate.log")
-    return output / "curated"
-
-
-def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: list[str], limit: int) -> Path | None:
-    """``rlax filter`` over the curated prompts; None (and the reason logged) when it cannot run."""
-    config = {
-        "input": str(curated / "examples-*.parquet"),
-        "output": str(output / "filtered"),
-        "generation": {"model": model_path, "sampling": {"samples_per_prompt": 4, "max_new_tokens": 64,
-                                                          "stop_strings": stops_text}, "batch_size": 32, "engine": {"num_slots": 64, "num_pages": 640, "max_prompt_len": 64,
-                                                    "max_new_tokens": 64, "prefill_buckets": [32, 64]}},
-        "low": 0.0, "high": 0.75, "limit": limit,
-    }
-    path = output / "configs" / "filter.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    try:
-        # --allow-empty: a band that keeps no prompt is not a failure here; training falls back to the curated ones
-        _cli(["filter", "--config", str(path), "--allow-empty"], output / "logs" / "filter.log",
-             timeout_s=FILTER_TIMEOUT_S, prompts=limit)
-    except RuntimeError as error:
-        log.warning("quickstart: the difficulty filter did not run (%s); training on the curated prompts",
-                    str(error).splitlines()[0])
-        return None
-    return output / "filtered"
-
-
-def evaluate(model_config, params, base_params, tokenizer, examples, run_config, stops) -> dict[str, Any]:
-    from rlax_core.eval.policy import evaluate_policy
-
-    return evaluate_policy(model_config, params, tokenizer, examples, rewards=run_config.loop.named_rewards(),
-                           engine=run_config.engine,
-                           samples=HELDOUT_SAMPLES, ks=(1, HELDOUT_SAMPLES), stop_token_ids=stops,
-                           seed=run_config.run.seed + 1, base_params=base_params)
+    parser.add_argument("--curve-every", type=int, default=5,
+                        help="warm start: score every N-th RL weight version for the steps to the target pass@1")
+    parser.add_argument("--no-cold", action="store_true",
+                        help="warm start: skip the plain (cold) RL run the report compares against")
 
 
 def policy_summary(model_config) -> dict[str, Any]:
@@ -218,7 +133,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Held-out prompts: {before['prompts']} x {before['samples_per_prompt']} samples. "
         f"RL: {report['rl']['steps']} GRPO steps ({report['rl']['groups_per_step']} prompts x "
         f"{report['rl']['samples_per_prompt']} samples), max staleness k={report['rl']['max_staleness']}, "
-        f"{report['rl']['seconds']:.0f} s.",
+        f"{report['rl']['seconds'] or 0:.0f} s.",
         *(["", "This run was resumed (`--resume`): it continued the run already in this folder, so its RL "
                "time and reward curve count only what this invocation did on top of it."]
           if report.get("resumed") else []),
@@ -232,6 +147,7 @@ def markdown(report: dict[str, Any]) -> str:
         "TinyStories-like), distinct-n the share of distinct word n-grams.",
         "",
         "![reward curve](reward_curve.png)",
+        *learned_reward_table(report.get("learned_reward", [])),
         "",
         "## Samples after RL",
         "",
@@ -246,101 +162,126 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def warm_markdown(report: dict[str, Any]) -> str:
+    """The warm-start section: RFT data, SFT's held-out NLL, pass@1 base / after SFT / after RL beside
+    the cold run, and the RL steps each took to the target pass@1."""
+    rft, sft, before, after = report.get("rft", {}), report["sft"], report["before"], report["after"]
+    cold, warm, target, steps = report.get("cold", {}), report.get("warm", {}), report["target_pass@1"], report["rl"]["steps"]
+
+    def reached(run: dict[str, Any]) -> str:
+        if "curve" not in run:
+            return "not run"
+        return f"{run['steps_to_target']}" if run["steps_to_target"] is not None else f"not within {steps}"
+
+    rows = [("base model", before, "")]
+    rows.append(("after SFT, before any RL", sft, ""))
+    if "curve" in cold:
+        cold_after = cold["curve"][-1]
+        rows.append((f"cold: RL from the base (the plain quickstart), {steps} steps", cold_after, reached(cold)))
+    rows.append((f"warm: RL from the SFT policy, {steps} steps", after, reached(warm)))
+    lines = [
+        "", "## Warm start: RFT -> SFT -> RL", "",
+        f"Stages: {' -> '.join(report['stages'])}.",
+    ]
+    if rft:
+        lines.append(f"RFT: the base model sampled {rft['prompts']} training prompts x {rft['samples_per_prompt']}; "
+                     f"{rft['sft_examples']} verified samples from {rft['prompts_with_data']} prompts became SFT rows "
+                     f"(mean pass rate {rft['mean_pass_rate']:.3f}).")
+    lines += [
+        f"SFT: {sft['steps']} steps of {sft['examples_per_step']} examples, learning rate {sft['learning_rate']:g}, "
+        f"{sft['seconds']:.0f} s. Held-out NLL of {sft['heldout_examples']} held-out verified samples (nats per "
+        f"completion token): **{sft['heldout_nll_before']:.3f} before SFT -> {sft['heldout_nll_after']:.3f} after**.",
+        "", f"| policy (held-out prompts) | pass@1 | pass@1 se | RL steps to pass@1 >= {target} |", "|---|---|---|---|",
+        *[f"| {name} | {stats['pass@1']:.3f} | {stats['pass@1_se']:.3f} | {steps_cell} |" for name, stats, steps_cell in rows],
+    ]
+    if "curve" in warm:
+        cold_at = {p["step"]: p["pass@1"] for p in cold.get("curve", [])}
+        lines += ["", "| RL step | cold pass@1 | warm pass@1 |", "|---|---|---|",
+                  *[f"| {p['step']} | {cold_at[p['step']]:.3f} | {p['pass@1']:.3f} |" if p["step"] in cold_at
+                    else f"| {p['step']} | | {p['pass@1']:.3f} |" for p in warm["curve"]]]
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     from rlax_core.config import require
     from pipelines.run_folder import claim
 
     require(args.filter_prompts >= 1, "--filter-prompts", f"a number of prompts >= 1, got {args.filter_prompts}")
     require(args.timeout_s > 0, "--timeout-s", f"seconds > 0, got {args.timeout_s:g}")
+    require(args.curve_every >= 1, "--curve-every", f"a number of steps >= 1, got {args.curve_every}")
     output = Path(args.output).resolve()
     resumed = claim(output, resume=args.resume)  # before the imports below: a minute on a busy machine
     if resumed:
         log.info("quickstart: resuming the run in %s (its curated and filtered prompts, checkpoints and "
                  "rollouts are reused)", output)
 
-    import jax
-
     from pipelines.config import find_config, load_run_config
     from pipelines.initial_policy import prepare_policy
-    from pipelines.launch import launch
+    from pipelines.quickstart_stages import RUNNERS, QuickstartRun
+    from pipelines.stages import DEFAULT_STAGES
     from rlax_core.data.rollout_store import RolloutStore
     from rlax_core.rollout.loop_metrics import loop_metrics
-    from rlax_core.data.training_set import read_examples
     from rlax_core.models import from_pretrained
     from rlax_core.models.tokenizer import load_tokenizer
-    from rlax_core.weights.adapters import load_version
-    from rlax_core.weights.store import WeightStore
+    from rlax_core.utils.compile_cache import enable_compilation_cache
 
     for folder in ("configs", "logs"):
         (output / folder).mkdir(parents=True, exist_ok=True)
     config_path = str(find_config(args.config or QUICKSTART_RECIPE).resolve())
     overrides = [f"run.output_dir={output / 'run'}", *args.overrides]
     run_config = load_run_config(config_path, overrides)
-    seconds: dict[str, float] = {}
+    if "rm" in run_config.stages:  # the reward model this run makes, where its rm stage puts it
+        overrides.append(f"loop.rewards.reward_model.path={output / 'rm' / 'reward_model'}")
+        run_config = load_run_config(config_path, overrides)
     started = time.monotonic()
     # The policy the filter samples, the evaluation starts from and the run trains: with model.upcycle,
     # the mixture of experts made here once (a resumed run reuses it).
     model_path = prepare_policy(run_config)
-    if run_config.model.upcycle is not None:
-        seconds["upcycle"] = time.monotonic() - started
+    upcycled = time.monotonic() - started
     tokenizer = load_tokenizer(model_path)
     stops = stop_token_ids(tokenizer)
     overrides.append(f"loop.sampling.stop_token_ids={stops}")
-
-    # A resumed run keeps the prompts it was trained on: curate and filter run only when their output
-    # is missing (a second curate into the same folder would add shards beside the first ones).
-    mark = time.monotonic()
-    curated = output / "curated" if resumed and read_examples_or_none(output / "curated") else curate(output)
-    seconds["curate"] = time.monotonic() - mark
-    mark = time.monotonic()
-    filtered = (output / "filtered" if resumed and read_examples_or_none(output / "filtered")
-                else filter_prompts(output, curated, model_path, ["\n"], args.filter_prompts))
-    seconds["filter"] = time.monotonic() - mark
-    train_set = filtered if filtered is not None and read_examples_or_none(filtered) else curated
-    log.info("quickstart: training on %d prompts from %s", len(read_examples(str(train_set))), train_set)
-
     heldout = [json.loads(line) for line in (ASSETS / "story_task" / "heldout.jsonl").read_text().splitlines()]
-    base = from_pretrained(model_path)
-    mark = time.monotonic()
-    before = evaluate(base.config, base.params, base.params, tokenizer, heldout, run_config, stops)
-    seconds["evaluate_before"] = time.monotonic() - mark
-    log.info("quickstart: before RL held-out pass@1 %.3f +- %.3f", before["pass@1"], before["pass@1_se"])
+    # The evaluations compile the engine in this process: from the cache the run's other jobs share.
+    enable_compilation_cache(run_config.run.compilation_cache_dir, enabled=run_config.run.compilation_cache)
+    require(not run_config.stages or run_config.stages[-1] == "evaluate", "stages",
+            "the quickstart's report is made by its evaluate stage: end the stages with evaluate")
+    q = QuickstartRun(output=output, config_path=config_path, overrides=overrides, run_config=run_config,
+                      beam_args=beam_args, filter_prompts=args.filter_prompts, timeout_s=args.timeout_s,
+                      resumed=resumed, model_path=model_path, tokenizer=tokenizer, stops=stops, heldout=heldout,
+                      base=from_pretrained(model_path), stages=run_config.stages or DEFAULT_STAGES,
+                      compare_cold=not args.no_cold, curve_every=args.curve_every)
+    if run_config.model.upcycle is not None:
+        q.seconds["upcycle"] = upcycled
+    for stage in q.stages:  # pipelines.stages: the recipe's order (checked as it loaded)
+        RUNNERS[stage](q)
+    q.seconds["total"] = time.monotonic() - started
 
-    mark = time.monotonic()
-    where = launch(config_path, overrides, beam_args, train_set=str(train_set), timeout_s=args.timeout_s,
-                   resume=resumed)
-    seconds["rl"] = time.monotonic() - mark
-
-    store = WeightStore(run_config.weight_store())
-    final_version = store.latest()
-    # A LoRA run's versions are adapters: load_version merges them into their base version.
-    final_params = jax.tree.map(jax.numpy.asarray, load_version(store, final_version)[0])
-    store.close()
-    export_final_model(load_run_config(config_path, overrides), base.config, final_params, output / "final_model")
-    mark = time.monotonic()
-    after = evaluate(base.config, final_params, base.params, tokenizer, heldout, run_config, stops)
-    seconds["evaluate_after"] = time.monotonic() - mark
-    seconds["total"] = time.monotonic() - started
-
-    rows = loop_metrics(run_config.metrics_dir(), RolloutStore(run_config.rollout_root(), run_config.run.name))
-    reward_curve(rows, output / "reward_curve.png")
+    rows = []
+    if q.final_version is not None:
+        export_final_model(load_run_config(config_path, overrides), q.base.config, q.final_params,
+                           output / "final_model")
+        rows = loop_metrics(run_config.metrics_dir(), RolloutStore(run_config.rollout_root(), run_config.run.name))
+        reward_curve(rows, output / "reward_curve.png")
     report = {
         "task": "continue the story with one paragraph that ends within 64 tokens, repeats no word 3-gram, "
                 "and uses the word 'happy' exactly once (reward: pass = 1, else half-credit for each half)",
         "model": model_path,
-        "policy": policy_summary(base.config),
+        "policy": policy_summary(q.base.config),
         "resumed": resumed,  # true: this report continues a run that was already in the folder
-        "before": before,
-        "after": after,
-        "pass@1_gain_in_se": significance(before, after),
+        "stages": list(q.stages),
+        **q.report,
+        "pass@1_gain_in_se": significance(q.report["before"], q.report["after"]),
         "target_pass@1": TARGET_PASS_AT_1,
-        "rl": {**rl_settings(run_config), "final_weight_version": final_version, "seconds": seconds["rl"]},
-        "seconds": seconds,
-        "where": {**where, "final_model": str(output / "final_model")},
+        "rl": {**rl_settings(run_config), "final_weight_version": q.final_version, "seconds": q.seconds.get("rl")},
+        "learned_reward": learned_reward_steps(rows),
+        "seconds": q.seconds,
+        "where": {**q.where, "final_model": str(output / "final_model")},
     }
     (output / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
-    (output / "report.md").write_text(markdown(report))
-    print(markdown(report))
+    text = markdown(report) + (warm_markdown(report) if "sft" in report else "")
+    (output / "report.md").write_text(text)
+    print(text)
     print(f"rlax quickstart: report in {output / 'report.md'} and {output / 'report.json'}")
     return 0
 
@@ -353,12 +294,3 @@ def export_final_model(run_config, model_config, params, folder: Path) -> None:
 
     recipe = hf_export(run_config, model_config)
     export_hf(folder, model_config, params, tokenizer_source=recipe.tokenizer_source, generation=recipe.generation)
-
-
-def read_examples_or_none(path: Path):
-    from rlax_core.data.training_set import read_examples
-
-    try:
-        return read_examples(str(path))
-    except FileNotFoundError:
-        return None

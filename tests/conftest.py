@@ -9,6 +9,31 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+# One persistent compilation cache for the lane's processes (xdist workers and the jobs tests start):
+# many tests compile the same small programs from different closures, which JAX's in-memory caches
+# do not share. A fresh folder per run, so a run's time is a fresh clone's. Tests that count
+# compilations count the cache's hits as well (tests/support/compiles.py).
+import importlib.util
+import tempfile
+
+# The TPU and GPU compile lanes' environments (libtpu, jax's CUDA plugin) compile for chips this host
+# lacks, ahead of time: those programs are compiled once each and are left out of the cache.
+_COMPILES_FOR_OTHER_CHIPS = any(importlib.util.find_spec(name) for name in ("libtpu", "jax_cuda12_plugin"))
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and not _COMPILES_FOR_OTHER_CHIPS:
+    _run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"rlax-test-jax-cache-{_run_id}")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+    _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]  # this process made it: it removes it at the end
+else:
+    _OWN_CACHE = None
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE and "PYTEST_XDIST_WORKER" not in os.environ:
+        import shutil
+
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
 from pathlib import Path
 
 import pytest

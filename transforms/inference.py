@@ -16,6 +16,7 @@ from apache_beam.ml.inference.base import ModelHandler, RunInference
 
 from rlax_core.inference.config import GenerationSpec
 from rlax_core.rollout.host import EngineHost
+from rlax_core.utils.compile_cache import enable_compilation_cache
 
 
 class EngineModelHandler(ModelHandler[dict, dict, EngineHost]):
@@ -26,6 +27,7 @@ class EngineModelHandler(ModelHandler[dict, dict, EngineHost]):
         self.spec = spec
 
     def load_model(self) -> EngineHost:
+        enable_compilation_cache(self.spec.compilation_cache_dir, enabled=self.spec.compilation_cache)
         return EngineHost(self.spec.engine, self.spec.model, dtype=self.spec.dtype, tokenizer=self.spec.tokenizer)
 
     def run_inference(self, batch: Sequence[dict], model: EngineHost,

@@ -44,6 +44,7 @@ class Program:
     name: str
     lower: Callable[[], jax.stages.Lowered]
     sampling_mode: SamplingMode | None = None  # None: the program is the same whatever the role samples with
+    held: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (dtype, shape on one chip) of the pools and weights
 
 
 def _abstract(tree: Any, shardings: Any, dtype=None) -> Any:
@@ -129,5 +130,10 @@ def engine_programs(model: ModelConfig, config: EngineConfig, dtype: str, device
     out.append(Program(role, f"decode {config.num_slots} slots x {config.decode_steps_per_call} steps ({attention})",
                        lambda: kernels.decode.lower(params, cache, state, model_config=model,
                                                     chunk=config.decode_steps_per_call, attention=attention, mode=mode,
-                                                    mesh=mesh, interpret=False), mode))
+                                                    mesh=mesh, interpret=False), mode, held_arrays((params, cache))))
     return out
+
+
+def held_arrays(tree: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(dtype, shape on one chip) of each abstract array of ``tree``, each once (``compile.decode_step``)."""
+    return tuple(dict.fromkeys((str(x.dtype), tuple(x.sharding.shard_shape(x.shape))) for x in jax.tree.leaves(tree)))

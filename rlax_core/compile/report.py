@@ -32,6 +32,7 @@ import re
 import time
 from typing import Any
 
+from rlax_core.compile.decode_step import DecodeStepCost, full_width_arrays
 from rlax_core.compile.loops import loop_factor
 from rlax_core.compile.programs import Program
 from rlax_core.planning.hardware import CHIP_PEAKS
@@ -71,6 +72,13 @@ class ProgramReport:
     loop_factor: float = 1.0  # one run's FLOPs over XLA's (compile.loops): each loop at its trip count
     loops: int = 0  # while loops with a known trip count
     unknown_loops: tuple[str, ...] = ()  # while loops XLA gives no trip count for (counted once)
+    full_width: tuple[str, ...] = ()  # buffers copying a held pool or weight whole (compile.decode_step)
+    # A decode program's KV reads, which XLA does not see (compile.decode_step): bytes of one page of
+    # a running sequence on one chip, and the running sequences and their mean context they are counted at.
+    kv_bytes_per_page: float = 0.0
+    page_size: int = 0
+    running_sequences: int = 0
+    mean_context: float = 0.0
 
     @property
     def flops_per_run(self) -> float:
@@ -84,6 +92,25 @@ class ProgramReport:
     def roofline_per_run_s(self) -> float | None:
         return None if self.roofline_s is None else self.roofline_s * self.loop_factor
 
+    def step_cost(self) -> DecodeStepCost | None:
+        """One decode step as a function of the running sequences (None: not a decode program, or no
+        KV reads were counted for it)."""
+        match = re.match(r"decode (\d+) slots", self.program)
+        if not (self.compiled and match and self.page_size and self.chip in CHIP_PEAKS):
+            return None
+        return DecodeStepCost(self.chip, int(match.group(1)), self.flops, self.bytes_accessed,
+                              self.kv_bytes_per_page, self.page_size)
+
+    def decode_step(self) -> dict[str, float] | None:
+        """XLA's bytes, the KV pages read and their sum for one step of ``running_sequences`` at ``mean_context``."""
+        cost = self.step_cost()
+        if cost is None:
+            return None
+        contexts = [self.mean_context] * self.running_sequences
+        return {"running_sequences": self.running_sequences, "mean_context": self.mean_context,
+                "xla_bytes": cost.xla_bytes, "kv_read_bytes": cost.kv_read_bytes(contexts),
+                "step_bytes": cost.bytes(contexts), "step_roofline_s": cost.seconds(contexts)}
+
     @property
     def peak_bytes(self) -> int:
         """Bytes the program holds on one chip while it runs."""
@@ -91,7 +118,8 @@ class ProgramReport:
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes, "flops_per_run": self.flops_per_run,
-                "bytes_per_run": self.bytes_per_run, "roofline_per_run_s": self.roofline_per_run_s}
+                "bytes_per_run": self.bytes_per_run, "roofline_per_run_s": self.roofline_per_run_s,
+                "decode_step": self.decode_step()}
 
 
 def mosaic_kernels(hlo_text: str) -> tuple[str, ...]:
@@ -167,7 +195,8 @@ def report_compiled(program: Program, chip: str, topology: str, compiled, compil
         code_bytes=memory.generated_code_size_in_bytes, flops=flops, bytes_accessed=accessed,
         optimal_s=float(optimal) if optimal is not None and optimal >= 0 else None,
         roofline_s=roofline_seconds(chip, flops, accessed), kernels=compiled_kernels(text),
-        loop_factor=loops.factor, loops=len(loops.loops), unknown_loops=loops.unknown_loops)
+        loop_factor=loops.factor, loops=len(loops.loops), unknown_loops=loops.unknown_loops,
+        full_width=full_width_arrays(text, program.held))
 
 
 def _seconds(value: float | None) -> str:

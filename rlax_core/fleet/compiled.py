@@ -8,11 +8,16 @@ chip's compiled program (``rlax_core.compile.report``); the chips of one engine 
 trainer slice run their programs in step, so a program's time per chip is the replica's time.
 
 * Decode: XLA counts a loop body once, so the decode program's figure is one decode step of every
-  slot. How many sequences decode at once is the pool's (``planning.memory.concurrent_sequences``):
-  reserving whole budgets (``engine.admission: reserve``), ``num_pages`` over pages per budget;
-  with pages on demand, over what a running sequence holds on average, its prompt and
-  E[L^2] / 2 E[L] of the response lengths (``loop.response_lengths``). One step yields a token for
-  each of them.
+  slot. XLA does not see the KV pages the paged-attention kernel reads; a step's cost is a function
+  of the running sequences and their context lengths (``compile.decode_step.DecodeStepCost``: XLA's
+  bytes plus each running sequence's pages by dtype), evaluated with every running sequence at the
+  recipe's mean running context, its prompt and E[L^2] / 2 E[L] of the response lengths
+  (``loop.response_lengths``). How many sequences an engine may run is the pool's
+  (``planning.memory.concurrent_sequences``): reserving whole budgets (``engine.admission:
+  reserve``), ``num_pages`` over pages per budget; with pages on demand, over what a running
+  sequence holds on average. The simulator streams work to the engines in units of groups and runs
+  as many as the stream gives each (``fleet.simulate``), so a step is as fast as its running
+  sequences make it. One step yields a token for each of them.
 * Prefill: the samples of one prompt share one prefill (the engine copies the first sample's pages),
   so a group costs one row of the prefill program at the smallest compiled bucket holding its prompt
   (left out, and said so, when the report holds no prefill).
@@ -38,6 +43,7 @@ import dataclasses
 import re
 from typing import Any
 
+from rlax_core.compile.decode_step import DecodeStepCost
 from rlax_core.fleet.simulate import FleetParams, simulate
 from rlax_core.planning.memory import concurrent_sequences
 
@@ -62,6 +68,12 @@ class CompiledCosts:
     prefill_s: dict[int, tuple[int, float]]  # prompt bucket -> (rows per call, seconds per call)
     update_micro_batch_s: float | None  # one trip of each loop of the trainer's update step (XLA's count)
     update_step_s: float | None = None  # the whole step, each loop at its trip count (None: an older report)
+    decode: DecodeStepCost | None = None  # the step as a function of the running sequences
+
+    def decode_step_at(self, sequences: int, mean_context: float) -> float:
+        """Seconds of one decode step with ``sequences`` running at ``mean_context`` tokens each (the
+        compiled roofline of every slot where no KV counting came with the report)."""
+        return self.decode_step_s if self.decode is None else self.decode.seconds_at(sequences, mean_context)
 
     def prefill_for(self, prompt_tokens: int) -> tuple[int, int, float] | None:
         """(bucket, rows per call, seconds per call) of the smallest compiled bucket that holds the
@@ -79,9 +91,11 @@ class CompiledCosts:
         return found[2] / found[1] if found else 0.0
 
 
-def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_update: bool = True) -> CompiledCosts:
+def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_update: bool = True,
+                        kv_bytes_per_page: float | None = None, page_size: int | None = None) -> CompiledCosts:
     """The rollout engine's decode and prefill and the trainer's update from ``rlax compile --json``;
-    without ``need_update`` (the trainer's step is given) a report without the trainer will do.
+    without ``need_update`` (the trainer's step is given) a report without the trainer will do. The
+    decode's KV reads per page come from the report, else from ``kv_bytes_per_page`` and ``page_size``.
 
     Raises ``ValueError`` naming what is missing (a program not compiled, a role not in the report)."""
     programs = report.get("programs")
@@ -103,8 +117,13 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_u
         raise ValueError(f"the compile report {report.get('config', '')!r} lacks {'; '.join(missing)} "
                          "(compile the recipe's rollout and trainer roles: rlax compile --roles rollout,trainer; "
                          "or give the trainer's seconds per step)")
+    kv_page = decode[0].get("kv_bytes_per_page") or kv_bytes_per_page
+    page = decode[0].get("page_size") or page_size
+    slots = int(_DECODE.match(decode[0]["program"]).group(1))
+    step = (DecodeStepCost(decode[0]["chip"], slots, float(decode[0]["flops"]), float(decode[0]["bytes_accessed"]),
+                           float(kv_page), int(page)) if kv_page and page else None)
     return CompiledCosts(
-        rollout_chip=decode[0]["chip"], trainer_chip=update[0]["chip"] if update else None,
+        decode=step, rollout_chip=decode[0]["chip"], trainer_chip=update[0]["chip"] if update else None,
         decode_step_s=float(decode[0]["roofline_s"]), decode_slots=int(_DECODE.match(decode[0]["program"]).group(1)),
         prefill_s=prefill, update_micro_batch_s=float(update[0]["roofline_s"]) if update else None,
         update_step_s=float(update[0]["roofline_per_run_s"]) if update and update[0].get("roofline_per_run_s")
@@ -132,6 +151,8 @@ class FleetShape:
     host_network_bytes_per_s: float = HOST_NETWORK_BYTES_PER_S
     admission: str = "reserve"  # engine.admission
     occupancy_tokens: float = 0.0  # on_demand: completion tokens a running sequence holds on average
+    groups_per_unit: int = 1  # loop.groups_per_unit: the stream's unit of work
+    chips_per_worker: int = 1  # a rollout host's chips (for tokens per chip)
 
     def __post_init__(self):
         positive = ("rollout_workers", "trainer_hosts", "groups_per_step", "samples_per_prompt",
@@ -146,6 +167,11 @@ class FleetShape:
             bad.append(f"completion_tokens (1 .. max_new_tokens={self.max_new_tokens})")
         if bad:
             raise ValueError(f"FleetShape: out of range: {', '.join(bad)}")
+
+    @property
+    def mean_context(self) -> float:
+        """Tokens a running sequence attends to on average: its prompt and what it has written."""
+        return self.prompt_tokens + (self.occupancy_tokens or self.completion_tokens / 2)
 
     @property
     def concurrent_sequences(self) -> int:
@@ -168,12 +194,13 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
               + shape.weight_bytes / shape.host_network_bytes_per_s)
     return FleetParams(
         workers=shape.rollout_workers, max_staleness=shape.max_staleness, groups_per_step=shape.groups_per_step,
-        seconds_per_token=costs.decode_step_s / concurrent,
+        seconds_per_token=costs.decode_step_at(concurrent, shape.mean_context) / concurrent,
         tokens_per_group=shape.samples_per_prompt * shape.completion_tokens,
         trainer_step_s=trainer_step_s if trainer_step_s is not None else compiled_trainer_step_s(costs, shape),
-        weight_sync_s=sync_s,
-        groups_per_call=max(1, shape.num_slots // shape.samples_per_prompt),
-        group_overhead_s=costs.prefill_per_group_s(shape.prompt_tokens), steps=steps, warmup_steps=steps // 5)
+        weight_sync_s=sync_s, groups_per_unit=shape.groups_per_unit,
+        group_overhead_s=costs.prefill_per_group_s(shape.prompt_tokens), steps=steps, warmup_steps=steps // 5,
+        decode_step_s=lambda n: costs.decode_step_at(n, shape.mean_context),
+        samples_per_group=shape.samples_per_prompt, sequences_per_worker=concurrent)
 
 
 def compiled_trainer_step_s(costs: CompiledCosts, shape: FleetShape) -> float:
@@ -193,8 +220,11 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
     trained = sum(result.staleness.values())
     return {
         "inputs": {
-            "decode_step_s": {"value": costs.decode_step_s, "from": f"compiled: decode of {costs.decode_slots} slots "
-                                                                       f"on {costs.rollout_chip}, roofline"},
+            "decode_step_s": {"value": params.decode_step_s(params.sequences_per_worker), "from": (
+                f"compiled: decode of {costs.decode_slots} slots on {costs.rollout_chip}, roofline with the KV "
+                f"pages of {params.sequences_per_worker} sequences at {shape.mean_context:,.0f} tokens"
+                if costs.decode is not None else
+                f"compiled: decode of {costs.decode_slots} slots on {costs.rollout_chip}, roofline (no KV reads)")},
             "concurrent_sequences": {"value": min(shape.concurrent_sequences, costs.decode_slots),
                                      "from": f"recipe: slots and pages, engine.admission={shape.admission}"},
             "prefill_per_group_s": {"value": params.group_overhead_s, "from": (
@@ -218,6 +248,10 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
         },
         "seconds_per_step": result.seconds_per_step,
         "rollout_tokens_per_s": result.groups_per_s * params.tokens_per_group,
+        "rollout_tokens_per_s_per_chip": result.groups_per_s * params.tokens_per_group
+        / (shape.rollout_workers * shape.chips_per_worker),
+        "engine_tokens_per_s_per_chip": params.sequences_per_worker / params.decode_step_s(params.sequences_per_worker)
+        / shape.chips_per_worker,
         "groups_per_s": result.groups_per_s,
         "trainer_idle_fraction": result.trainer_idle_fraction,
         "worker_busy_fraction": result.worker_busy_fraction,

@@ -10,6 +10,16 @@ What it models (the rules of ``rlax_core.rollout`` and ``rlax_core.training.job`
 * A call of ``n`` groups takes ``call_overhead_s + n * seconds_per_group`` on one worker, where
   ``seconds_per_group = tokens_per_group * seconds_per_token + group_overhead_s`` (scoring, writing).
   Workers do not slow each other down (the calibration says how far that holds on a shared host).
+* Streaming engines (``decode_step_s`` given): work goes out as the stream hands it out, in units
+  of ``groups_per_unit`` groups, not whole engine calls. A worker's engine holds up to
+  ``sequences_per_worker`` running sequences (its slots, or what its KV pool holds) and admits a
+  unit as soon as it has room for the unit's ``samples_per_group`` x groups; units go to the worker
+  with the most room (the Reshuffle spreads them). Every running sequence gains one token per
+  decode step, and a step takes ``decode_step_s(n)`` with ``n`` sequences running (the compiled
+  step's cost as a function of them: ``compile.decode_step``), so a group of ``tokens_per_group /
+  samples_per_group`` tokens a sample needs that many steps, however many share them; admitting a
+  group stalls its engine ``group_overhead_s`` (its prefill). Continuous batching makes a worker's
+  throughput a function of how many sequences it runs, which the stream, not a call size, decides.
 * The trainer trains steps in order, each once all its groups are written, for ``trainer_step_s``;
   version ``t + 1`` becomes visible to the workers ``weight_sync_s`` after step ``t`` ends
   (publish, commit, load). Version 0 is visible at time 0.
@@ -24,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import Counter, deque
+from typing import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +54,10 @@ class FleetParams:
     call_overhead_s: float = 0.0
     steps: int = 60  # steps simulated
     warmup_steps: int = 10  # steps left out of the measurement (the pipeline filling up)
+    # Streaming engines (module docstring): seconds of one decode step with n sequences running.
+    decode_step_s: Callable[[int], float] | None = None
+    samples_per_group: int = 1
+    sequences_per_worker: int = 1
 
     def __post_init__(self):
         checks = {
@@ -52,12 +67,13 @@ class FleetParams:
             "weight_sync_s": self.weight_sync_s >= 0, "groups_per_unit": self.groups_per_unit >= 1,
             "groups_per_call": self.groups_per_call >= 1, "group_overhead_s": self.group_overhead_s >= 0,
             "call_overhead_s": self.call_overhead_s >= 0, "warmup_steps": self.warmup_steps >= 0,
-            "steps": self.steps > self.warmup_steps,
+            "steps": self.steps > self.warmup_steps, "samples_per_group": self.samples_per_group >= 1,
+            "sequences_per_worker": self.sequences_per_worker >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"FleetParams: out of range: {', '.join(bad)} ({self})")
-        if self.seconds_per_group + self.call_overhead_s <= 0:
+        if self.decode_step_s is None and self.seconds_per_group + self.call_overhead_s <= 0:
             raise ValueError("FleetParams: a group must take some time to generate")
 
     @property
@@ -108,7 +124,47 @@ def simulate(params: FleetParams) -> FleetResult:
     staleness = Counter()
     measured_busy = 0.0
 
+    engines = [_Engine() for _ in range(p.workers)] if p.decode_step_s is not None else []
+
+    def stream(now: float) -> None:
+        """Units to the engines with room, the most room first, while pacing allows them."""
+        limit = visible + p.max_staleness
+        while queue and queue[0][0] <= limit:
+            step, size = queue[0]
+            worker = max(range(p.workers), key=lambda w: p.sequences_per_worker - engines[w].running(p))
+            engine = engines[worker]
+            if engine.groups and engine.running(p) + size * p.samples_per_group > p.sequences_per_worker:
+                return
+            queue.popleft()
+            untaken[step] -= size
+            advance(worker, now)
+            engine.groups += [[p.tokens_per_group / p.samples_per_group, step, visible] for _ in range(size)]
+            engine.pause += size * p.group_overhead_s
+            reschedule(worker, now)
+
+    def advance(worker: int, now: float) -> None:
+        nonlocal measured_busy
+        engine = engines[worker]
+        elapsed = now - engine.last
+        if engine.groups:
+            measured_busy += _clip(engine.last, now, step_end, p)
+            paused = min(elapsed, engine.pause)
+            engine.pause -= paused
+            steps = (elapsed - paused) / p.decode_step_s(engine.running(p))
+            for group in engine.groups:
+                group[0] -= steps
+        engine.last = now
+
+    def reschedule(worker: int, now: float) -> None:
+        engine = engines[worker]
+        engine.epoch += 1
+        if engine.groups:
+            left = min(group[0] for group in engine.groups)
+            push(now + engine.pause + max(0.0, left) * p.decode_step_s(engine.running(p)), "engine", (worker, engine.epoch))
+
     def dispatch(now: float) -> None:
+        if engines:
+            return stream(now)
         limit = visible + p.max_staleness
         while idle_workers and queue and queue[0][0] <= limit:
             # The fleet spreads what may be generated over its free workers: each takes its share, up
@@ -148,6 +204,20 @@ def simulate(params: FleetParams) -> FleetResult:
             idle_workers.append(worker)
             maybe_train(now)
             dispatch(now)
+        elif kind == "engine":
+            worker, epoch = payload
+            engine = engines[worker]
+            if epoch != engine.epoch:
+                continue
+            advance(worker, now)
+            done = [g for g in engine.groups if g[0] <= _DONE * p.tokens_per_group]
+            engine.groups = [g for g in engine.groups if g[0] > _DONE * p.tokens_per_group]
+            for _, step, version in done:
+                written[step] += 1
+                stamps.setdefault(step, []).append(version)
+            reschedule(worker, now)
+            maybe_train(now)
+            dispatch(now)
         elif kind == "trained":
             step = payload
             lags = [step - v for v in stamps.pop(step)]
@@ -174,6 +244,23 @@ def simulate(params: FleetParams) -> FleetResult:
         staleness=dict(sorted(staleness.items())),
         seconds_per_step=span / measured_steps,
     )
+
+
+_DONE = 1e-9  # a group with fewer tokens left than this fraction of its own is done (float steps)
+
+
+@dataclasses.dataclass
+class _Engine:
+    """One streaming worker: its groups [tokens a sample still needs, step, version], the stall its
+    admitted prefills still owe, when it was last advanced, and its event's epoch (older ones are stale)."""
+
+    groups: list = dataclasses.field(default_factory=list)
+    pause: float = 0.0
+    last: float = 0.0
+    epoch: int = 0
+
+    def running(self, p: FleetParams) -> int:
+        return len(self.groups) * p.samples_per_group
 
 
 def _unit_sizes(groups_per_step: int, groups_per_unit: int) -> list[int]:

@@ -283,6 +283,10 @@ class GenerationSpec:
     batch_size: int = 8  # prompts per engine call
     dtype: Literal["float32", "bfloat16"] = "float32"
     engine: EngineConfig = EngineConfig(max_prompt_len=256, max_new_tokens=256)
+    # JAX's persistent compilation cache in each worker process (rlax_core.utils.compile_cache): a
+    # second filter or evaluation of the same engine shapes loads its programs instead of compiling.
+    compilation_cache: bool = True
+    compilation_cache_dir: str = ""  # default: $RLAX_COMPILATION_CACHE_DIR, else ~/.cache/rlax/jax
 
     def __post_init__(self):
         require(self.batch_size >= 1, "batch_size", "at least 1")

@@ -53,12 +53,16 @@ def export_peft(destination: str | os.PathLike, config: ModelConfig, lora: LoraC
         for i in range(config.num_layers):
             tensors[_peft_name(i, target, "A")] = np.ascontiguousarray(a[i].reshape(-1, lora.rank).T)
             tensors[_peft_name(i, target, "B")] = np.ascontiguousarray(b[i].reshape(lora.rank, -1).T)
+    saved = None
+    if "score" in adapters:  # a reward model's score head, trained beside the adapters: PEFT's modules_to_save
+        tensors["base_model.model.score.weight"] = np.asarray(adapters["score"]["kernel"], np.float32)[None, :]
+        saved = ["score"]
     peft_config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "peft_type": "LORA", "task_type": "SEQ_CLS" if saved else "CAUSAL_LM", "base_model_name_or_path": base_model,
         "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "bias": "none",
         "target_modules": sorted(TARGETS[t][0][1] for t in lora.targets), "fan_in_fan_out": False,
         "use_rslora": False, "use_dora": False, "inference_mode": True, "init_lora_weights": True,
-        "modules_to_save": None, "layers_to_transform": None, "revision": None,
+        "modules_to_save": saved, "layers_to_transform": None, "revision": None,
     }
     names = [PEFT_WEIGHTS, PEFT_CONFIG]  # the config last: a folder with it is complete
     with tempfile.TemporaryDirectory(prefix="rlax-peft-") as staging:

@@ -119,6 +119,9 @@ class HardwareConfig:
     # A filter or evaluate recipe of its own declares only these.
     filter: Optional[SliceSpec] = None
     evaluate: Optional[SliceSpec] = None
+    # A reward model's own scoring stage (rewards.reward_model.placement: own_stage); by default the
+    # rollout fleet's kind of worker.
+    reward_model: Optional[SliceSpec] = None
 
     def __post_init__(self):
         require(any((self.rollout, self.trainer, self.filter, self.evaluate)), "",

@@ -112,16 +112,21 @@ def kv_bytes_per_head(model: ModelConfig, cache_dtype: str) -> int:
     return model.head_dim * itemsize(cache_dtype)
 
 
-def decode_kv_read_bytes(model: ModelConfig, engine: EngineConfig, context_lengths) -> int:
+def decode_kv_read_bytes(model: ModelConfig, engine: EngineConfig, context_lengths, kernel: str = "") -> int:
     """Bytes of KV pages one decode step's attention reads on one chip, which XLA's cost analysis
     does not see inside a Pallas call: for each running sequence of ``context_lengths`` tokens, its
     whole pages (ceil(length / page_size) of them: a kernel reads a page whole), keys and values,
     every layer, the chip's KV heads (all of them where ``tensor_parallel`` does not divide them),
-    each head-token ``kv_bytes_per_head`` of ``engine.cache_dtype`` (an eight-bit one's scale with it)."""
+    each head-token ``kv_bytes_per_head`` of ``engine.cache_dtype`` (an eight-bit one's scale with it).
+    ``kernel="tpu"``: JAX's TPU kernel reads an eight-bit page's scales broadcast to the page's full
+    width (``inference.pallas_attention``), ``head_dim`` float32 numbers a head-token, not one."""
     tp = engine.tensor_parallel
     heads = model.num_kv_heads // tp if model.num_kv_heads % tp == 0 else model.num_kv_heads
     tokens = sum(-(-int(length) // engine.page_size) * engine.page_size for length in context_lengths)
-    return 2 * model.num_layers * heads * tokens * kv_bytes_per_head(model, engine.cache_dtype)
+    per_head = kv_bytes_per_head(model, engine.cache_dtype)
+    if kernel == "tpu" and engine.cache_dtype in EIGHT_BIT_FORMATS:
+        per_head += (model.head_dim - 1) * _F32
+    return 2 * model.num_layers * heads * tokens * per_head
 
 
 def _engine_weight_bytes(model: ModelConfig, engine: EngineConfig, dtype: str, sizes) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import (dequantize_kernels, merge, quantize_kernels, quantized_logical_axes, scaled,
                                    with_adapters)
-from rlax_core.models.transformer import init_params, param_logical_axes
+from rlax_core.training.heads import init_model, model_logical_axes, split_head
 from rlax_core.parallel.mesh import tree_shardings
 from rlax_core.training.config import TrainerConfig
 from rlax_core.utils.dtypes import dtype as dtype_named
@@ -38,9 +38,9 @@ class FrozenBase:
             raise ValueError("FrozenBase: trainer.lora.rank is 0 (full fine-tuning has no frozen base)")
         self.model_config, self.lora, self.mesh = model_config, config.lora, mesh
         self.param_dtype = dtype_named(config.param_dtype)
-        self._given_axes = param_logical_axes(model_config)
+        self._given_axes = model_logical_axes(model_config)
         axes = quantized_logical_axes(self._given_axes) if self.lora.base_dtype == "int8" else self._given_axes
-        self._abstract = jax.eval_shape(lambda: self.held(init_params(model_config, jax.random.key(0), jnp.float32)))
+        self._abstract = jax.eval_shape(lambda: self.held(init_model(model_config, jax.random.key(0), jnp.float32)))
         self.shardings = tree_shardings(self._abstract, axes, mesh)
         self.params: Any = None
 
@@ -56,7 +56,7 @@ class FrozenBase:
 
     def init(self, rng: jax.Array) -> None:
         """Hold a random base (tests, benchmarks)."""
-        self.load(init_params(self.model_config, rng, jnp.float32))
+        self.load(init_model(self.model_config, rng, jnp.float32))
 
     def require(self) -> Any:
         if self.params is None:
@@ -71,10 +71,12 @@ class FrozenBase:
     def forward_policy(self, adapters: Any, base: Any) -> Any:
         """The policy as the training forward takes it (traced inside the update: ``base`` is its input).
         With dropout the adapters run beside the kernels (dropout masks the adapters' inputs, which a
-        merged W' cannot; an int8 base stays int8); else they are merged."""
+        merged W' cannot; an int8 base stays int8); else they are merged. A trained head (a reward
+        model's score) takes the base's place."""
+        adapters, head = split_head(adapters)
         if self.lora.on_the_fly:
-            return with_adapters(base, scaled(adapters, self.lora))
-        return merge(base, adapters, self.lora)
+            return {**with_adapters(base, scaled(adapters, self.lora)), **head}
+        return {**merge(base, adapters, self.lora), **head}
 
     def complete(self, adapters: Any) -> Any:
         """The whole policy, the base (dequantized when int8) with the adapters merged, in
@@ -82,4 +84,5 @@ class FrozenBase:
         base = self.require()
         if self.lora.base_dtype == "int8":
             base = dequantize_kernels(base, self.param_dtype)
-        return merge(base, adapters, self.lora)
+        adapters, head = split_head(adapters)
+        return {**merge(base, adapters, self.lora), **jax.tree.map(lambda x: x.astype(self.param_dtype), head)}

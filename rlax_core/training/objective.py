@@ -17,8 +17,9 @@ compiled update. The objective owns the arithmetic that differs, in four places:
 
 Objectives (``OBJECTIVES``, one name each): ``rl`` (``rl_objective``: the policy objective of
 ``rlax_core.rl`` with an algorithm), ``sft`` (``supervised``: the negative log-likelihood of the
-trained tokens) and ``dpo`` (``preference``: DPO and IPO on chosen and rejected samples). A reward
-model would be one more: the trainer runs the same rows, the objective reads other outputs.
+trained tokens), ``dpo`` (``preference``: DPO and IPO on chosen and rejected samples) and ``rm``
+(``bradley_terry``: a reward model on chosen/rejected pairs). The reward model runs the same rows;
+its model puts out a score per position where a language model puts out log-probs (``heads``).
 """
 
 from __future__ import annotations

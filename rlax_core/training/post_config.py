@@ -1,4 +1,4 @@
-"""The post-training jobs' sections: ``sft:`` (``rlax sft``) and ``dpo:`` (``rlax dpo``).
+"""The post-training jobs' sections: ``sft:`` (``rlax sft``), ``dpo:`` (``rlax dpo``) and ``rm:`` (``rlax rm``).
 
 Both run on the RL trainer's ``trainer:`` section (mesh, packing, micro-batches, LoRA, optimizer,
 checkpoints, exports); these sections say what they read and how their loss is made.
@@ -68,5 +68,26 @@ class DpoConfig:
         require(0.0 <= self.label_smoothing < 0.5, "label_smoothing", "must lie in [0, 0.5)")
         require(self.sft_coef >= 0, "sft_coef", "must be >= 0")
         require(0.0 <= self.validation_fraction < 1.0, "validation_fraction", "must lie in [0, 1)")
+        require(self.pairs_per_step >= 1, "pairs_per_step", "must be >= 1")
+        require(self.eval_every >= 1, "eval_every", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class RmConfig:
+    """A Bradley-Terry reward model on ``PreferencePair`` records (``rlax rm``; ``training.bradley_terry``)."""
+
+    data: str = ""  # parquet or JSONL of PreferencePair records (rlax rft's pairs-*.parquet, or users'); a
+    # ``margin`` column, where present, is each pair's own margin
+    validation_data: str = ""
+    validation_fraction: float = 0.1  # held-out pairs (by record id, stable) for the held-out pair accuracy
+    margin: float = 0.0  # added to every pair's margin: -log sigmoid(s_c - s_r - margin)
+    center_coefficient: float = 0.0  # TRL's center_rewards_coefficient: + coef * (s_c + s_r)^2
+    pairs_per_step: int = 8
+    eval_every: int = 10  # held-out pair accuracy every this many steps (and at step 0 and after the last)
+    shuffle_seed: int = 0
+
+    def __post_init__(self):
+        require(0.0 <= self.validation_fraction < 1.0, "validation_fraction", "must lie in [0, 1)")
+        require(self.center_coefficient >= 0, "center_coefficient", "must be >= 0")
         require(self.pairs_per_step >= 1, "pairs_per_step", "must be >= 1")
         require(self.eval_every >= 1, "eval_every", "must be >= 1")

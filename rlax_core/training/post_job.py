@@ -1,4 +1,4 @@
-"""The ``rlax sft`` and ``rlax dpo`` jobs: a fixed data set in, checkpoints, weight versions and exports out.
+"""The ``rlax sft``, ``rlax dpo`` and ``rlax rm`` jobs: a fixed data set in, checkpoints, weight versions and exports out.
 
 The RL job's machinery, not a copy of it: the same ``Trainer`` (mesh, packed rows, token-budget
 micro-batches, LoRA) with another objective, the same checkpoints (state + ledger, verified before
@@ -74,10 +74,13 @@ def run_post_training(*, model_config: ModelConfig, initial_params: Any, objecti
                       validation: Callable[[Trainer], Sequence[dict[str, np.ndarray]]], eval_every: int, weights: WeightStore | None,
                       checkpoint_dir: str, metrics_dir: str, data_metrics: dict[str, float] | None = None,
                       ref_params: Any = None, stop: threading.Event | None = None,
-                      export: HFExport | None = None) -> JobResult:
+                      export: HFExport | None = None,
+                      evaluate: Callable[[Trainer, Any, Sequence], dict[str, float]] | None = None) -> JobResult:
     """Train ``objective`` on ``step_batch(step, trainer)`` (padded to ``trainer.row_multiple``:
     ``sft_data``) until ``config.total_steps`` or ``stop``; see the module docstring. ``validation(trainer)``:
-    the held-out batches. ``ref_params``: DPO's frozen reference (None: with LoRA the base)."""
+    the held-out batches, ``evaluate(trainer, state, batches)`` their metrics (default: ``train/heldout_nll``).
+    ``ref_params``: DPO's frozen reference (None: with LoRA the base)."""
+    evaluate = evaluate or (lambda trainer, state, batches: {"train/heldout_nll": heldout_nll(trainer, state, batches)})
     stop = stop or threading.Event()
     initialize_distributed(config.mesh)
     trainer = Trainer(model_config, objective, config, make_mesh(config.mesh))
@@ -108,9 +111,9 @@ def run_post_training(*, model_config: ModelConfig, initial_params: Any, objecti
                       generation=export.generation)
     metrics = MetricsWriter(metrics_dir, resumed_from=step) if is_chief else None
     if validation and resumed_from is None:  # every host takes part in the forward; the chief writes
-        before = heldout_nll(trainer, state, validation)
+        before = evaluate(trainer, state, validation)
         if metrics is not None:
-            metrics.write(0, {"train/heldout_nll": before, **(data_metrics or {})})
+            metrics.write(0, {**before, **(data_metrics or {})})
     last_saved = resumed_from
     try:
         for _ in progress(range(step, config.total_steps), desc=objective.name, total=config.total_steps - step,
@@ -133,7 +136,7 @@ def run_post_training(*, model_config: ModelConfig, initial_params: Any, objecti
             row = {**{f"train/{k}": v for k, v in step_metrics.items()}, "train/step_s": elapsed,
                    "train/tokens_per_s": real_tokens(batch) / elapsed, **(data_metrics or {})}
             if validation and (step % eval_every == 0 or step == config.total_steps):
-                row["train/heldout_nll"] = heldout_nll(trainer, state, validation)
+                row.update(evaluate(trainer, state, validation))
             if metrics is not None:
                 metrics.write(step, row)
             if stop.is_set():

@@ -54,23 +54,31 @@ def pair_losses(policy_chosen, policy_rejected, ref_chosen, ref_rejected, *, los
     return losses, beta * (policy_chosen - ref_chosen), beta * (policy_rejected - ref_rejected)
 
 
-def batch_loss(policy_totals, ref_totals, lengths, group_ids, chosen, sample_mask, *, loss: str = "sigmoid",
-               beta: float = 0.1, label_smoothing: float = 0.0, sft_coef: float = 0.0):
-    """The batch's loss and metrics from each sample's total log-probs [S] (policy and reference),
-    trained tokens ``lengths`` [S], pair ``group_ids`` [S], ``chosen`` [S] (1 or 0), ``sample_mask`` [S]."""
-    slots = policy_totals.shape[0]
+def pairs_of(group_ids, chosen, sample_mask):
+    """``(per_pair, complete)`` for a batch's [S] samples paired by ``group_ids``, ``chosen`` 1 or 0:
+    ``per_pair(values [S])`` gives each pair's (chosen value, rejected value), [S] each (slot p: pair
+    id p), and ``complete`` [S] marks the pairs that have one of each (padding slots have none)."""
+    slots = group_ids.shape[0]
     real = sample_mask > 0
     ids = jnp.where(real, group_ids, slots)  # padding slots go to a segment no pair has
     is_chosen, is_rejected = real & (chosen > 0), real & (chosen <= 0)
 
-    def per_pair(values, which):
+    def side(values, which):
         return jax.ops.segment_sum(jnp.where(which, values, 0.0), ids, num_segments=slots + 1)[:slots]
 
-    complete = (per_pair(jnp.ones_like(policy_totals), is_chosen) == 1) & \
-               (per_pair(jnp.ones_like(policy_totals), is_rejected) == 1)
+    ones = jnp.ones(group_ids.shape, jnp.float32)
+    complete = (side(ones, is_chosen) == 1) & (side(ones, is_rejected) == 1)
+    return (lambda values: (side(values, is_chosen), side(values, is_rejected))), complete
+
+
+def batch_loss(policy_totals, ref_totals, lengths, group_ids, chosen, sample_mask, *, loss: str = "sigmoid",
+               beta: float = 0.1, label_smoothing: float = 0.0, sft_coef: float = 0.0):
+    """The batch's loss and metrics from each sample's total log-probs [S] (policy and reference),
+    trained tokens ``lengths`` [S], pair ``group_ids`` [S], ``chosen`` [S] (1 or 0), ``sample_mask`` [S]."""
+    is_chosen = (sample_mask > 0) & (chosen > 0)
+    per_pair, complete = pairs_of(group_ids, chosen, sample_mask)
     scale = 1.0 / jnp.maximum(lengths, 1.0) if loss == "ipo" else 1.0  # IPO compares mean log-probs, as TRL does
-    pc, pr = per_pair(policy_totals * scale, is_chosen), per_pair(policy_totals * scale, is_rejected)
-    rc, rr = per_pair(ref_totals * scale, is_chosen), per_pair(ref_totals * scale, is_rejected)
+    (pc, pr), (rc, rr) = per_pair(policy_totals * scale), per_pair(ref_totals * scale)
     losses, chosen_rewards, rejected_rewards = pair_losses(pc, pr, rc, rr, loss=loss, beta=beta,
                                                            label_smoothing=label_smoothing)
     pairs = jnp.maximum(jnp.sum(complete), 1)
@@ -96,36 +104,28 @@ def check_reference(policy_config: Any, reference_config: Any, where: str) -> No
         raise InputError(f"reference {where} is not the policy's architecture: {'; '.join(differ)}")
 
 
-@OBJECTIVES.register("dpo")
-class PreferenceObjective(TrainingObjective):
-    name = "dpo"
-
-    def __init__(self, config: Any):
-        self.config = config  # a DpoConfig
-        self.uses_reference = config.reference == "step"
+class SampleTotalsObjective(TrainingObjective):
+    """An objective whose loss is a function of each sample's total (see the module docstring): the
+    trainer scores the batch once, ``batch_loss_of(batch, totals, scored)`` gives the loss and its
+    metrics, and the updates differentiate ``sum_i c_i S_i`` with ``c_i = dL/dS_i``. DPO's totals are
+    log-probs; a reward model's (``bradley_terry``) are its scores."""
 
     def scores_policy(self, updates_per_batch: int) -> bool:
         return True  # the coefficients are the loss's derivatives at the policy's totals
 
     def check(self, trainer_config) -> None:
         if trainer_config.ppo_epochs != 1 or trainer_config.mini_batches != 1:
-            raise ValueError("dpo: one optimizer update per batch (its pairs' coefficients are taken once per batch); "
-                             "set trainer.ppo_epochs=1 and trainer.mini_batches=1 (micro-batches may split it)")
+            raise ValueError(f"{self.name}: one optimizer update per batch (its samples' coefficients are taken once "
+                             "per batch); set trainer.ppo_epochs=1 and trainer.mini_batches=1 (micro-batches may "
+                             "split it)")
+
+    def batch_loss_of(self, batch: Arrays, totals: jax.Array, scored: Arrays):
+        raise NotImplementedError
 
     def prepare(self, batch: Arrays, scored: Arrays) -> dict[str, jax.Array]:
-        mask, config = batch["loss_mask"], self.config
-        policy_totals = jnp.sum(scored["old_logprobs"] * mask, axis=-1)
-        if "reference_logprobs" in batch:
-            ref_totals = batch["reference_logprobs"]
-        else:
-            ref_totals = jnp.sum(scored["ref_logprobs"] * mask, axis=-1)
-
-        def loss_of(totals):
-            return batch_loss(totals, ref_totals, jnp.sum(mask, axis=-1), batch["group_ids"], batch["rewards"],
-                              batch["sample_mask"], loss=config.loss, beta=config.beta,
-                              label_smoothing=config.label_smoothing, sft_coef=config.sft_coef)
-
-        (total, metrics), coefficients = jax.value_and_grad(loss_of, has_aux=True)(policy_totals)
+        totals = jnp.sum(scored["old_logprobs"] * batch["loss_mask"], axis=-1)
+        (total, metrics), coefficients = jax.value_and_grad(
+            lambda t: self.batch_loss_of(batch, t, scored), has_aux=True)(totals)
         return {"sample_coefficients": coefficients, "preference_loss": total,
                 **{f"preference/{name}": value for name, value in metrics.items()}}
 
@@ -143,3 +143,22 @@ class PreferenceObjective(TrainingObjective):
     def batch_metrics(self, batch: Arrays, prepared: Arrays) -> dict[str, jax.Array]:
         metrics = {name.split("/", 1)[1]: value for name, value in prepared.items() if name.startswith("preference/")}
         return {**metrics, "loss": prepared["preference_loss"]}
+
+
+@OBJECTIVES.register("dpo")
+class PreferenceObjective(SampleTotalsObjective):
+    name = "dpo"
+
+    def __init__(self, config: Any):
+        self.config = config  # a DpoConfig
+        self.uses_reference = config.reference == "step"
+
+    def batch_loss_of(self, batch: Arrays, totals: jax.Array, scored: Arrays):
+        mask, config = batch["loss_mask"], self.config
+        if "reference_logprobs" in batch:
+            ref_totals = batch["reference_logprobs"]
+        else:
+            ref_totals = jnp.sum(scored["ref_logprobs"] * mask, axis=-1)
+        return batch_loss(totals, ref_totals, jnp.sum(mask, axis=-1), batch["group_ids"], batch["rewards"],
+                          batch["sample_mask"], loss=config.loss, beta=config.beta,
+                          label_smoothing=config.label_smoothing, sft_coef=config.sft_coef)

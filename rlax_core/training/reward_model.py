@@ -74,19 +74,32 @@ def sequence_scores(params: Params, config: ModelConfig, tokens, attention_mask,
     return jnp.einsum("be,e->b", last.astype(jnp.float32), params["score"]["kernel"].astype(jnp.float32))
 
 
-def bradley_terry_loss(chosen_scores, rejected_scores, margin=None, center_coefficient: float = 0.0
-                       ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The mean pair loss and the pair metrics (accuracy, margin, score mean and std) of [P] scores."""
+def position_scores(params: Params, config: ModelConfig, tokens, attention_mask=None, **options) -> jax.Array:
+    """[B, T-1] float32: the score head on each position's hidden state (position t: the score of
+    tokens <= t), aligned with the trainer's per-token arrays; the trainer reads a sequence's score
+    at its last real token (``reward_sample`` marks it)."""
+    backbone = {name: tree for name, tree in params.items() if name != "score"}
+    hidden = hidden_states(backbone, config, tokens, attention_mask=attention_mask, **options)[:, :-1]
+    return jnp.einsum("bte,e->bt", hidden.astype(jnp.float32), params["score"]["kernel"].astype(jnp.float32))
+
+
+def bradley_terry_loss(chosen_scores, rejected_scores, margin=None, center_coefficient: float = 0.0,
+                       weights=None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The mean pair loss and the pair metrics (accuracy, margin, score mean and std) of [P] scores;
+    ``weights`` [P] (1 or 0): which pairs count (a packed batch's padding slots do not)."""
     chosen = jnp.asarray(chosen_scores, jnp.float32)
     rejected = jnp.asarray(rejected_scores, jnp.float32)
+    weights = jnp.ones_like(chosen) if weights is None else jnp.asarray(weights, jnp.float32)
+    mean = lambda x: jnp.sum(weights * x) / jnp.maximum(jnp.sum(weights), 1.0)  # noqa: E731
     difference = chosen - rejected
     shifted = difference if margin is None else difference - jnp.asarray(margin, jnp.float32)
-    loss = -jnp.mean(jax.nn.log_sigmoid(shifted))
+    loss = -mean(jax.nn.log_sigmoid(shifted))
     if center_coefficient:
-        loss = loss + center_coefficient * jnp.mean((chosen + rejected) ** 2)
-    both = jnp.concatenate([chosen, rejected])
-    metrics = {"pair_accuracy": jnp.mean((difference > 0).astype(jnp.float32)), "margin": jnp.mean(difference),
-               "score_mean": jnp.mean(both), "score_std": jnp.std(both)}
+        loss = loss + center_coefficient * mean((chosen + rejected) ** 2)
+    score_mean = mean((chosen + rejected) / 2)
+    variance = mean(((chosen - score_mean) ** 2 + (rejected - score_mean) ** 2) / 2)
+    metrics = {"pair_accuracy": mean((difference > 0).astype(jnp.float32)), "margin": mean(difference),
+               "score_mean": score_mean, "score_std": jnp.sqrt(variance)}
     return loss, metrics
 
 
@@ -98,18 +111,52 @@ def pair_loss(params: Params, config: ModelConfig, batch: Mapping[str, Any], cen
     return bradley_terry_loss(scores[:pairs], scores[pairs:], batch.get("margin"), center_coefficient)
 
 
+def reward_ids(pair: Mapping[str, Any], side: str, tokenizer) -> list[int]:
+    """The ids the reward model reads for one side of a preference pair: prompt + completion as the
+    ``reward_model`` term renders a sample (a chat prompt through the tokenizer's chat template with
+    the completion as the assistant's turn, else the text with BOS). A pair with an empty side is refused."""
+    for field in ("prompt", side):
+        if not str(pair.get(field) or "").strip():
+            raise InputError(f"preference pair {pair.get('id', '?')!r}: empty {field!r}; a pair needs a "
+                             "prompt, a chosen and a rejected completion")
+    prompt, completion = str(pair["prompt"]), str(pair[side])
+    messages = _chat(prompt)
+    if messages is not None and getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.encode(tokenizer.apply_chat_template(
+            [*messages, {"role": "assistant", "content": completion}])))
+    return list(tokenizer.encode(prompt + completion, add_bos=True))
+
+
+def _chat(prompt: str) -> list | None:
+    if not prompt.lstrip().startswith("["):
+        return None
+    try:
+        messages = json.loads(prompt)
+    except ValueError:
+        return None
+    return messages if isinstance(messages, list) and all(isinstance(m, dict) for m in messages) else None
+
+
+def reward_samples(pair: Mapping[str, Any], tokenizer, pad_id: int = 0):
+    """A pair as the trainer's two samples (``sft_data.Tokenized``: chosen, then rejected): each the
+    reward model's ids and one placeholder token after them, whose position alone is marked, so the
+    trainer's per-position output there (``position_scores``: the score of every token before it) is
+    the sequence's score, read where Hugging Face reads it. The placeholder is never attended to."""
+    from rlax_core.training.sft_data import Tokenized
+
+    out = []
+    for side in ("chosen", "rejected"):
+        ids = reward_ids(pair, side, tokenizer)
+        trained = np.zeros(len(ids) + 1, np.float32)
+        trained[-1] = 1.0
+        out.append(Tokenized(str(pair.get("id", "?")), np.asarray([*ids, pad_id], np.int32), trained))
+    return tuple(out)
+
+
 def pair_batch(pairs: Sequence[Mapping[str, Any]], tokenizer, max_length: int, pad_id: int = 0) -> dict[str, np.ndarray]:
     """Token rows of preference pairs (``PREFERENCE_PAIR_SCHEMA`` rows): [2P, max_length], the chosen
-    sides first, each prompt + completion right-padded; a pair with an empty side is refused."""
-    rows = []
-    for side in ("chosen", "rejected"):
-        for pair in pairs:
-            for field in ("prompt", side):
-                if not str(pair.get(field) or "").strip():
-                    raise InputError(f"preference pair {pair.get('id', '?')!r}: empty {field!r}; a pair needs a "
-                                     "prompt, a chosen and a rejected completion")
-            ids = tokenizer.encode(str(pair["prompt"]) + str(pair[side]), add_bos=True)[:max_length]
-            rows.append(ids)
+    sides first, each prompt + completion (``reward_ids``) right-padded."""
+    rows = [reward_ids(pair, side, tokenizer)[:max_length] for side in ("chosen", "rejected") for pair in pairs]
     tokens = np.full((len(rows), max_length), pad_id, np.int32)
     mask = np.zeros((len(rows), max_length), np.int32)
     for row, ids in enumerate(rows):

@@ -50,14 +50,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rlax_core.models.attention import attention_for_platform, fits
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import adapter_logical_axes, init_adapters
-from rlax_core.models.transformer import init_params, param_logical_axes
 from rlax_core.parallel.mesh import BATCH_AXES, replicated, tree_shardings
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.batch_layout import BatchLayout
 from rlax_core.training.config import TrainerConfig
 from rlax_core.training.frozen_base import FrozenBase
 from rlax_core.training.layout import ForwardLayout
-from rlax_core.training.logprobs import token_logprobs
+from rlax_core.training.heads import init_model, model_logical_axes, token_outputs, trainable_head, trainable_head_axes
 from rlax_core.training.objective import TrainingObjective
 from rlax_core.training.rl_objective import PolicyGradientObjective
 from rlax_core.training.micro_batches import combine_metrics, join_micro_batches, split_micro_batches
@@ -122,9 +121,10 @@ class Trainer:
         # The model's weights in the parameter dtype: the policy of full fine-tuning, and the critic's start.
         abstract_model = jax.eval_shape(lambda: self._cast_model(self._init_model(jax.random.key(0))))
         abstract_params = jax.eval_shape(lambda: self._cast_trainable(self._init_params(jax.random.key(0))))
-        self.param_shardings = (tree_shardings(abstract_params, adapter_logical_axes(self.lora), mesh)
+        self.param_shardings = (tree_shardings(abstract_params, {**adapter_logical_axes(self.lora),
+                                                                 **trainable_head_axes(model_config)}, mesh)
                                 if self.lora.enabled else
-                                tree_shardings(abstract_model, param_logical_axes(model_config), mesh))
+                                tree_shardings(abstract_model, model_logical_axes(model_config), mesh))
         opt_shardings = optimizer_shardings(self.optimizer, abstract_params, self.param_shardings, mesh)
         value_shardings = value_opt_shardings = None
         if self.uses_value_model:
@@ -143,7 +143,7 @@ class Trainer:
         self._gradients = jax.jit(self._loss_and_grads)
 
     def _init_model(self, rng):
-        return init_params(self.model_config, rng, jnp.float32)
+        return init_model(self.model_config, rng, jnp.float32)
 
     def _cast_model(self, params):
         return jax.tree.map(lambda x: x.astype(self.param_dtype), params)
@@ -151,7 +151,7 @@ class Trainer:
     def _init_params(self, rng):
         """Fresh trainable parameters: the whole model, or with LoRA the adapters."""
         if self.lora.enabled:
-            return init_adapters(self.model_config, self.lora, rng)
+            return {**init_adapters(self.model_config, self.lora, rng), **trainable_head(self.model_config)}
         return self._init_model(rng)
 
     def _cast_trainable(self, params):
@@ -305,7 +305,7 @@ class Trainer:
         ``dropout_key``: the training forward's LoRA dropout masks (scoring passes give none: no dropout).
         ``on_device``: traced per device (``_micro_grads``), where the attention kernels need no mesh.
         ``policy``: the policy's forward, which replays the engine's experts (``router_replay``)."""
-        logprobs, entropy = token_logprobs(params, self.model_config, micro["tokens"], remat=remat,
+        logprobs, entropy = token_outputs(params, self.model_config, micro["tokens"], remat=remat,
                                            attention=self.attention, mesh=None if on_device else self.mesh,
                                            lora_dropout=self.lora.dropout, lora_dropout_rng=dropout_key,
                                            routed_experts=self.replay.routed_experts(micro) if policy else None,

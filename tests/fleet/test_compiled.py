@@ -171,3 +171,77 @@ def test_a_loop_corrected_update_is_the_whole_trainer_step(report, shape):
     costs = read_compiled_costs(report)
     assert costs.update_step_s == 123.0
     assert fleet_params(costs, shape).trainer_step_s == 123.0
+
+
+def test_the_decode_step_counts_the_kv_pages_of_the_running_sequences(report, shape):
+    """The report's decode (compiled before ``rlax compile`` counted KV reads) with the recipe's bytes
+    per page: a step of n sequences is XLA's bytes plus n sequences' whole pages at the mean context."""
+    from pipelines.fleet import kv_reads_of
+
+    costs = read_compiled_costs(report, **kv_reads_of(load_run_config(report["config"]), report))
+    step = costs.decode
+    decode = next(p for p in report["programs"] if p["program"].startswith("decode"))
+    assert (step.xla_bytes, step.slots, step.page_size) == (decode["bytes_accessed"], 8, 16)
+    # 2 layers x (K, V) x 1 KV head per chip (4 over tensor_parallel 4) x 16 tokens x 128 x 2 bytes
+    assert step.kv_bytes_per_page == 2 * 2 * 1 * 16 * 128 * 2
+    context = shape.mean_context  # 64-token prompt + 96 written on average: 160 tokens, 10 pages
+    assert context == 160
+    assert step.bytes([context] * 8) == decode["bytes_accessed"] + 8 * 10 * step.kv_bytes_per_page
+    params = fleet_params(costs, shape)
+    assert params.decode_step_s(8) > params.decode_step_s(1) > 0
+
+
+SEVEN_B = "configs/qwen25_7b_math_dataflow_tpu.yaml"
+
+
+def test_the_7b_packed_recipe_at_k1_is_no_slower_than_at_k0(monkeypatch):
+    """The k = 1 artefact of whole engine calls (docs/fleet.md): with work handed out in units of groups
+    the 7B recipe's fleet at k = 1 is at least as fast as at k = 0, its trainer's packed step of 8.22 s
+    below the fleet's generation. Decode: the compiled v5e step's XLA figures (docs/compile.md, "Eight-bit
+    decode, compiled"; docs/fleet.md: 18.9 s against 37.0 s a step)."""
+    from rlax_core.compile.decode_step import DecodeStepCost
+    from rlax_core.fleet.compiled import CompiledCosts, predict
+    from pipelines.fleet import kv_reads_of
+
+    monkeypatch.chdir(REPO)
+    config = load_run_config(SEVEN_B)
+    shape = fleet_shape(config)
+    kv = kv_reads_of(config, {"programs": [{"role": "rollout", "program": "decode 256 slots x 16 steps (tpu)"}]})
+    decode = DecodeStepCost("v5e", 256, 906925047808.0, 14303424512.0, kv["kv_bytes_per_page"], kv["page_size"])
+    assert (kv["kv_bytes_per_page"], kv["page_size"]) == (917504, 64)  # as the compile report counted them
+    costs = CompiledCosts("v5e", "v5p", decode.seconds_at(256, shape.mean_context), 256, {}, None, 8.22, decode)
+    one, zero = (predict(costs, dataclasses.replace(shape, max_staleness=k), trainer_step_s=8.22) for k in (1, 0))
+    assert one["seconds_per_step"] <= zero["seconds_per_step"] * (1 + 1e-6)
+    assert one["rollout_tokens_per_s"] >= zero["rollout_tokens_per_s"] * (1 - 1e-6)
+    assert one["staleness"].get("1", 0) > 0
+
+
+def test_plan_chips_proposes_the_split_that_trains_the_most_tokens(monkeypatch, capsys):
+    from pipelines.cli import main
+    from pipelines.fleet import best_split
+
+    monkeypatch.chdir(REPO)
+
+    sweep = best_split([FIXTURE], 40, trainer_step_s=0.5)
+    rates = [row["tokens_trained_per_s"] for row in sweep["splits"]]
+    assert sweep["best"]["tokens_trained_per_s"] == max(rates) and len(rates) >= 8
+    for row in sweep["splits"]:
+        assert row["trainer_chips"] + row["rollout_chips"] <= 40 and row["trainer_chips"] % 4 == 0
+        assert row["trainer_step_s"] == pytest.approx(0.5 * 4 / row["trainer_chips"])
+    # a slow trainer wants more of the chips than a fast one
+    slow = best_split([FIXTURE], 40, trainer_step_s=50.0)["best"]
+    assert slow["trainer_chips"] >= sweep["best"]["trainer_chips"]
+    assert main(["plan", "--chips", "40", "--compiled", str(FIXTURE), "--trainer-step-s", "0.5"]) == 0
+    assert "train the most tokens" in capsys.readouterr().out
+    assert main(["plan", "--chips", "40"]) == 2
+    assert "needs the recipe's compile reports" in capsys.readouterr().err
+
+
+def test_the_benchmark_prints_a_row_per_configuration(monkeypatch, capsys):
+    _benchmark(monkeypatch, "--rows", f"{FIXTURE},{FIXTURE}", str(FIXTURE), "--trainer-step-s", "0.5", "--markdown")
+    out = capsys.readouterr().out
+    rows = json.loads(out[:out.rindex("}") + 1])["rows"]
+    assert len(rows) == 2 and rows[0]["prediction"] == rows[1]["prediction"]
+    per_chip = rows[0]["prediction"]["rollout_tokens_per_s_per_chip"]
+    assert per_chip == pytest.approx(rows[0]["prediction"]["rollout_tokens_per_s"] / 4)  # 1 worker of 4 chips
+    assert "| small_qwen2_tpu.yaml | 1 x v5e 4 chips: bfloat16 weights, bfloat16 KV, 256 pages | 8 |" in out

@@ -59,3 +59,45 @@ def test_fractions_staleness_and_throughput_stay_within_their_bounds(workers, k,
 def test_out_of_range_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         dataclasses.replace(BASE, **{field: value})
+
+
+STREAM = dataclasses.replace(BASE, seconds_per_token=0.0, tokens_per_group=4 * 100, group_overhead_s=0.01,
+                             decode_step_s=lambda n: 0.01 + 0.001 * n, samples_per_group=4, sequences_per_worker=64)
+
+
+def test_one_streaming_engine_runs_a_step_as_one_batch_of_its_running_sequences():
+    """k = 0, one worker whose engine holds the whole step: its 8 groups' prefills, then 100 steps of
+    32 sequences at 0.01 + 0.001 x 32 s each, then the trainer's step and the sync."""
+    result = simulate(STREAM)
+    cycle = 8 * 0.01 + 100 * (0.01 + 0.001 * 32) + BASE.trainer_step_s + BASE.weight_sync_s
+    assert result.groups_per_s == pytest.approx(8 / cycle, rel=1e-9)
+    assert result.staleness == {0: (STREAM.steps - STREAM.warmup_steps) * 8}
+
+
+def test_a_streaming_engine_admits_no_more_sequences_than_it_holds():
+    """8 sequences per engine: two 4-sample groups at a time, so a step is four rounds of 100 steps of 8."""
+    result = simulate(dataclasses.replace(STREAM, sequences_per_worker=8, group_overhead_s=0.0))
+    cycle = 4 * 100 * (0.01 + 0.001 * 8) + BASE.trainer_step_s + BASE.weight_sync_s
+    assert result.groups_per_s == pytest.approx(8 / cycle, rel=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(workers=st.integers(1, 24), k=st.integers(0, 2), groups=st.integers(1, 16), per_unit=st.integers(1, 4),
+       samples=st.integers(1, 8), slots=st.integers(1, 64), fixed=st.floats(1e-4, 1e-2), trainer_s=st.floats(0, 2))
+def test_streaming_fleets_stay_within_their_bounds(workers, k, groups, per_unit, samples, slots, fixed, trainer_s):
+    params = dataclasses.replace(STREAM, workers=workers, max_staleness=k, groups_per_step=groups, groups_per_unit=per_unit,
+                                 samples_per_group=samples, tokens_per_group=samples * 50, sequences_per_worker=slots,
+                                 decode_step_s=lambda n: fixed + 1e-4 * n, trainer_step_s=trainer_s, steps=12,
+                                 warmup_steps=3)
+    result = simulate(params)
+    assert 0.0 <= result.trainer_idle_fraction <= 1.0 + 1e-9
+    assert 0.0 <= result.worker_busy_fraction <= 1.0 + 1e-9
+    assert all(0 <= lag <= k for lag in result.staleness)
+    assert sum(result.staleness.values()) == (params.steps - params.warmup_steps) * groups
+    # No faster than every engine full, flat out (plus what was generated before the measured steps:
+    # at most k + 1 steps and what the engines held).
+    span = result.seconds_per_step * (params.steps - params.warmup_steps)
+    full = max(slots, per_unit * samples)  # an empty engine admits one unit whatever its size
+    groups_per_s = workers * full / samples / (50 * (fixed + 1e-4 * full))
+    ahead = (k + 1) * groups + workers * (full // samples + per_unit)
+    assert sum(result.staleness.values()) <= span * groups_per_s + ahead + 1e-6

@@ -164,8 +164,9 @@ def test_commands_of_other_tools_are_named_with_why_they_are_not_run_here():
 # Local commands of the recipes' headers and docs/dataflow.md: run here as written (below), or by the
 # test named (the same command with fewer rows or steps), or not runnable from this repository alone.
 LOCAL_ELSEWHERE = {
-    "rlax quickstart": "tests/foundation/test_readme.py runs the README's quickstarts, dense and MoE (shortened); "
-                       "tests/pipelines/test_quickstart_moe.py the MoE one in full",
+    "rlax quickstart": "tests/foundation/test_readme.py runs the README's quickstarts, dense, MoE and warm-started "
+                       "(shortened); tests/pipelines/test_quickstart_moe.py the MoE one in full, "
+                       "tests/pipelines/test_quickstart_warm.py the warm-started one",
     "rlax launch": "tests/pipelines/test_rehearsal.py rehearses the math and code recipes (--rows 4, on gs://)",
 }
 NEEDS_DATA = {
@@ -173,7 +174,8 @@ NEEDS_DATA = {
     "configs/evaluate_math.yaml": "two trained checkpoints (base/, runs/step_200/) and ../shared/data's eval sets",
 }
 # Recipes whose header commands one test runs as written, in order, end to end.
-RUN_BY_THEIR_TEST = {"configs/quickstart_sql.yaml": "tests/pipelines/test_quickstart_sql.py (slow lane)"}
+RUN_BY_THEIR_TEST = {"configs/quickstart_sql.yaml": "tests/pipelines/test_quickstart_sql.py (slow lane)",
+                     "configs/quickstart_rm.yaml": "tests/pipelines/test_quickstart_rm.py (slow lane)"}
 WORKER_IMAGE = "make worker-image"  # without Docker it says so and exits 2 (tests/foundation/test_worker_image.py)
 
 

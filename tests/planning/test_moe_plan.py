@@ -106,10 +106,13 @@ def test_the_planner_warns_where_an_experts_units_split_into_partial_128_lane_ti
 def test_rlax_plan_prints_the_tile_warning_for_the_30b_recipe_at_tensor_parallel_4(capsys):
     import argparse
 
-    from pipelines.plan import run
+    from pipelines.plan import add_arguments, run
 
-    args = argparse.Namespace(config=str(Path(__file__).resolve().parents[2] / "configs" / "qwen3_30b_a3b_math_tpu.yaml"), recipes=False, markdown=False,
-                              overrides=["engine.tensor_parallel=4", "engine.expert_parallel=2"])
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)  # every flag rlax plan has, at its default
+    recipe = str(Path(__file__).resolve().parents[2] / "configs" / "qwen3_30b_a3b_math_tpu.yaml")
+    args = argparse.Namespace(**{**vars(parser.parse_args([])), "config": recipe,
+                                 "overrides": ["engine.tensor_parallel=4", "engine.expert_parallel=2"]})
     run(args, [])
     assert "warning: rollout: each expert's 768 units over engine.tensor_parallel=4 are 192 per v6e chip" in \
         capsys.readouterr().err

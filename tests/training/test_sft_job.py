@@ -69,12 +69,12 @@ def test_a_record_without_a_completion_stops_the_job_with_one_line(tmp_path):
         run_sft(tmp_path / "run", data, "sft.validation_fraction=0")
 
 
-def test_rlax_plan_covers_the_sft_and_dpo_trainers():
+def test_rlax_plan_covers_the_sft_dpo_and_rm_trainers():
     from pipelines.plan import POST_TRAINING_ROLES, memory_plans
 
     config = load_run_config(str(ROOT / "configs/quickstart.yaml"), ["sft.examples_per_step=64"])
     plans = {plan.role: plan for plan in memory_plans(config, POST_TRAINING_ROLES)}
-    assert set(plans) == {"sft", "dpo"} and all(plan.fits for plan in plans.values())
+    assert set(plans) == {"sft", "dpo", "rm"} and all(plan.fits for plan in plans.values())
     precomputed = memory_plans(load_run_config(str(ROOT / "configs/quickstart.yaml"), ["dpo.reference=precomputed"]),
                                ("dpo",))[0]
     assert precomputed.total < plans["dpo"].total  # no frozen reference held when its log-probs came first

@@ -97,3 +97,20 @@ def test_the_run_config_knob_reaches_the_rollout_workers_spec(tmp_path):
         "run.compilation_cache=false", f"run.compilation_cache_dir={tmp_path}"])
     spec = build_spec(run_config, train_set_size=1)
     assert (spec.compilation_cache, spec.compilation_cache_dir) == (False, str(tmp_path))
+
+
+def test_the_filters_engine_handler_points_its_worker_at_the_spec_cache(tmp_path):
+    """``rlax filter`` and ``rlax evaluate`` load their engine in RunInference's ``load_model``: that is
+    where each worker process turns the cache on, or leaves JAX alone when the spec says so."""
+    model, cache = REPO / "pipelines" / "assets" / "stories260K", tmp_path / "cache"
+    out = _run(f"""
+        from rlax_core.inference.config import EngineConfig, GenerationSpec
+        from transforms.inference import EngineModelHandler
+        def load(on):
+            spec = GenerationSpec(model={str(model)!r}, compilation_cache=on, compilation_cache_dir={str(cache)!r},
+                                  engine=EngineConfig(num_slots=2, num_pages=16, max_prompt_len=16, max_new_tokens=8))
+            EngineModelHandler(spec).load_model()
+            return state()["dir"]
+        print(json.dumps({{"off": load(False), "on": load(True)}}))
+    """)
+    assert out == {"off": None, "on": str(cache)}
