@@ -17,7 +17,7 @@ import pytest
 
 from pipelines.config import load_run_config
 from pipelines.fleet import fleet_shape, predict_from_reports, read_reports
-from rlax_core.fleet.compiled import FleetShape, fleet_params, read_compiled_costs
+from rlax_core.fleet.compiled import fleet_params, read_compiled_costs
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "compile" / "small_qwen2_tpu.compiled.json"

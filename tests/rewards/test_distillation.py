@@ -7,7 +7,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from rlax_core.config import ConfigError, from_dict
