@@ -29,6 +29,9 @@ CLOUD = "# needs a Google Cloud project"
 SHORT = {
     "make quickstart": ' ARGS="--filter-prompts 16 trainer.total_steps=2"',
     "make test": ' PYTEST_ARGS="tests/foundation/test_config.py"',
+    # Before "rlax quickstart" (the first match counts): the stages before RL sample fewer prompts too.
+    "rlax quickstart --config configs/quickstart_warm.yaml": " --filter-prompts 16 --no-cold trainer.total_steps=2 rft.limit=32",
+    "rlax quickstart --config configs/quickstart_rm.yaml": " --filter-prompts 16 trainer.total_steps=2 rft.limit=48",
     "rlax quickstart": " --filter-prompts 16 trainer.total_steps=2",
     "rlax launch": " trainer.total_steps=2",
 }
