@@ -166,13 +166,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
     # The newest checkpoint that passes verification; newer ones that fail it are set aside, and the
     # run trains their steps again from the ledger saved with the one chosen (the rollout groups it
     # has not consumed are still in the store): the same batches, so the same parameters.
-    if config.lora.enabled and checkpointer.all_steps():
-        trainer.load_base(initial_params)
-    resumed = checkpointer.restore_newest(trainer.abstract_state())
-    if resumed is None:
-        resumed_from, state, ledger = None, trainer.init_state(initial_params), DataLedger()
-    else:
-        resumed_from, state, ledger = resumed
+    resumed_from, state, ledger = restore_or_start(trainer, checkpointer, initial_params, lora=config.lora.enabled)
+    if resumed_from is not None:
         _check_resumed(resumed_from, state, ledger, config)
         log.info("resumed from checkpoint %d (%d groups consumed, %d dropped)", resumed_from,
                  len(ledger.consumed), len(ledger.dropped))
@@ -267,6 +262,18 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         if wandb is not None:
             wandb.close()
     return JobResult(step=step, preempted=preempted, resumed_from=resumed_from)
+
+
+def restore_or_start(trainer: Trainer, checkpointer: Checkpointer, initial_params: Any, *,
+                     lora: bool) -> tuple[int | None, Any, DataLedger]:
+    """``(step, state, ledger)`` of the newest checkpoint that passes verification, or ``(None, a fresh
+    state, an empty ledger)``. A LoRA run's checkpoints hold its adapters, so its base comes first."""
+    if lora and checkpointer.all_steps():
+        trainer.load_base(initial_params)
+    resumed = checkpointer.restore_newest(trainer.abstract_state())
+    if resumed is None:
+        return None, trainer.init_state(initial_params), DataLedger()
+    return resumed
 
 
 def _check_resumed(step: int, state: Any, ledger: DataLedger, config: TrainerConfig) -> None:

@@ -33,8 +33,7 @@ from rlax_core.models.export import export_hf
 from rlax_core.parallel.mesh import initialize_distributed, make_mesh
 from rlax_core.training.checkpoint import Checkpointer
 from rlax_core.training.config import TrainerConfig
-from rlax_core.training.job import HFExport, JobResult, Publisher, export_version, is_exported
-from rlax_core.training.ledger import DataLedger
+from rlax_core.training.job import HFExport, JobResult, Publisher, export_version, is_exported, restore_or_start
 from rlax_core.training.objective import TrainingObjective
 from rlax_core.training.packing import real_tokens
 from rlax_core.training.step import Trainer
@@ -86,13 +85,8 @@ def run_post_training(*, model_config: ModelConfig, initial_params: Any, objecti
     trainer = Trainer(model_config, objective, config, make_mesh(config.mesh))
     checkpointer = Checkpointer(checkpoint_dir, keep=config.keep_checkpoints, async_save=config.async_checkpointing)
     is_chief = jax.process_index() == 0
-    if config.lora.enabled and checkpointer.all_steps():
-        trainer.load_base(initial_params)
-    resumed = checkpointer.restore_newest(trainer.abstract_state())
-    if resumed is None:
-        resumed_from, state, ledger = None, trainer.init_state(initial_params), DataLedger()
-    else:
-        resumed_from, state, ledger = resumed
+    resumed_from, state, ledger = restore_or_start(trainer, checkpointer, initial_params, lora=config.lora.enabled)
+    if resumed_from is not None:
         trained = sorted({key.step for key in ledger.consumed})
         if int(state.step) != resumed_from or trained != list(range(resumed_from)):
             raise CheckpointError(f"checkpoint {resumed_from}: its state took {int(state.step)} steps and its ledger "
