@@ -10,7 +10,7 @@ from rlax_core.inference.kv_cache import gather_pages, to_window_layout, write_p
 from rlax_core.inference.pallas_attention import gpu_splits, paged_decode_attention, tpu_block_pages
 
 
-def _paged_problem(seed, batch, num_heads, num_kv_heads, head_dim, page_size, pages_per_seq, lengths):
+def paged_problem(seed, batch, num_heads, num_kv_heads, head_dim, page_size, pages_per_seq, lengths):
     rng = np.random.default_rng(seed)
     num_pages = batch * pages_per_seq + 1
     q = rng.normal(size=(batch, num_heads, head_dim)).astype(np.float32)
@@ -49,7 +49,7 @@ def _to_bfloat16_and_back(x):
 def test_jax_pallas_kernels_match_the_reference_on_ragged_lengths_and_gqa(kernel, num_heads, num_kv_heads):
     page_size, pages_per_seq = 4, 6
     lengths = [1, 3, 4, 5, 24, 11, 17]  # one token, partial page, exact page, full table, ragged rest
-    q, k, v, page_table, lengths = _paged_problem(0, len(lengths), num_heads, num_kv_heads, 16, page_size,
+    q, k, v, page_table, lengths = paged_problem(0, len(lengths), num_heads, num_kv_heads, 16, page_size,
                                                   pages_per_seq, lengths)
     if kernel == "tpu":  # the TPU kernel casts loaded K and V to bfloat16 (pallas_attention): compare on those
         k, v = _to_bfloat16_and_back(k), _to_bfloat16_and_back(v)
@@ -63,7 +63,7 @@ def test_jax_pallas_kernels_match_the_reference_on_ragged_lengths_and_gqa(kernel
 
 def test_the_tpu_kernel_rounds_a_float32_cache_to_bfloat16():
     # Why the TPU recipes keep a bfloat16 cache: on float32 pages the kernel is bfloat16-accurate only.
-    q, k, v, page_table, lengths = _paged_problem(5, 3, 8, 2, 16, 4, 4, [5, 9, 16])
+    q, k, v, page_table, lengths = paged_problem(5, 3, 8, 2, 16, 4, 4, [5, 9, 16])
     out = paged_decode_attention(*map(jnp.asarray, (q, k, v, page_table, lengths)), scale=0.25, kernel="tpu",
                                  interpret=True)
     exact = _dense_attention(q, k, v, page_table, lengths, 0.25)
@@ -73,7 +73,7 @@ def test_the_tpu_kernel_rounds_a_float32_cache_to_bfloat16():
 
 
 def test_the_reference_gives_an_empty_sequence_zeros():
-    problem = _paged_problem(0, 3, 8, 2, 16, 4, 2, [0, 3, 8])
+    problem = paged_problem(0, 3, 8, 2, 16, 4, 2, [0, 3, 8])
     reference = paged_decode_attention_reference(*map(jnp.asarray, problem), scale=0.25)
     assert not np.asarray(reference)[0].any() and np.asarray(reference)[1:].any()
 
@@ -88,7 +88,7 @@ def test_kernel_block_sizes_divide_the_page_table_as_the_kernels_require():
 @pytest.mark.parametrize("head_dim", [8, 64])  # the window's values tokens-minor, then tokens-major
 def test_window_attention_matches_numpy_in_both_value_layouts(head_dim):
     lengths = [1, 3, 4, 5, 20, 0, 11]
-    problem = _paged_problem(2, len(lengths), 8, 2, head_dim, 4, 5, lengths)
+    problem = paged_problem(2, len(lengths), 8, 2, head_dim, 4, 5, lengths)
     reference = paged_decode_attention_reference(*map(jnp.asarray, problem), scale=head_dim ** -0.5)
     np.testing.assert_allclose(np.asarray(reference), _dense_attention(*problem, head_dim ** -0.5), atol=2e-6, rtol=1e-5)
 
@@ -97,7 +97,7 @@ def test_window_attention_matches_numpy_in_both_value_layouts(head_dim):
 def test_window_attention_to_a_token_not_yet_written_equals_attention_after_writing_it(head_dim):
     # The decode loop attends to the window plus the new token, then writes the token (programs).
     lengths = np.asarray([0, 3, 4, 19, 11], np.int32)  # 0: the new token is all there is to see
-    q, k, v, page_table, _ = _paged_problem(3, len(lengths), 8, 2, head_dim, 4, 5, lengths)
+    q, k, v, page_table, _ = paged_problem(3, len(lengths), 8, 2, head_dim, 4, 5, lengths)
     own_k, own_v = (np.random.default_rng(4).normal(size=(len(lengths), 2, head_dim)).astype(np.float32)
                     for _ in range(2))
     pages, offsets = page_table[np.arange(len(lengths)), lengths // 4], lengths % 4
@@ -114,7 +114,7 @@ def test_window_attention_to_a_token_not_yet_written_equals_attention_after_writ
 
 @pytest.mark.parametrize("kernel", ["gpu", "tpu"])
 def test_paged_attention_ignores_tokens_past_length(kernel):
-    q, k, v, page_table, lengths = _paged_problem(1, 3, 4, 2, 16, 4, 3, [2, 6, 9])
+    q, k, v, page_table, lengths = paged_problem(1, 3, 4, 2, 16, 4, 3, [2, 6, 9])
     attend = lambda k, v: paged_decode_attention(*map(jnp.asarray, (q, k, v, page_table, lengths)), scale=0.3,
                                                  kernel=kernel, interpret=True)
     before = attend(k, v)

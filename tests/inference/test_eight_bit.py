@@ -19,7 +19,7 @@ from rlax_core.inference.kv_cache import (dequantize_tokens, gather_pages, gathe
 from rlax_core.inference.pallas_attention import paged_decode_attention
 from rlax_core.inference.placement import QUANTIZED_VERSIONS
 from rlax_core.models.lora import dequantize_kernels, quantize_kernels
-from tests.inference.test_attention import _paged_problem
+from tests.inference.test_attention import paged_problem
 from tests.support.compiles import COMPILES
 
 
@@ -58,7 +58,7 @@ def test_kv_tokens_quantize_per_page_slot_and_head_and_read_back_through_the_pag
 
 def _eight_bit_problem(dtype="int8"):
     lengths = [1, 3, 4, 5, 24, 11, 17]
-    q, k, v, page_table, lengths = _paged_problem(0, len(lengths), 8, 2, 16, 4, 6, lengths)
+    q, k, v, page_table, lengths = paged_problem(0, len(lengths), 8, 2, 16, 4, 6, lengths)
     (qk, sk), (qv, sv) = (quantize_tokens(jnp.asarray(x), jnp.int8 if dtype == "int8" else jnp.float8_e4m3fn)
                           for x in (k, v))
     widened = [np.asarray(dequantize_tokens(x, s)) for x, s in ((qk, sk), (qv, sv))]

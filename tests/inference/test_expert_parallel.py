@@ -10,6 +10,7 @@ import pytest
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.inference.engine import Engine, Request
 from rlax_core.models.upcycle import upcycle
+from tests.support.device_bytes import bytes_on
 
 pytestmark = pytest.mark.skipif(jax.local_device_count() < 8, reason="needs 8 devices (tests/conftest.py)")
 
@@ -35,10 +36,6 @@ def single(mixture):
     return Engine(CONFIG, *mixture).generate(REQUESTS)
 
 
-def _bytes_on(device, arrays):
-    return sum(shard.data.nbytes for array in arrays for shard in array.addressable_shards if shard.device == device)
-
-
 # Each shape compiles an engine (~15 s on 2 loaded cores besides the one-device engine's): expert 4 in the
 # fast lane, expert 2 x tensor 2 in the slow one.
 @pytest.mark.parametrize("expert_parallel,tensor_parallel", [(4, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
@@ -56,7 +53,7 @@ def test_an_expert_parallel_replica_gives_one_devices_tokens(mixture, single, ex
     # units split by tensor_parallel where they divide), and no more.
     experts = engine.params["layers_0"]["moe"]["gate_proj"]
     assert experts.addressable_shards[0].data.shape[0] == 4 // expert_parallel
-    assert _bytes_on(engine.devices[0], [experts]) * expert_parallel * tensor_parallel == experts.nbytes
+    assert bytes_on(engine.devices[0], [experts]) * expert_parallel * tensor_parallel == experts.nbytes
 
 
 def test_the_experts_must_divide_and_a_dense_model_has_none(stories, mixture):

@@ -80,7 +80,7 @@ def _dry_run(capsys, argv):
     return json.loads(lines[-1])
 
 
-def _check_accelerator_job(job, recipe):
+def check_accelerator_job(job, recipe):
     accelerator, machine, image = RECIPES[recipe]
     assert job["runner"] == "DataflowRunner"
     assert job["accelerator"] == accelerator and job["machine_type"] == machine
@@ -129,7 +129,7 @@ def test_a_flag_value_is_a_beam_option_however_it_is_quoted(quoting, capsys, off
                                    ["--experiments", "enable_data_sampling"]])
 def test_an_option_added_on_the_command_line_keeps_the_recipes_accelerator_and_one_sdk_process(added, capsys, offline):
     job = _dry_run(capsys, ["rollout", "--config", "configs/qwen25_7b_math_dataflow_tpu.yaml", *added])
-    _check_accelerator_job(job, "qwen25_7b_math_dataflow_tpu.yaml")
+    check_accelerator_job(job, "qwen25_7b_math_dataflow_tpu.yaml")
     assert "use_multiple_sdk_containers" not in job["experiments"]
     assert added[-1].split("=", 1)[-1] in job["service_options"] + job["experiments"]
 
@@ -147,7 +147,7 @@ def test_the_rollout_workers_harness_threads_fill_the_engines_slots(recipe):
 def test_filter_and_evaluate_are_batch_jobs_on_the_recipes_accelerators(recipe, command, capsys, offline):
     job = _dry_run(capsys, [command, "--config", f"configs/{recipe}", *INPUTS[command]])
     assert job["dry_run"] == command and job["job_type"] == "JOB_TYPE_BATCH"
-    _check_accelerator_job(job, recipe)
+    check_accelerator_job(job, recipe)
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -163,7 +163,7 @@ def test_rollout_is_a_streaming_engine_job_whose_size_does_not_grow_with_the_tra
         jobs[count] = translate(options, lambda pipeline: build(pipeline, spec, loop)).summary()
     for job in jobs.values():
         assert job["job_type"] == "JOB_TYPE_STREAMING" and job["streaming_engine"]
-        _check_accelerator_job(job, recipe)
+        check_accelerator_job(job, recipe)
     assert abs(jobs[100_000]["size_bytes"] - jobs[100]["size_bytes"]) < 10_000
 
 
@@ -201,5 +201,5 @@ def test_a_curriculum_s_rollout_job_translates_and_does_not_grow_with_the_prompt
         jobs[count] = translate(options, lambda pipeline: build(pipeline, spec, loop)).summary()
     for job in jobs.values():
         assert job["job_type"] == "JOB_TYPE_STREAMING" and job["streaming_engine"]
-        _check_accelerator_job(job, recipe)
+        check_accelerator_job(job, recipe)
     assert abs(jobs[100_000]["size_bytes"] - jobs[100]["size_bytes"]) < 10_000

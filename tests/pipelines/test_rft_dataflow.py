@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.cli import main
 from rlax_core.data.records import EXAMPLE_SCHEMA, make_example, to_table
-from tests.pipelines.test_dataflow_jobs import MAX_JOB_BYTES, MODEL, RECIPES, _check_accelerator_job, offline  # noqa: F401
+from tests.pipelines.test_dataflow_jobs import MAX_JOB_BYTES, MODEL, RECIPES, check_accelerator_job, offline  # noqa: F401
 
 RECIPE = "configs/rft_dataflow_gpu.yaml"
 TPU_RECIPE = "qwen25_7b_math_dataflow_tpu.yaml"
@@ -57,7 +57,7 @@ def test_rft_runs_on_a_recipes_filter_workers(recipe, capsys, offline):
     job = _dry_run(capsys, ["rft", "--config", f"configs/{recipe}", "rft.input=gs://b/prompts/*.parquet",
                             "rft.output=gs://b/rft", f"rft.generator={MODEL}"])
     assert job["dry_run"] == "rft" and job["job_type"] == "JOB_TYPE_BATCH"
-    _check_accelerator_job(job, recipe)
+    check_accelerator_job(job, recipe)
 
 
 def test_a_generator_that_does_not_fit_the_recipes_filter_workers_is_refused_before_translating(capsys, offline):

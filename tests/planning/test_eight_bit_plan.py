@@ -12,7 +12,7 @@ from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import init_params
 from rlax_core.planning.hardware import SliceSpec
 from rlax_core.planning.memory import plan_rollout
-from tests.planning.test_memory import _bytes_on
+from tests.support.device_bytes import bytes_on
 
 QWQ = "configs/qwq32b_code_tpu_1024.yaml"
 EIGHT_BITS = ["engine.weight_dtype=int8", "engine.cache_dtype=int8"]
@@ -26,8 +26,8 @@ def test_the_plan_counts_the_eight_bit_weights_and_pages_an_engine_places():
     device = jax.local_devices()[0]
     engine = Engine(config, model, init_params(model, jax.random.key(0)), device=device)
     plan = plan_rollout(model, config, SliceSpec(chip="cpu", chips_per_host=1, memory_gib=1), "float32")
-    assert plan.parts["weights"] == _bytes_on(device, jax.tree.leaves(engine.params))
-    assert plan.parts["KV pool"] == _bytes_on(device, jax.tree.leaves(engine.cache))
+    assert plan.parts["weights"] == bytes_on(device, jax.tree.leaves(engine.params))
+    assert plan.parts["KV pool"] == bytes_on(device, jax.tree.leaves(engine.cache))
     full = plan_rollout(model, EngineConfig(**{**config.__dict__, "weight_dtype": "bfloat16", "cache_dtype": "float32"}),
                         SliceSpec(chip="cpu", chips_per_host=1, memory_gib=1), "float32")
     assert plan.parts["KV pool"] * 32 == full.parts["KV pool"] * 12  # (8 + 4) bytes a head-token against 8 x 4

@@ -13,10 +13,7 @@ from rlax_core.planning.memory import plan_trainer
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.config import MeshConfig, TrainerConfig
 from rlax_core.training.step import Trainer
-
-
-def _bytes_on(device, arrays):
-    return sum(shard.data.nbytes for array in arrays for shard in array.addressable_shards if shard.device == device)
+from tests.support.device_bytes import bytes_on
 
 
 @pytest.mark.skipif(jax.local_device_count() < 4, reason="needs 4 devices (tests/conftest.py)")
@@ -29,10 +26,10 @@ def test_the_lora_plan_counts_what_the_trainer_places_and_no_reference_copy():
     state = trainer.init_state()
     plan = plan_trainer(model, config, SliceSpec(chip="cpu", chips_per_host=4, memory_gib=1), rows_per_step=8,
                         uses_reference=True)
-    assert plan.parts["adapters"] == _bytes_on(devices[0], jax.tree.leaves(state.params))
+    assert plan.parts["adapters"] == bytes_on(devices[0], jax.tree.leaves(state.params))
     moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
-    assert plan.parts["optimizer state"] == _bytes_on(devices[0], moments)
-    assert plan.parts["parameters"] == _bytes_on(devices[0], jax.tree.leaves(trainer.base))
+    assert plan.parts["optimizer state"] == bytes_on(devices[0], moments)
+    assert plan.parts["parameters"] == bytes_on(devices[0], jax.tree.leaves(trainer.base))
     assert "reference policy" not in plan.parts  # the frozen base is the reference
     full = plan_trainer(model, TrainerConfig(max_seq_len=16, mesh=config.mesh),
                         SliceSpec(chip="cpu", chips_per_host=4, memory_gib=1), rows_per_step=8, uses_reference=True)
@@ -50,7 +47,7 @@ def test_the_qlora_plan_counts_the_int8_base_the_trainer_holds_and_no_merged_ker
     trainer = Trainer(model, AlgorithmConfig(), config, make_mesh(mesh, devices))
     trainer.init_state()
     plan = plan_trainer(model, config, hardware, rows_per_step=8)
-    assert plan.parts["parameters"] == _bytes_on(devices[0], jax.tree.leaves(trainer.base))
+    assert plan.parts["parameters"] == bytes_on(devices[0], jax.tree.leaves(trainer.base))
     assert "merged kernels" not in plan.parts
     float_base = plan_trainer(model, TrainerConfig(max_seq_len=16, mesh=mesh, lora=LoraConfig(rank=4)), hardware,
                               rows_per_step=8)
@@ -137,7 +134,7 @@ def test_an_engine_on_the_fly_holds_the_planned_adapters_and_its_prefill_the_pla
     held = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(engine.params)
             if "lora_" in jax.tree_util.keystr(path)]
     plan = plan_rollout(model, config, hardware, "float32", lora=lora)
-    assert plan.parts["adapters"] == 2 * _bytes_on(devices[0], held)  # the version's and the next one's
+    assert plan.parts["adapters"] == 2 * bytes_on(devices[0], held)  # the version's and the next one's
     # The prefill's x @ A: 2 prompts x bucket 8 x rank 4 x 5 projections x 4 B (float32), one layer at a time.
     assert plan.parts["adapter activations"] == 2 * 8 * 4 * 5 * 4
     merged_config = dataclasses.replace(config, lora_mode="merged")
@@ -147,5 +144,5 @@ def test_an_engine_on_the_fly_holds_the_planned_adapters_and_its_prefill_the_pla
     base = {id(leaf) for leaf in jax.tree.leaves(engine.params)}
     engine.update_adapters(init_adapters(model, lora, jax.random.key(1)), lora, 1)
     new = [leaf for leaf in jax.tree.leaves(engine.params) if id(leaf) not in base]  # beside the base's own
-    assert "adapters" not in merged.parts and merged.parts["merged kernels"] == _bytes_on(devices[0], new)
+    assert "adapters" not in merged.parts and merged.parts["merged kernels"] == bytes_on(devices[0], new)
     assert "adapters" not in plan_rollout(model, config, hardware, "float32").parts  # not a LoRA run

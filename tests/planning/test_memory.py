@@ -19,13 +19,10 @@ from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import init_params
 from rlax_core.planning.hardware import SliceSpec
 from rlax_core.planning.memory import plan_rollout, plan_trainer
+from tests.support.device_bytes import bytes_on
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN_7B = "configs/qwen25_7b_math_dataflow_tpu.yaml"
-
-
-def _bytes_on(device, arrays):
-    return sum(shard.data.nbytes for array in arrays for shard in array.addressable_shards if shard.device == device)
 
 
 @pytest.mark.skipif(jax.local_device_count() < 4, reason="needs 4 devices (tests/conftest.py)")
@@ -40,8 +37,8 @@ def test_the_plans_weights_and_kv_pool_are_what_an_engine_places_per_device(tens
     engine = Engine(config, model, init_params(model, jax.random.key(0)),
                     **({"devices": devices} if tensor_parallel > 1 else {"device": devices[0]}))
     plan = plan_rollout(model, config, SliceSpec(chip="cpu", chips_per_host=4, memory_gib=1), "float32")
-    assert plan.parts["weights"] == _bytes_on(devices[0], jax.tree.leaves(engine.params))
-    assert plan.parts["KV pool"] == _bytes_on(devices[0], (*engine.cache.k, *engine.cache.v))
+    assert plan.parts["weights"] == bytes_on(devices[0], jax.tree.leaves(engine.params))
+    assert plan.parts["KV pool"] == bytes_on(devices[0], (*engine.cache.k, *engine.cache.v))
 
 
 GIB, MIB = 2**30, 2**20

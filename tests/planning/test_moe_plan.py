@@ -16,13 +16,10 @@ from rlax_core.inference.config import EngineConfig
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.config import MeshConfig, TrainerConfig
 from rlax_core.training.step import Trainer
+from tests.support.device_bytes import bytes_on
 
 MODEL = toy_moe_config(moe=MoeConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=64), num_layers=2)
 HARDWARE = SliceSpec(chip="cpu", chips_per_host=8, memory_gib=1)
-
-
-def _bytes_on(device, arrays):
-    return sum(shard.data.nbytes for array in arrays for shard in array.addressable_shards if shard.device == device)
 
 
 @pytest.mark.skipif(jax.local_device_count() < 8, reason="needs 8 devices (tests/conftest.py)")
@@ -33,11 +30,11 @@ def test_the_plan_counts_the_expert_weights_and_optimizer_state_the_trainer_plac
     trainer = Trainer(MODEL, AlgorithmConfig(), config, make_mesh(mesh, devices))
     state = trainer.init_state()
     plan = plan_trainer(MODEL, config, HARDWARE, rows_per_step=16)
-    assert plan.parts["parameters"] == _bytes_on(devices[0], jax.tree.leaves(state.params))
+    assert plan.parts["parameters"] == bytes_on(devices[0], jax.tree.leaves(state.params))
     moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
-    assert plan.parts["optimizer state"] == _bytes_on(devices[0], moments)
+    assert plan.parts["optimizer state"] == bytes_on(devices[0], moments)
     experts = state.params["layers"]["moe"]["gate_proj"]
-    assert _bytes_on(devices[0], [experts]) * mesh.expert * mesh.tensor * mesh.fsdp == experts.nbytes
+    assert bytes_on(devices[0], [experts]) * mesh.expert * mesh.tensor * mesh.fsdp == experts.nbytes
 
 
 def test_the_expert_axis_divides_the_experts_and_the_rows_per_chip():
@@ -70,8 +67,8 @@ def test_the_plan_counts_the_weights_and_kv_pool_an_expert_parallel_engine_place
     engine = Engine(engine_config, MODEL, init_params(MODEL, jax.random.key(0)))
     device = engine.devices[0]
     plan = plan_rollout(MODEL, engine_config, HARDWARE, dtype="float32")
-    assert plan.parts["weights"] == _bytes_on(device, jax.tree.leaves(engine.params))
-    assert plan.parts["KV pool"] == _bytes_on(device, (*engine.cache.k, *engine.cache.v))
+    assert plan.parts["weights"] == bytes_on(device, jax.tree.leaves(engine.params))
+    assert plan.parts["KV pool"] == bytes_on(device, (*engine.cache.k, *engine.cache.v))
     # Only the experts are divided over the expert axis: the rest is what tensor_parallel alone leaves.
     unsplit = plan_rollout(MODEL, dataclasses.replace(engine_config, expert_parallel=1), HARDWARE, dtype="float32")
     expert_bytes = 2 * 3 * 8 * MODEL.hidden_size * 64 * 4 // tensor_parallel  # 2 layers x gate/up/down x 8 experts
