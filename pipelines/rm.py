@@ -51,8 +51,7 @@ def reward_model(run_config, stop: threading.Event | None = None):
     from pipelines.train import hf_export
 
     config, trainer_config = run_config.rm, run_config.trainer
-    train_records, validation_records = split_records(config.data, config.validation_data, config.validation_fraction,
-                                                      "PreferencePair", ("id", "prompt", "chosen", "rejected"))
+    train_records, validation_records = split_pairs(config)
     policy, tokenizer = load_policy(run_config)
     if policy.config.score_head:  # a reward model already: trained further
         model_config, params = policy.config, policy.params
@@ -103,6 +102,16 @@ def reward_model(run_config, stop: threading.Event | None = None):
     if not result.preempted:
         save_score_stats(export.folder(result.step), [sides for sides, _ in train[:STATS_PAIRS]], T, pad_id)
     return result
+
+
+def split_pairs(config):
+    """(training pairs, held-out pairs) of ``rm`` config: ``validation_data``'s, or else split by prompt
+    (a stable hash of its normalised text), so every pair of one prompt lands on the same side and the
+    held-out pair accuracy is of prompts the model never trained on."""
+    from rlax_core.data.records import normalize_text
+
+    return split_records(config.data, config.validation_data, config.validation_fraction, "PreferencePair",
+                         ("id", "prompt", "chosen", "rejected"), key=lambda pair: normalize_text(str(pair["prompt"])))
 
 
 def held_out_scores(trainer, state, batches):

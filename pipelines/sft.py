@@ -69,11 +69,14 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def held_out(record_id: str, fraction: float) -> bool:
-    """Whether a record is in the validation split: a stable function of its id alone."""
+    """Whether a record is in the validation split: a stable function of its id (or other key) alone."""
     return int(hashlib.sha256(record_id.encode()).hexdigest()[:8], 16) / 16 ** 8 < fraction
 
 
-def split_records(path: str, validation_path: str, fraction: float, kind: str, required: tuple[str, ...]):
+def split_records(path: str, validation_path: str, fraction: float, kind: str, required: tuple[str, ...],
+                  key=lambda record: str(record["id"])):
+    """(training records, held-out records): ``validation_path``'s, or else the records whose ``key``
+    (default: the id; ``rlax rm``: the prompt, so no prompt has pairs on both sides) is ``held_out``."""
     from rlax_core.config import InputError
     from rlax_core.data.training_set import read_examples
 
@@ -82,8 +85,7 @@ def split_records(path: str, validation_path: str, fraction: float, kind: str, r
     records = read_examples(path, required=required, kind=kind)
     if validation_path:
         return records, read_examples(validation_path, required=required, kind=kind)
-    return ([r for r in records if not held_out(str(r["id"]), fraction)],
-            [r for r in records if held_out(str(r["id"]), fraction)])
+    return ([r for r in records if not held_out(key(r), fraction)], [r for r in records if held_out(key(r), fraction)])
 
 
 def load_policy(run_config):

@@ -79,7 +79,7 @@ class RmConfig:
     data: str = ""  # parquet or JSONL of PreferencePair records (rlax rft's pairs-*.parquet, or users'); a
     # ``margin`` column, where present, is each pair's own margin
     validation_data: str = ""
-    validation_fraction: float = 0.1  # held-out pairs (by record id, stable) for the held-out pair accuracy
+    validation_fraction: float = 0.1  # held-out prompts (by prompt text, stable): all their pairs are held out
     margin: float = 0.0  # added to every pair's margin: -log sigmoid(s_c - s_r - margin)
     center_coefficient: float = 0.0  # TRL's center_rewards_coefficient: + coef * (s_c + s_r)^2
     pairs_per_step: int = 8
