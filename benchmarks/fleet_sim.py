@@ -39,6 +39,11 @@ the engine's dtypes), the way docs/fleet.md's tables are made:
 
     python benchmarks/fleet_sim.py --rows runs/compile-qwq32b-v5p-bf16.json,runs/compile-qwq32b-trainer.json \
         runs/compile-qwq32b-v5p-int8.json,runs/compile-qwq32b-trainer.json --markdown
+
+A row whose first report compiled a reward model on a stage of its own (``rlax compile --roles
+reward_model`` with ``loop.rewards.reward_model.placement=own_stage``) simulates that scoring stage
+between rollout and trainer; the rows then print as the scoring table of docs/fleet.md (the step,
+rollout tokens/s per chip, and which stage bounds the step).
 """
 
 from __future__ import annotations
@@ -157,11 +162,44 @@ def fleet_rows(report_sets: list[str], trainer_step_s: float | None) -> list[dic
         result = predict_from_reports(paths, trainer_step_s=trainer_step_s)
         config = load_run_config(result["config"], result["overrides"])
         engine, rollout = config.engine, config.hardware.rollout
-        rows.append({"config": result["config"], "reports": paths,
+        rows.append({"config": result["config"], "reports": paths, "scoring": scoring_stage(config),
+                     "samples_per_prompt": config.loop.sampling.samples_per_prompt,
+                     "scoring_chips": config.hardware.workers_of("reward_model").chips if scoring_stage(config) else 0,
                      "engine": f"{rollout.hosts} x {rollout.chip} {rollout.chips_per_host} chips: {engine.weight_dtype} "
                                f"weights, {engine.cache_dtype} KV, {engine.num_pages:,} pages",
                      "prediction": result["prediction"], "baseline_k0": result["baseline_k0"]})
     return rows
+
+
+def scoring_stage(config) -> str | None:
+    """The reward model's own scoring stage in words, or None when scoring overlaps generation."""
+    from pipelines.fleet import scoring_servers
+
+    servers = scoring_servers(config)
+    if not servers:
+        return None
+    settings, chips = config.loop.rewards.reward_model, config.hardware.workers_of("reward_model")
+    return (f"{servers} x {chips.chip} host of {chips.chips_per_host} chip(s), one scoring: {Path(settings.path).name} "
+            f"{settings.dtype}, rows of {settings.batch_size} x {settings.max_length}")
+
+
+def scoring_markdown(rows: list[dict]) -> str:
+    lines = ["| recipe | scoring stage | reward model per sequence | s per step, k | rollout tokens/s | per rollout chip | "
+             "per chip, scoring's too | bound by | busy: rollout, scoring, trainer | k = 0: s per step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        r, b = row["prediction"], row["baseline_k0"]
+        per_group = r["inputs"]["scoring_s_per_group"]["value"]
+        per_sequence = f"{per_group / row['samples_per_prompt'] * 1e3:.3g} ms" if row["scoring"] else "-"
+        scoring_busy = f"{r['scoring_busy_fraction']:.2f}" if row["scoring"] else "-"
+        rollout_chips = r["rollout_tokens_per_s"] / r["rollout_tokens_per_s_per_chip"]
+        lines.append(f"| {Path(row['config']).name} | {row['scoring'] or 'none (scoring overlaps generation)'} | "
+                     f"{per_sequence} | {r['seconds_per_step']:,.4g}, {r['inputs']['max_staleness']['value']} | "
+                     f"{r['rollout_tokens_per_s']:,.0f} | {r['rollout_tokens_per_s_per_chip']:,.0f} | "
+                     f"{r['rollout_tokens_per_s'] / (rollout_chips + row['scoring_chips']):,.0f} | "
+                     f"**{r['bound_by']}** | {r['worker_busy_fraction']:.2f}, {scoring_busy}, "
+                     f"{1 - r['trainer_idle_fraction']:.2f} | {b['seconds_per_step']:,.4g} |")
+    return "\n".join(lines)
 
 
 def rows_markdown(rows: list[dict]) -> str:
@@ -188,7 +226,7 @@ def main_rows(args: argparse.Namespace) -> None:
     print(json.dumps({"benchmark": "fleet_sim_rows", "rows": rows,
                       "load_average": [round(x, 2) for x in os.getloadavg()]}, indent=2))
     if args.markdown:
-        print(rows_markdown(rows))
+        print(scoring_markdown(rows) if any(row["scoring"] for row in rows) else rows_markdown(rows))
 
 
 def main_compiled(args: argparse.Namespace) -> None:

@@ -77,7 +77,18 @@ def fleet_shape(config, prompt_tokens: int | None = None, completion_fraction: f
         weight_bytes=model.num_params * itemsize(dtype), layer_loop_factor=layers,
         host_network_bytes_per_s=host_network_bytes_per_s, admission=engine.admission,
         occupancy_tokens=mean_occupancy(lengths) if lengths else completion_fraction * budget / 2,
-        groups_per_unit=config.loop.groups_per_unit, chips_per_worker=hardware.rollout.chips_per_host)
+        groups_per_unit=config.loop.groups_per_unit, chips_per_worker=hardware.rollout.chips_per_host,
+        scoring_servers=scoring_servers(config))
+
+
+def scoring_servers(config) -> int:
+    """The scoring stage's servers: a ``reward_model`` term placed on its own stage runs one model per
+    worker process, whole on one chip (``rewards.reward_model``), so one per host of
+    ``hardware.reward_model`` (by default the rollout fleet's kind); 0 when scoring overlaps generation."""
+    rewards = config.loop.rewards
+    if rewards is None or "reward_model" not in rewards.terms or rewards.reward_model.placement != "own_stage":
+        return 0
+    return config.hardware.workers_of("reward_model").hosts
 
 
 def kv_reads_of(config, report: dict[str, Any]) -> dict[str, Any]:

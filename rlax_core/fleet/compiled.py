@@ -33,8 +33,17 @@ trainer slice run their programs in step, so a program's time per chip is the re
   together and read whole by each rollout host: ``bytes / (trainer_hosts x bandwidth) + bytes /
   bandwidth``.
 
+* Scoring on a stage of its own (a ``reward_model`` term with ``placement: own_stage``): the reward
+  model's compiled forward (``compile.reward_model``: ``batch_size`` rows of ``max_length`` tokens on
+  one chip of ``hardware.reward_model``, the weights whole on it, as the term holds them; its
+  loop-corrected roofline: the scanned layers at their trip count) over its rows is one scored
+  sequence's seconds, every sequence taken at that padded length; a group of G
+  samples costs G of them (the stage's batches full: its Reshuffle fills them from the stream). The
+  term runs one model per worker process, on one chip: the stage's servers are its hosts.
+
 What the compiler cannot know is assumed and named as such: the mean prompt and completion lengths,
-the host network bandwidth. Scoring (rewards) is assumed to overlap generation.
+the host network bandwidth. Scoring without a stage of its own (verifiers, a reward model beside the
+engine) is assumed to overlap generation.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from rlax_core.planning.memory import concurrent_sequences
 # The program names ``rlax_core.compile.programs`` gives: "prefill 8x1024", "decode 256 slots x 16 steps (tpu)".
 _PREFILL = re.compile(r"^prefill (\d+)x(\d+)$")
 _DECODE = re.compile(r"^decode (\d+) slots x (\d+) steps")
+_SCORE = re.compile(r"^reward model forward (\d+)x(\d+)$")  # compile.reward_model.PROGRAM
 
 # Bytes per second of one TPU VM's data-centre network: 2 x 100 Gbps NICs per host, as published for
 # v5e hosts (https://cloud.google.com/tpu/docs/v5e, "Per-host NIC configuration"); assumed for the
@@ -69,6 +79,8 @@ class CompiledCosts:
     update_micro_batch_s: float | None  # one trip of each loop of the trainer's update step (XLA's count)
     update_step_s: float | None = None  # the whole step, each loop at its trip count (None: an older report)
     decode: DecodeStepCost | None = None  # the step as a function of the running sequences
+    scoring_sequence_s: float | None = None  # the reward model's forward on its own stage, per row
+    scoring_program: str | None = None  # its program and chip, for the prediction's inputs
 
     def decode_step_at(self, sequences: int, mean_context: float) -> float:
         """Seconds of one decode step with ``sequences`` running at ``mean_context`` tokens each (the
@@ -109,6 +121,7 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_u
         if match:
             prefill[int(match.group(2))] = (int(match.group(1)), float(p["roofline_s"]))
     update = [p for p in compiled if p["role"] == "trainer"]
+    scoring = [p for p in compiled if p["role"] == "reward_model" and _SCORE.match(p["program"])]
     wanted = [("a compiled decode program of role " + role, decode)]
     if need_update:
         wanted.append(("the trainer's compiled update step", update))
@@ -127,7 +140,10 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_u
         decode_step_s=float(decode[0]["roofline_s"]), decode_slots=int(_DECODE.match(decode[0]["program"]).group(1)),
         prefill_s=prefill, update_micro_batch_s=float(update[0]["roofline_s"]) if update else None,
         update_step_s=float(update[0]["roofline_per_run_s"]) if update and update[0].get("roofline_per_run_s")
-        else None)
+        else None,
+        scoring_sequence_s=float(scoring[0].get("roofline_per_run_s") or scoring[0]["roofline_s"])
+        / int(_SCORE.match(scoring[0]["program"]).group(1)) if scoring else None,
+        scoring_program=f"{scoring[0]['program']} on {scoring[0]['chip']}" if scoring else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +169,7 @@ class FleetShape:
     occupancy_tokens: float = 0.0  # on_demand: completion tokens a running sequence holds on average
     groups_per_unit: int = 1  # loop.groups_per_unit: the stream's unit of work
     chips_per_worker: int = 1  # a rollout host's chips (for tokens per chip)
+    scoring_servers: int = 0  # a reward model's own scoring stage: its hosts, one scoring chip each (0: none)
 
     def __post_init__(self):
         positive = ("rollout_workers", "trainer_hosts", "groups_per_step", "samples_per_prompt",
@@ -163,6 +180,8 @@ class FleetShape:
             bad.append("layer_loop_factor (>= 1)")
         if self.max_staleness < 0:
             bad.append("max_staleness")
+        if self.scoring_servers < 0:
+            bad.append("scoring_servers")
         if not 0 < self.completion_tokens <= self.max_new_tokens:
             bad.append(f"completion_tokens (1 .. max_new_tokens={self.max_new_tokens})")
         if bad:
@@ -189,6 +208,9 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
     ``trainer_step_s`` replaces the compiled one."""
     if trainer_step_s is None and costs.update_micro_batch_s is None:
         raise ValueError("no compiled update step was read: give the trainer's seconds per step")
+    if shape.scoring_servers and costs.scoring_sequence_s is None:
+        raise ValueError("the recipe scores on a stage of its own and no compiled reward model forward was read "
+                         "(rlax compile --roles reward_model --programs 'reward model')")
     concurrent = min(shape.concurrent_sequences, costs.decode_slots)
     sync_s = (shape.weight_bytes / (shape.trainer_hosts * shape.host_network_bytes_per_s)
               + shape.weight_bytes / shape.host_network_bytes_per_s)
@@ -200,7 +222,9 @@ def fleet_params(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
         weight_sync_s=sync_s, groups_per_unit=shape.groups_per_unit,
         group_overhead_s=costs.prefill_per_group_s(shape.prompt_tokens), steps=steps, warmup_steps=steps // 5,
         decode_step_s=lambda n: costs.decode_step_at(n, shape.mean_context),
-        samples_per_group=shape.samples_per_prompt, sequences_per_worker=concurrent)
+        samples_per_group=shape.samples_per_prompt, sequences_per_worker=concurrent,
+        scoring_servers=shape.scoring_servers,
+        scoring_s_per_group=shape.samples_per_prompt * costs.scoring_sequence_s if shape.scoring_servers else 0.0)
 
 
 def compiled_trainer_step_s(costs: CompiledCosts, shape: FleetShape) -> float:
@@ -208,6 +232,17 @@ def compiled_trainer_step_s(costs: CompiledCosts, shape: FleetShape) -> float:
     if costs.update_step_s is not None:
         return costs.update_step_s
     return shape.update_iterations * shape.layer_loop_factor * costs.update_micro_batch_s
+
+
+def bound_by(result, busy: float = 0.95) -> str:
+    """The stage that sets the step: the busiest of the rollout fleet, the scoring stage and the
+    trainer where it is busy ``busy`` of the time or more; else "latency": no stage is saturated and
+    the step is the loop's round trip (generation, scoring, training and the weight sync of a step)
+    over the k + 1 steps pacing lets it hold in flight."""
+    stages = {"rollout": result.worker_busy_fraction, "scoring": result.scoring_busy_fraction,
+              "trainer": 1.0 - result.trainer_idle_fraction}
+    stage = max(stages, key=stages.get)
+    return stage if stages[stage] >= busy else "latency"
 
 
 def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
@@ -240,6 +275,11 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
                 f" x {shape.layer_loop_factor:.2f} (layers)")},
             "weight_sync_s": {"value": params.weight_sync_s, "from": f"recipe: {shape.weight_bytes} bytes; assumed: "
                               f"{shape.host_network_bytes_per_s * 8 / 1e9:g} Gbps per host"},
+            "scoring_s_per_group": {"value": params.scoring_s_per_group, "from": (
+                f"compiled: {costs.scoring_program}, loop-corrected roofline over its rows x "
+                f"{shape.samples_per_prompt} samples; recipe: {shape.scoring_servers} scoring chip(s)"
+                if shape.scoring_servers
+                else "none: scoring overlaps generation")},
             "prompt_tokens": {"value": shape.prompt_tokens, "from": "assumed"},
             "completion_tokens": {"value": shape.completion_tokens, "from": "assumed"},
             "workers": {"value": shape.rollout_workers, "from": "recipe"},
@@ -255,6 +295,8 @@ def predict(costs: CompiledCosts, shape: FleetShape, steps: int = 40,
         "groups_per_s": result.groups_per_s,
         "trainer_idle_fraction": result.trainer_idle_fraction,
         "worker_busy_fraction": result.worker_busy_fraction,
+        "scoring_busy_fraction": result.scoring_busy_fraction,
+        "bound_by": bound_by(result),
         "staleness": {str(lag): n / trained for lag, n in result.staleness.items()},
         "generation_s_per_step_one_worker": params.groups_per_step * params.seconds_per_group,
     }

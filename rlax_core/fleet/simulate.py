@@ -20,13 +20,19 @@ What it models (the rules of ``rlax_core.rollout`` and ``rlax_core.training.job`
   samples_per_group`` tokens a sample needs that many steps, however many share them; admitting a
   group stalls its engine ``group_overhead_s`` (its prefill). Continuous batching makes a worker's
   throughput a function of how many sequences it runs, which the stream, not a call size, decides.
+* A scoring stage of its own (``scoring_servers`` > 0: a reward model on chips of its own, between
+  rollout and trainer): a generated group joins its queue, the oldest first; each of its servers (a
+  chip holding the model) scores one group at a time in ``scoring_s_per_group``, and the group is
+  written when scored. The stage streams: it scores one group while the workers generate the next,
+  so it adds its latency to a step's last group and bounds the step when it is the slowest stage.
+  Without it (0) scoring is taken to overlap generation, as before.
 * The trainer trains steps in order, each once all its groups are written, for ``trainer_step_s``;
   version ``t + 1`` becomes visible to the workers ``weight_sync_s`` after step ``t`` ends
   (publish, commit, load). Version 0 is visible at time 0.
 
 :func:`simulate` returns the steady-state rollout throughput (groups per second over the measured
-steps), the trainer's idle fraction, the workers' busy fraction and the staleness histogram of the
-groups trained (train step minus the version that generated them; pacing keeps it <= k).
+steps), the trainer's idle fraction, the workers' (and the scoring servers') busy fraction and the
+staleness histogram of the groups trained (train step minus the version that generated them; pacing keeps it <= k).
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ class FleetParams:
     decode_step_s: Callable[[int], float] | None = None
     samples_per_group: int = 1
     sequences_per_worker: int = 1
+    # A scoring stage of its own (module docstring): its servers, and one server's seconds per group.
+    scoring_servers: int = 0
+    scoring_s_per_group: float = 0.0
 
     def __post_init__(self):
         checks = {
@@ -68,7 +77,8 @@ class FleetParams:
             "groups_per_call": self.groups_per_call >= 1, "group_overhead_s": self.group_overhead_s >= 0,
             "call_overhead_s": self.call_overhead_s >= 0, "warmup_steps": self.warmup_steps >= 0,
             "steps": self.steps > self.warmup_steps, "samples_per_group": self.samples_per_group >= 1,
-            "sequences_per_worker": self.sequences_per_worker >= 1,
+            "sequences_per_worker": self.sequences_per_worker >= 1, "scoring_servers": self.scoring_servers >= 0,
+            "scoring_s_per_group": self.scoring_s_per_group >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -88,6 +98,7 @@ class FleetResult:
     worker_busy_fraction: float  # of the measured time x workers, generating
     staleness: dict[int, int]  # groups trained, by train step - generating version
     seconds_per_step: float
+    scoring_busy_fraction: float = 0.0  # of the measured time x scoring servers, scoring (0: no such stage)
 
 
 def analytic_one_worker_synchronous(params: FleetParams) -> float:
@@ -125,6 +136,26 @@ def simulate(params: FleetParams) -> FleetResult:
     measured_busy = 0.0
 
     engines = [_Engine() for _ in range(p.workers)] if p.decode_step_s is not None else []
+    to_score: deque[tuple[int, int]] = deque()  # generated groups (step, version) the scoring stage has not begun
+    idle_scorers = p.scoring_servers
+    scoring_busy = 0.0
+
+    def generated(step: int, version: int, now: float) -> None:
+        """A group's generation ended: written now, or queued for the scoring stage."""
+        if not p.scoring_servers:
+            return write(step, version)
+        to_score.append((step, version))
+        score(now)
+
+    def write(step: int, version: int) -> None:
+        written[step] += 1
+        stamps.setdefault(step, []).append(version)
+
+    def score(now: float) -> None:
+        nonlocal idle_scorers
+        while idle_scorers and to_score:
+            idle_scorers -= 1
+            push(now + p.scoring_s_per_group, "scored", (*to_score.popleft(), now))
 
     def stream(now: float) -> None:
         """Units to the engines with room, the most room first, while pacing allows them."""
@@ -198,8 +229,8 @@ def simulate(params: FleetParams) -> FleetResult:
         if kind == "call_done":
             worker, taken, version, started = payload
             for step, size in taken:
-                written[step] += size
-                stamps.setdefault(step, []).extend([version] * size)
+                for _ in range(size):
+                    generated(step, version, now)
             measured_busy += _clip(started, now, step_end, p)
             idle_workers.append(worker)
             maybe_train(now)
@@ -213,11 +244,17 @@ def simulate(params: FleetParams) -> FleetResult:
             done = [g for g in engine.groups if g[0] <= _DONE * p.tokens_per_group]
             engine.groups = [g for g in engine.groups if g[0] > _DONE * p.tokens_per_group]
             for _, step, version in done:
-                written[step] += 1
-                stamps.setdefault(step, []).append(version)
+                generated(step, version, now)
             reschedule(worker, now)
             maybe_train(now)
             dispatch(now)
+        elif kind == "scored":
+            step, version, started = payload
+            scoring_busy += _clip(started, now, step_end, p)
+            write(step, version)
+            idle_scorers += 1
+            score(now)
+            maybe_train(now)
         elif kind == "trained":
             step = payload
             lags = [step - v for v in stamps.pop(step)]
@@ -243,6 +280,7 @@ def simulate(params: FleetParams) -> FleetResult:
         worker_busy_fraction=measured_busy / (span * p.workers),
         staleness=dict(sorted(staleness.items())),
         seconds_per_step=span / measured_steps,
+        scoring_busy_fraction=scoring_busy / (span * p.scoring_servers) if p.scoring_servers else 0.0,
     )
 
 

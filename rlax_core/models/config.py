@@ -440,6 +440,13 @@ PUBLISHED_CONFIGS: dict[str, ModelConfig] = {
                                             "tie_word_embeddings": True, "eos_token_ids": (151645,)}),
     "QwQ-32B": ModelConfig(hidden_size=5120, intermediate_size=27648, num_layers=64, num_heads=40, num_kv_heads=8,
                            max_position_embeddings=40960, **{**_QWEN25, "eos_token_ids": (151645,)}),
+    # An 8B reward model's shape (Llama 3.1 8B; its *ForSequenceClassification reward models, Skywork's
+    # among them, keep it): docs/fleet.md's scoring stage.
+    "Llama-3.1-8B": ModelConfig(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, qkv_bias=False,
+                                rope_theta=500000.0, rope_scaling=RopeScaling(rope_type="llama3", factor=8.0),
+                                rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072,
+                                bos_token_id=128000, eos_token_ids=(128001,)),
     # Every layer sparse (decoder_sparse_step 1, no mlp_only_layers): intermediate_size is unused.
     "Qwen3-30B-A3B": ModelConfig(architecture="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                                  num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, qkv_bias=False,

@@ -245,3 +245,41 @@ def test_the_benchmark_prints_a_row_per_configuration(monkeypatch, capsys):
     per_chip = rows[0]["prediction"]["rollout_tokens_per_s_per_chip"]
     assert per_chip == pytest.approx(rows[0]["prediction"]["rollout_tokens_per_s"] / 4)  # 1 worker of 4 chips
     assert "| small_qwen2_tpu.yaml | 1 x v5e 4 chips: bfloat16 weights, bfloat16 KV, 256 pages | 8 |" in out
+
+
+# The 7B math recipe's decode on its v5e workers and an 8B reward model's forward on v6e chips of a
+# scoring stage of its own: the unedited `rlax compile --json` reports of docs/fleet.md's scoring table.
+SCORING = REPO / "tests" / "fixtures" / "compile" / "fleet_7b_rm"
+
+
+def test_the_scoring_stage_costs_the_reward_models_compiled_forward_per_sequence(monkeypatch):
+    monkeypatch.chdir(REPO)
+    report = read_reports([SCORING / "rm8b-v6e-4.json", SCORING / "decode-7b-v5e.json"])
+    forward, = [p for p in report["programs"] if p["role"] == "reward_model"]
+    costs = read_compiled_costs(report, need_update=False)
+    assert forward["program"] == "reward model forward 8x2048"
+    assert costs.scoring_sequence_s == pytest.approx(forward["roofline_per_run_s"] / 8)  # every layer, per row
+    shape = fleet_shape(load_run_config(report["config"], report["overrides"]))
+    assert shape.scoring_servers == 4  # 4 hosts of one v6e chip: one model per process, whole on one chip
+    params = fleet_params(costs, shape, trainer_step_s=8.22)
+    assert params.scoring_s_per_group == pytest.approx(8 * costs.scoring_sequence_s)  # G = 8 samples a group
+    # The recipe without a reward model has no scoring stage; a reward model report asks for one.
+    plain = fleet_shape(load_run_config("configs/qwen25_7b_math_dataflow_tpu.yaml"))
+    assert plain.scoring_servers == 0
+    without = read_compiled_costs(read_reports([SCORING / "decode-7b-v5e.json"]), need_update=False)
+    with pytest.raises(ValueError, match="no compiled reward model forward"):
+        fleet_params(without, shape, trainer_step_s=8.22)
+
+
+def test_a_reward_model_stage_lengthens_the_step_and_one_chip_makes_it_the_bound(monkeypatch):
+    monkeypatch.chdir(REPO)
+    decode = SCORING / "decode-7b-v5e.json"
+    plain = predict_from_reports([decode], trainer_step_s=8.22)["prediction"]
+    four = predict_from_reports([SCORING / "rm8b-v6e-4.json", decode], trainer_step_s=8.22)["prediction"]
+    one = predict_from_reports([SCORING / "rm8b-v6e-1-k2.json", decode], trainer_step_s=8.22)["prediction"]
+    assert plain["scoring_busy_fraction"] == 0 and plain["bound_by"] == "rollout"
+    assert four["seconds_per_step"] > plain["seconds_per_step"]
+    # One chip scores a step's 64 groups x 8 samples in 512 forwards' time: with k = 2 it is the step.
+    work = 64 * four["inputs"]["scoring_s_per_group"]["value"]
+    assert one["bound_by"] == "scoring" and one["seconds_per_step"] == pytest.approx(work, rel=0.02)
+    assert one["seconds_per_step"] >= plain["seconds_per_step"]

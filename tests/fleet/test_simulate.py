@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from rlax_core.fleet.compiled import bound_by
 from rlax_core.fleet.simulate import FleetParams, analytic_one_worker_synchronous, simulate
 
 BASE = FleetParams(workers=1, max_staleness=0, groups_per_step=8, seconds_per_token=1e-4, tokens_per_group=512,
@@ -101,3 +102,36 @@ def test_streaming_fleets_stay_within_their_bounds(workers, k, groups, per_unit,
     groups_per_s = workers * full / samples / (50 * (fixed + 1e-4 * full))
     ahead = (k + 1) * groups + workers * (full // samples + per_unit)
     assert sum(result.staleness.values()) <= span * groups_per_s + ahead + 1e-6
+
+
+# A scoring stage of its own (a reward model on chips of its own, between rollout and trainer),
+# hand-counted: 1-second groups, a 1-second trainer step, no weight sync.
+HAND = FleetParams(workers=1, max_staleness=0, groups_per_step=2, seconds_per_token=1.0, tokens_per_group=1,
+                   trainer_step_s=1.0, weight_sync_s=0.0, steps=20, warmup_steps=4)
+
+
+def test_a_scoring_stage_adds_its_latency_to_a_synchronous_step():
+    # Without it: generate 2 groups (2 s), train (1 s): 3 s. With one scorer at 0.5 s a group, the
+    # first group is scored while the second is generated and the second after it: 2 + 0.5 + 1 = 3.5 s.
+    plain = simulate(HAND)
+    scored = simulate(dataclasses.replace(HAND, scoring_servers=1, scoring_s_per_group=0.5))
+    assert plain.seconds_per_step == pytest.approx(3.0, rel=1e-9)
+    assert scored.seconds_per_step == pytest.approx(3.5, rel=1e-9)
+    assert scored.scoring_busy_fraction == pytest.approx(1.0 / 3.5, rel=1e-9)  # 2 x 0.5 s of each 3.5 s
+    assert bound_by(scored) == bound_by(plain) == "latency"  # the stages take turns: none is saturated
+
+
+def test_a_scoring_stage_slower_than_the_others_is_the_step():
+    # Two workers and k = 1 generate a step in 1 s and the trainer trains it in 1 s; one scorer at 2 s
+    # a group needs 2 x 2 = 4 s a step and is never idle: the step is the stage's 4 s.
+    fleet = dataclasses.replace(HAND, workers=2, max_staleness=1)
+    plain = simulate(fleet)
+    scored = simulate(dataclasses.replace(fleet, scoring_servers=1, scoring_s_per_group=2.0))
+    assert scored.seconds_per_step == pytest.approx(2 * 2.0 / 1, rel=1e-9)
+    assert scored.seconds_per_step >= plain.seconds_per_step and plain.seconds_per_step == pytest.approx(1.0)
+    # Busy throughout the 16 measured steps (64 s) but the last one's training (no step follows it).
+    assert scored.scoring_busy_fraction == pytest.approx(1 - 1.0 / 64, rel=1e-9)
+    assert bound_by(scored) == "scoring"
+    # Two scorers halve it; the stage still bounds the step (2 s against the others' 1 s).
+    two = simulate(dataclasses.replace(fleet, scoring_servers=2, scoring_s_per_group=2.0))
+    assert two.seconds_per_step == pytest.approx(2.0, rel=1e-9)
