@@ -78,7 +78,7 @@ def role_programs(config, roles) -> list[tuple[str, object, object, list]]:
                     lambda model=model, engine=engine, dtype=dtype, mode=mode, role=role, slice_=slice_, lora=lora:
                     engine_programs(model, engine, dtype, slice_devices(slice_.chip, slice_.chips_per_host,
                                                                         slice_.chips_per_host), mode, role, lora)))
-    out.extend(reward_model_roles(config, plans))
+    out.extend(scoring_model_roles(config, plans))
     if "trainer" in plans and config.hardware.trainer is not None:
         slice_ = config.hardware.trainer
         model = policy_shape(config)
@@ -119,25 +119,25 @@ def post_training_programs(config, plans) -> list[tuple[str, object, object, Non
     return out
 
 
-def reward_model_roles(config, plans) -> list[tuple]:
-    """The ``reward_model`` term's forward: on one rollout chip beside the engine (its programs join
-    the rollout role's), or on one chip of its own scoring stage (the reward_model role)."""
-    from pipelines.config import reward_model_shape
+def scoring_model_roles(config, plans) -> list[tuple]:
+    """The forwards of the scoring's models (a ``reward_model`` term's, a distillation teacher's): on
+    one rollout chip beside the engine (their programs join the rollout role's), or on one chip of
+    their own scoring stage (the reward_model role)."""
+    from pipelines.config import scoring_models
     from rlax_core.compile.reward_model import reward_model_programs
     from rlax_core.compile.topology import slice_devices
 
-    rewards = config.loop.rewards
-    if rewards is None or "reward_model" not in rewards.terms:
-        return []
-    settings = rewards.reward_model
-    role = "rollout" if settings.placement == "rollout_worker" else "reward_model"
-    slice_ = config.hardware.workers_of(role)
-    if role not in plans or slice_ is None:
-        return []
-    model = reward_model_shape(config)
-    return [(role, slice_, plans[role], None, lambda: reward_model_programs(
-        model, settings.batch_size, settings.max_length, settings.dtype,
-        slice_devices(slice_.chip, slice_.chips_per_host, slice_.chips_per_host), role))]
+    out = []
+    for placement, role in (("rollout_worker", "rollout"), ("own_stage", "reward_model")):
+        slice_ = config.hardware.workers_of(role)
+        if role not in plans or slice_ is None:
+            continue
+        for _, model, settings in scoring_models(config, placement):
+            out.append((role, slice_, plans[role], None, lambda model=model, settings=settings, role=role, slice_=slice_:
+                        reward_model_programs(model, settings.batch_size, settings.max_length, settings.dtype,
+                                              slice_devices(slice_.chip, slice_.chips_per_host, slice_.chips_per_host),
+                                              role)))
+    return out
 
 
 def selected(name: str, programs: tuple[str, ...]) -> bool:
@@ -222,17 +222,23 @@ def decode_step_line(report) -> str | None:
 def role_peaks(reports, plans_incoming: dict[str, int]) -> dict[str, int]:
     """XLA's bytes per chip of each role: its largest program, plus the incoming weights a weight
     swap places beside the engine's own (no single program holds them), plus on a rollout chip the
-    reward model's forward (its weights stay beside the engine's; counted whole, as the planner does)."""
-    from rlax_core.compile.reward_model import PROGRAM
+    reward model's and a teacher's forwards (their weights stay beside the engine's; each counted
+    whole, as the planner does)."""
+    from rlax_core.compile.reward_model import SCORING_PROGRAMS
 
     peaks: dict[str, int] = {}
-    beside: dict[str, int] = {}
+    beside: dict[tuple[str, str], int] = {}  # (role, the scoring model's program kind): its largest
     for r in reports:
-        if r.compiled:
-            held = beside if r.program.startswith(PROGRAM) and r.role == "rollout" else peaks
-            held[r.role] = max(held.get(r.role, 0), r.peak_bytes)
-    return {role: peaks.get(role, 0) + beside.get(role, 0) + plans_incoming.get(role, 0)
-            for role in {*peaks, *beside}}
+        if not r.compiled:
+            continue
+        kind = next((name for name in SCORING_PROGRAMS if r.program.startswith(name)), None)
+        if kind is not None and r.role == "rollout":
+            beside[r.role, kind] = max(beside.get((r.role, kind), 0), r.peak_bytes)
+        else:
+            peaks[r.role] = max(peaks.get(r.role, 0), r.peak_bytes)
+    roles = {*peaks, *(role for role, _ in beside)}
+    return {role: peaks.get(role, 0) + sum(b for (r, _), b in beside.items() if r == role) + plans_incoming.get(role, 0)
+            for role in roles}
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

@@ -340,7 +340,7 @@ def resolve_auto_pages(config):
                               "(or hardware.rollout) and the model, or give a number of pages")
         shape = policy_shape(config) if role == "rollout" else read_model_config(template_of(resolve_asset(path)))
         return auto_num_pages(shape, engine, hardware, dtype, lora=lora,
-                              beside=reward_model_beside(config) if role == "rollout" else None)
+                              beside=scoring_models_beside(config) if role == "rollout" else None)
 
     engine = resolved(config.engine, "rollout", config.model.path, config.model.dtype, config.trainer.lora)
     generations = {}
@@ -355,18 +355,38 @@ def resolve_auto_pages(config):
     return dataclasses.replace(config, engine=engine, **generations)
 
 
-def reward_model_beside(run_config) -> dict[str, int]:
-    """What a ``reward_model`` term holds on the rollout chips beside the engine (its weights and one
-    forward's activations: ``planning.memory.reward_model_parts``); nothing without one."""
-    rewards = run_config.loop.rewards
-    if rewards is None or "reward_model" not in rewards.terms:
-        return {}
-    from rlax_core.planning.memory import reward_model_parts
+def scoring_models_beside(run_config) -> dict[str, int]:
+    """What the scoring's models (a ``reward_model`` term's, a distillation teacher's) placed on the
+    rollout workers hold on their chips beside the engine: each one's weights and one forward's
+    activations (``planning.memory.scoring_model_parts``); nothing without one. Those placed on a
+    stage of their own count on its chips (rlax plan's reward_model role)."""
+    from rlax_core.planning.memory import scoring_model_parts
 
-    settings = rewards.reward_model
-    if settings.placement != "rollout_worker":  # its own scoring stage's chips (rlax plan's reward_model role)
-        return {}
-    return reward_model_parts(reward_model_shape(run_config), settings.batch_size, settings.max_length, settings.dtype)
+    parts = {}
+    for name, shape, settings in scoring_models(run_config, "rollout_worker"):
+        parts.update(scoring_model_parts(shape, settings.batch_size, settings.max_length, settings.dtype, name))
+    return parts
+
+
+def scoring_models(run_config, placement: str) -> list[tuple]:
+    """(name, ``ModelConfig``, settings) of each model the scoring runs at ``placement``
+    ("rollout_worker" or "own_stage"): the ``reward_model`` term's ("reward model") and the
+    distillation teacher's ("teacher"; ``rewards.reward_model.placed_models`` names them)."""
+    from rlax_core.models.checkpoint import read_model_config
+    from rlax_core.rewards.reward_model import placed_models
+
+    rewards = run_config.loop.rewards
+    if rewards is None:
+        return []
+    out = []
+    for key, settings in placed_models(rewards).items():
+        if settings.placement != placement:
+            continue
+        if key == "reward_model":
+            out.append(("reward model", reward_model_shape(run_config), settings))
+        else:  # the teacher: a causal language model
+            out.append(("teacher", read_model_config(template_of(resolve_asset(settings.teacher))), settings))
+    return out
 
 
 def reward_model_shape(run_config):

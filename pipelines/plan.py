@@ -36,7 +36,7 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     """The plans of a ``pipelines.config.RunConfig``'s roles; none when it declares no hardware."""
     from rlax_core.models.checkpoint import read_model_config
     from pipelines.config import resolve_asset
-    from pipelines.config import policy_shape, reward_model_beside
+    from pipelines.config import policy_shape, scoring_models_beside
 
     if config.hardware is None:
         log.warning("no hardware: section in the config; its memory is not planned")
@@ -49,7 +49,7 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
     if "rollout" in roles and hardware.rollout is not None:
         # A LoRA run's versions after the base are adapters, which the rollout engine applies itself.
         plans.append(plan_rollout(model, config.engine, hardware.rollout, config.model.dtype, name,
-                                  lora=config.trainer.lora, beside=reward_model_beside(config)))
+                                  lora=config.trainer.lora, beside=scoring_models_beside(config)))
     if "reward_model" in roles:
         plans.extend(reward_stage_plan(config))
     # Difficulty filtering and evaluation run an engine on their workers (by default the rollouts' kind).
@@ -81,20 +81,24 @@ def memory_plans(config, roles=ROLES) -> list[MemoryPlan]:
 
 
 def reward_stage_plan(config) -> list[MemoryPlan]:
-    """A reward model on its own scoring stage (``placement: own_stage``), whole on one chip of
-    ``hardware.reward_model`` (by default the rollout fleet's kind): its weights and one forward."""
-    from pipelines.config import reward_model_shape
-    from rlax_core.planning.memory import reward_model_parts
+    """The scoring's models on a stage of their own (``placement: own_stage``: a reward model, a
+    distillation teacher), each whole on one chip of ``hardware.reward_model`` (by default the rollout
+    fleet's kind): their weights and one forward each."""
+    from pipelines.config import scoring_models
+    from rlax_core.planning.memory import scoring_model_parts
 
-    rewards = config.loop.rewards
-    settings = rewards.reward_model if rewards is not None else None
-    chips = config.hardware.workers_of("reward_model")
-    if settings is None or "reward_model" not in rewards.terms or settings.placement != "own_stage" or chips is None:
+    models, chips = scoring_models(config, "own_stage"), config.hardware.workers_of("reward_model")
+    if not models or chips is None:
         return []
-    parts = reward_model_parts(reward_model_shape(config), settings.batch_size, settings.max_length, settings.dtype)
-    return [MemoryPlan("reward_model", _name_of(settings.path), chips.chip, 1, "whole on one chip", chips.bytes_per_chip,
-                       parts, {"reward model weights": "loop.rewards.reward_model.dtype",
-                               "reward model activations": "loop.rewards.reward_model.batch_size or max_length"})]
+    parts, knobs = {}, {}
+    for name, shape, settings in models:
+        parts.update(scoring_model_parts(shape, settings.batch_size, settings.max_length, settings.dtype, name))
+        section = "reward_model" if name == "reward model" else "distillation"
+        knobs.update({f"{name} weights": f"loop.rewards.{section}.dtype",
+                      f"{name} activations": f"loop.rewards.{section}.batch_size or max_length"})
+    label = " + ".join(_name_of(settings.path if name == "reward model" else settings.teacher)
+                       for name, _, settings in models)
+    return [MemoryPlan("reward_model", label, chips.chip, 1, "whole on one chip", chips.bytes_per_chip, parts, knobs)]
 
 
 def layout_warnings(config) -> list[str]:

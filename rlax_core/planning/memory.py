@@ -172,17 +172,22 @@ def _tree_bytes(shapes, axes, dtype: str | None, mesh_sizes: tuple[int, ...]) ->
     return total
 
 
-def reward_model_parts(model: ModelConfig, batch: int, length: int, dtype: str) -> dict[str, int]:
-    """Bytes on a rollout chip of a reward model scoring beside the engine (``rewards.reward_model``):
-    its weights whole (the term loads them on one device) and one forward's activations over
-    [batch, length], one layer at a time as the engine's prefill, with dense attention's float32
-    scores and exponentials [B, H, T, T] (the term's forward is dense)."""
+def scoring_model_parts(model: ModelConfig, batch: int, length: int, dtype: str,
+                        name: str = "reward model") -> dict[str, int]:
+    """Bytes on a chip of a model the scoring runs (a ``reward_model`` term's, ``name`` "reward model";
+    a distillation teacher's, "teacher"): its weights whole (the scoring loads them on one device)
+    and one forward's activations over [batch, length], one layer at a time as the engine's prefill,
+    with dense attention's float32 scores and exponentials [B, H, T, T] (the forward is dense). A
+    causal model (a teacher: no score head) adds its float32 logits and their log-softmax [B, T, V],
+    from which it reads each token's log-prob."""
     act = itemsize(dtype)
     weights = model.num_params * act  # a score head's model: the embedding, the layers and [hidden]
     activations = batch * length * act * (3 * model.hidden_size + (model.num_heads + 2 * model.num_kv_heads)
                                           * model.head_dim + _feed_forward_width(model, 1, expert=1))
     activations += 2 * batch * model.num_heads * length * length * _F32
-    return {"reward model weights": weights, "reward model activations": activations}
+    if not model.score_head:
+        activations += 2 * batch * length * model.vocab_size * _F32
+    return {f"{name} weights": weights, f"{name} activations": activations}
 
 
 def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, dtype: str,
@@ -194,7 +199,7 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
 
     ``lora``: the adapters of a LoRA run's versions, which the engine applies as ``engine.lora_mode``
     resolves on this chip (``_engine_lora_parts``). ``beside``: what else the role's chips hold (a
-    reward model's ``reward_model_parts``), counted before the KV pool takes what is left.
+    reward model's or a teacher's ``scoring_model_parts``), counted before the KV pool takes what is left.
     """
     tp, ep, chips = engine.tensor_parallel, engine.expert_parallel, engine.chips_per_replica
     if hardware.chips_per_host % chips:
@@ -258,7 +263,9 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
                                       "trainer.lora.rank",
                "compiled code": "nothing: XLA's generated code",
                "reward model weights": "loop.rewards.reward_model.dtype: bfloat16, or a smaller reward model",
-               "reward model activations": "lower loop.rewards.reward_model.batch_size or max_length"})
+               "reward model activations": "lower loop.rewards.reward_model.batch_size or max_length",
+               "teacher weights": "loop.rewards.distillation.dtype: bfloat16, or a smaller teacher",
+               "teacher activations": "lower loop.rewards.distillation.batch_size or max_length"})
 
 
 def _feed_forward_width(model: ModelConfig, tensor: int, expert: int) -> int:

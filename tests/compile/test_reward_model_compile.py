@@ -36,3 +36,19 @@ def test_on_its_own_stage_the_reward_model_is_its_own_role(tmp_path):
     forward, = report["programs"]
     assert forward["role"] == "reward_model" and forward["compiled"] and forward["topology"].startswith("v5p")
     assert report["roles"]["reward_model"]["xla_bytes_per_chip"] == forward["peak_bytes"]
+
+
+def test_a_distillation_teachers_forward_compiles_on_a_rollout_chip_as_a_reward_models_does(tmp_path):
+    # The teacher is placed like a reward model: its forward (each token's log-prob) joins the rollout
+    # role, and the role's XLA bytes hold the engine's largest program and the teacher's together.
+    teacher = ["loop.rewards.distillation.teacher=tests/fixtures/compile/small_qwen2",
+               "loop.rewards.distillation.dtype=bfloat16", "loop.rewards.distillation.batch_size=8",
+               "loop.rewards.distillation.max_length=256"]
+    report = run_compile(tmp_path, RECIPE, [*teacher, "--roles", "rollout", "--programs", "teacher,decode"])
+    forward, = [p for p in report["programs"] if p["program"].startswith("teacher forward")]
+    assert forward["program"] == "teacher forward 8x256" and forward["compiled"] and forward["role"] == "rollout"
+    decode = [p for p in report["programs"] if p["program"].startswith("decode")]
+    assert decode and all(p["compiled"] for p in decode)
+    rollout = report["roles"]["rollout"]
+    assert rollout["xla_bytes_per_chip"] >= max(p["peak_bytes"] for p in decode) + forward["peak_bytes"]
+    assert rollout["xla_bytes_per_chip"] <= rollout["hbm_bytes_per_chip"]
