@@ -69,3 +69,44 @@ def test_our_reward_model_exported_loads_in_transformers_with_equal_scores(tmp_p
     ids, mask = _ids_and_mask()
     np.testing.assert_allclose(np.asarray(sequence_scores(params, config, ids, mask)),
                                _their_scores(theirs, ids, mask), atol=1e-4, rtol=0)
+
+
+def test_our_score_head_lora_export_loads_in_peft_as_a_sequence_classifier_with_equal_scores(tmp_path):
+    # rlax rm with LoRA trains adapters and the score head beside them; the job exports the merged
+    # model and, inside it, a PEFT folder (task_type SEQ_CLS, modules_to_save ["score"]). PEFT's
+    # AutoPeftModelForSequenceClassification reads that folder's base_model_name_or_path (here the
+    # base reward model, its head still the zero it started from), applies the adapters and the saved
+    # head, and must score as our merged model does.
+    peft = pytest.importorskip("peft")
+    from rlax_core.models.lora import LoraConfig, init_adapters, merge
+    from rlax_core.models.lora_export import export_peft
+    from rlax_core.training.heads import split_head
+
+    policy = toy_config(architecture="llama", qkv_bias=False, tie_word_embeddings=False)
+    config, lora = reward_model_config(policy), LoraConfig(rank=4, alpha=8.0)
+    base = init_reward_params(init_params(policy, jax.random.key(0)))  # a random backbone, the zero head
+
+    def perturbed(tree, seed, scale):
+        leaves, structure = jax.tree.flatten(tree)
+        keys = jax.random.split(jax.random.key(seed), len(leaves))
+        return jax.tree.unflatten(structure, [np.asarray(x + scale * jax.random.normal(k, x.shape), np.float32)
+                                              for x, k in zip(leaves, keys)])
+
+    base = perturbed(base, 1, 0.1)
+    base["score"]["kernel"] = np.zeros_like(base["score"]["kernel"])  # not trained yet: the base's head is zero
+    trained = {**perturbed(init_adapters(config, lora, jax.random.key(2)), 3, 0.05),
+               "score": {"kernel": np.asarray(jax.random.normal(jax.random.key(4), (config.hidden_size,)), np.float32)}}
+    adapters, head = split_head(trained)
+    ours_params = {**merge(base, adapters, lora), **head}
+    save_pretrained(Model(config, base), tmp_path / "base")
+    export_peft(tmp_path / "adapter", config, lora, trained, base_model=str(tmp_path / "base"))
+
+    theirs = peft.AutoPeftModelForSequenceClassification.from_pretrained(str(tmp_path / "adapter")).float().eval()
+    ids, mask = _ids_and_mask()
+    ours = np.asarray(sequence_scores(ours_params, config, ids, mask))
+    np.testing.assert_allclose(_their_scores(theirs, ids, mask), ours, atol=1e-4, rtol=0)
+    # Both parts arrived: the trained head (the base's zero head scores 0) and the adapters (the head
+    # on the base's backbone alone scores otherwise).
+    assert np.abs(ours).max() > 1e-2
+    head_only = np.asarray(sequence_scores({**base, **head}, config, ids, mask))
+    assert np.abs(head_only - ours).max() > 1e-3
