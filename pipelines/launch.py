@@ -10,6 +10,9 @@ the rollout side's: reward, pass rate, response length, staleness histogram, sta
 and train time, trainer idle fraction, tokens/s, mismatch KL. A process that dies early stops the
 other and fails the launch in one line: which job, the cause read from its log (``pipelines.failures``)
 and the log's path; so does ``--timeout-s``.
+
+A recipe that names ``stages`` (``curate -> rft -> sft -> filter -> rl -> evaluate``) runs them in
+order, each by its own job, this launch being the ``rl`` stage (``pipelines.launch_stages``).
 """
 
 from __future__ import annotations
@@ -190,7 +193,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="the run's folder (overrides run.output_dir); with --rehearse, where the "
                         "rehearsal's outputs go (local or gs://)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run already in the output folder (a folder holding files is refused otherwise)")
+                        help="continue the run already in the output folder (a folder holding files is refused "
+                             "otherwise); a staged recipe skips the stages already done")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print a staged recipe's plan (each stage's command, inputs and outputs) and run nothing")
     from pipelines.rehearse import add_arguments as add_rehearsal_arguments
 
     add_rehearsal_arguments(parser)
@@ -275,14 +281,16 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     # Before the config's imports (a minute on a busy machine): the output and input named on the command line.
     overrides = list(args.overrides)
     if args.output:
-        claim(args.output, resume=args.resume)
+        if not args.dry_run:  # a dry run writes nothing, not even the folder
+            claim(args.output, resume=args.resume)
         overrides.append(f"run.output_dir={args.output}")
     from pipelines.config import load_run_config
+    from pipelines.launch_stages import launch_stages, staged
 
-    stages = load_run_config(args.config, overrides).stages
-    # launch() is the rl stage of a staged run; the other stages are the quickstart's (pipelines.quickstart_stages)
-    require(stages in ((), ("rl",)), "stages", f"rlax launch runs the rl stage alone, and this recipe names "
-            f"{', '.join(stages)}: run its stages with rlax quickstart --config {args.config}")
+    if staged(load_run_config(args.config, overrides).stages):  # each stage its job; launch() is the rl stage
+        return launch_stages(args, beam_args, overrides, launch)
+    require(not args.dry_run, "--dry-run", "prints a staged recipe's plan, and this recipe names no stages: "
+            "rlax launch runs the trainer and the rollout stream in run.output_dir")
     if args.train_set:
         from pipelines.inputs import require_input  # Beam's file systems read local and gs:// alike
 

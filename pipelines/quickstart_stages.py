@@ -43,8 +43,10 @@ RM_EPOCHS = 2  # passes of rlax rm over the pairs (tests/training/test_reward_mo
 RM_LEARNING_RATE = 3e-3  # a reward model from stories260K: the rate that test measured
 
 
-def run_step(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None) -> None:
+def run_step(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None,
+             who: str = "quickstart") -> None:
     """Run ``rlax ARGV`` as its own process (each step is the real entry point); fail loudly.
+    ``who`` starts its log lines (``rlax launch`` runs a staged recipe's stages with it too).
 
     Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
     step samples), how many prompts the engine has sampled so far, read from the step's own log.
@@ -52,10 +54,10 @@ def run_step(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: 
     from pipelines.failures import JobFailed, job_failed
     from pipelines.lifeline import cli_command, spawn_job
 
-    log.info("quickstart: %s (log: %s)", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
+    log.info("%s: %s (log: %s)", who, " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
              log_path)
     started = time.monotonic()
-    process = spawn_job(cli_command(argv), log_path)  # owned: the step dies with the quickstart, however it dies
+    process = spawn_job(cli_command(argv), log_path)  # owned: the step dies with its launcher, however it dies
     while True:
         try:
             code = process.wait(timeout=PROGRESS_EVERY_S)
@@ -67,7 +69,7 @@ def run_step(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: 
                 process.wait()
                 raise JobFailed(f"the rlax {argv[0]} job did not finish within {timeout_s:.0f} s; its log: {log_path}") from None
             sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
-            log.info("quickstart: rlax %s running for %.0f s%s", argv[0], elapsed, sampled)
+            log.info("%s: rlax %s running for %.0f s%s", who, argv[0], elapsed, sampled)
     if code != 0:
         raise job_failed(f"rlax {argv[0]}", code, log_path)
 
