@@ -8,7 +8,8 @@ Every stage but ``rl`` is its command in its own process (``rlax curate``, ``rla
 ``rlax sft``, ``rlax filter``, ``rlax evaluate``: the same jobs, logs in ``OUTPUT/logs/STAGE.log``), on
 the recipe with the command line's overrides, then the recipe's ``stage_overrides`` of that stage,
 then the wiring below (last: the plan printed is what runs). ``rl`` is ``pipelines.launch.launch``,
-the trainer and the rollout stream. The wiring (``OUTPUT``: ``run.output_dir``):
+the trainer and the rollout stream (Beam options on the command line go to its rollout job; the batch
+stages take the recipe's ``beam:`` sections). The wiring (``OUTPUT``: ``run.output_dir``):
 
     curate    -> OUTPUT/curated        from the recipe's curate.inputs
     rft       -> OUTPUT/rft            the curated prompts sampled by rft.generator (default the policy):
