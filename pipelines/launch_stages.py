@@ -141,6 +141,9 @@ def plan(config: str, overrides: Sequence[str]) -> list[Stage]:
                 policy = export
                 evaluated.append(("sft", export))
             else:
+                require("reward_model" in run_config.loop.rewards.terms or "rl" not in run_config.stages,
+                        "loop.rewards.terms", "the rm stage trains the model the rl stage's reward_model term "
+                        "reads, and the terms name none: add reward_model (its path is wired to the rm stage's)")
                 reward_model = export
         elif name == "filter":
             wiring = [f"filter.input={curated}", f"filter.output={root}/filtered", f"filter.generation.model={policy}"]

@@ -52,6 +52,22 @@ def test_each_stage_reads_what_the_one_before_it_leaves(tmp_path):
     assert not out.exists()  # planning writes nothing
 
 
+def test_the_rm_stage_trains_on_rfts_pairs_and_pays_the_rl_stage(tmp_path):
+    out = tmp_path / "run"
+    stages = by_name(plan(WARM, [f"run.output_dir={out}", "stages=[curate, rft, rm, sft, rl]", "rft.pairs_per_prompt=2",
+                                 "loop.rewards.terms={reward_model: 1.0, story_word: 0.0}",
+                                 "loop.rewards.reward_model.path=runs/rm/reward_model",  # the recipe's: rewired
+                                 'stage_overrides.rm=["trainer.total_steps=4"]']))
+    reward_model = f"{out}/rm/hf/step_00000004"
+    assert dict(stages["rm"].inputs) == {"data": f"{out}/rft/pairs-*.parquet", "model": BASE}
+    assert stages["rm"].marker == f"{reward_model}/config.json" and stages["rm"].argv[0] == "rm"
+    assert f"loop.rewards.reward_model.path={reward_model}" in stages["rl"].overrides
+    assert ("rm", stages["rm"].marker) in stages["rl"].after
+    with pytest.raises(ConfigError, match="^loop.rewards.terms: the rm stage trains the model the rl stage's "
+                                          "reward_model term reads, and the terms name none"):
+        plan(WARM, [f"run.output_dir={out}", "stages=[curate, rft, rm, sft, rl]", "rft.pairs_per_prompt=2"])
+
+
 def test_dry_run_prints_each_stage_with_its_inputs_and_outputs_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["launch", "--config", WARM, "--output", str(out), "--dry-run"]) == 0
