@@ -128,14 +128,17 @@ def test_the_launch_command_says_a_bad_staged_run_in_one_line(argv, said, tmp_pa
 def tiny_warm_overrides() -> list[str]:
     """configs/quickstart_warm.yaml at a size of minutes: a few prompts and samples per stage, 2 SFT
     and 2 RL steps (the RL stage's own sizes are its stage overrides: SFT reads the same trainer keys)."""
-    from tests.support.tiny_launch import tiny_launch_overrides
-
-    rl = tiny_launch_overrides(steps=2, checkpoint_every=1, wait_timeout_s=300, max_runtime_s=600)
     return ["rft.limit=32", "rft.generation.sampling.samples_per_prompt=8",
             'stage_overrides.sft=["trainer.total_steps=2", "trainer.checkpoint_every=2"]', "sft.examples_per_step=4",
             "filter.limit=8", "filter.high=1.0", "filter.generation.sampling.samples_per_prompt=2",
-            f"stage_overrides.rl={json.dumps(rl)}", "evaluate.limit=4",
+            f"stage_overrides.rl={json.dumps(tiny_warm_overrides_rl())}", "evaluate.limit=4",
             "evaluate.generation.sampling.samples_per_prompt=2", "evaluate.ks=[1, 2]"]
+
+
+def tiny_warm_overrides_rl() -> list[str]:
+    from tests.support.tiny_launch import tiny_launch_overrides
+
+    return tiny_launch_overrides(steps=2, checkpoint_every=1, wait_timeout_s=300, max_runtime_s=600)
 
 
 def run_launch(output: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -182,3 +185,23 @@ def test_the_warm_recipe_runs_stage_by_stage_and_a_rerun_skips_what_is_done(tmp_
     for name in ("curate", "rft", "sft", "filter", "rl"):
         assert f"rlax launch: stage {name} already done" in again.stdout
     assert "rlax launch: stage evaluate done in" in again.stdout and (out / "eval" / "_SUCCESS").is_file()
+
+
+@pytest.mark.slow
+def test_a_reward_model_stage_pays_the_rl_stage(tmp_path):
+    """curate -> rft (pairs) -> rm -> rl at a tiny size: RL is paid by the model the rm stage made."""
+    from pipelines.runners import cached_prism_binary
+    from rlax_core.utils.metrics import read_metrics
+
+    if cached_prism_binary() is None:
+        pytest.skip("Prism not built: run `make setup`")
+    out = tmp_path / "learned"
+    done = run_launch(out, "stages=[curate, rft, rm, rl]", "stage_overrides={}", "rft.pairs_per_prompt=2",
+                      'stage_overrides.rm=["trainer.total_steps=2", "trainer.checkpoint_every=2"]',
+                      "rm.pairs_per_step=4", "loop.rewards.terms={reward_model: 1.0, story_word: 0.0}",
+                      "loop.rewards.reward_model={path: runs/x/reward_model, normalize: saved, max_length: 128}",
+                      f"stage_overrides.rl={json.dumps(tiny_warm_overrides_rl())}")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    assert (out / "rm" / "hf" / "step_00000002" / "reward_stats.json").is_file()
+    rows = read_metrics(out / "rl" / "loop")
+    assert [row["step"] for row in rows if "rollout/reward_model_mean" in row] == [0, 1]
