@@ -25,7 +25,8 @@ a batch job's ``_SUCCESS`` (``rlax_core.data.completion``), a trainer job's seal
 last step (state and data ledger together: ``rlax_core.training.checkpoint``) and, for sft and rm,
 their final export. An unfinished stage runs again: a batch job rewrites its folder, a trainer job
 resumes from its newest checkpoint. A stage whose input an earlier stage did not leave is refused in
-one line, before it starts. A recipe that names no stages (or ``rl`` alone) is the plain launch.
+one line, before it starts. A recipe that names no stages (or ``rl`` alone) is the plain launch. ``pipelines.launch.run_staged``
+is the command's entry to this module.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from rlax_core.config import ConfigError, InputError, require
+from rlax_core.config import InputError, require
 from rlax_core.utils.paths import is_remote
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ def run_stages(stages: Sequence[Stage], config: str, log_folder: Path, *, run_lo
 
     ``run_loop`` is ``pipelines.launch.launch`` (the rl stage); the other stages are their commands.
     """
-    from pipelines.quickstart_stages import run_step
+    from pipelines.lifeline import run_step
 
     seconds = {}
     log_folder.mkdir(parents=True, exist_ok=True)
@@ -246,31 +247,3 @@ def run_stages(stages: Sequence[Stage], config: str, log_folder: Path, *, run_lo
         seconds[stage.name] = round(time.monotonic() - started, 1)
         print(f"rlax launch: stage {stage.name} done in {seconds[stage.name]:.0f} s", flush=True)
     return seconds
-
-
-def launch_stages(args, beam_args: list[str], overrides: list[str], run_loop: Callable[..., dict]) -> int:
-    """``rlax launch`` of a staged recipe (``pipelines.launch.run``)."""
-    from pipelines.config import find_config, load_run_config
-    from pipelines.launch import log_dir
-    from pipelines.run_folder import claim
-
-    require(args.config is not None, "--config", "a staged run needs its recipe: give --config RECIPE")
-    if args.train_set:
-        raise ConfigError("--train-set", "a staged run trains on its own stages' prompts (curate, filter); "
-                          "drop --train-set, or name only the rl stage")
-    config = str(find_config(args.config).resolve())  # the stages' jobs may start in another folder
-    stages = plan(config, overrides)
-    if args.dry_run:
-        print("\n".join(describe(stages, args.config)))
-        return 0
-    run_config = load_run_config(config, overrides)
-    if not args.output:  # the command line's --output was claimed before the config loaded
-        claim(output_root(run_config), resume=args.resume, flag="run.output_dir")
-    seconds = run_stages(stages, config, log_dir(run_config), run_loop=run_loop, beam_args=beam_args,
-                         timeout_s=args.timeout_s, stop_grace_s=args.stop_grace_s,
-                         max_rollout_restarts=args.max_rollout_restarts)
-    print(f"rlax launch: every stage done ({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items()) or 'none ran'}).")
-    for stage in stages:
-        for what, path in stage.outputs:
-            print(f"  {stage.name:<9} {what:<14} {path}")
-    return 0
