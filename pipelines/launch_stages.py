@@ -21,12 +21,12 @@ stages take the recipe's ``beam:`` sections). The wiring (``OUTPUT``: ``run.outp
     evaluate  -> OUTPUT/eval           the base model, the SFT export and rl's final version side by side
 
 A stage is done once its marker exists, and a rerun (``--resume``) skips it with a line saying so:
-a batch job's ``_SUCCESS`` (``rlax_core.data.completion``), a trainer job's sealed checkpoint of its
-last step (state and data ledger together: ``rlax_core.training.checkpoint``) and, for sft and rm,
-their final export. An unfinished stage runs again: a batch job rewrites its folder, a trainer job
-resumes from its newest checkpoint. A stage whose input an earlier stage did not leave is refused in
-one line, before it starts. A recipe that names no stages (or ``rl`` alone) is the plain launch. ``pipelines.launch.run_staged``
-is the command's entry to this module.
+a batch job's ``_SUCCESS`` (``rlax_core.data.completion``), the rl stage's sealed checkpoint of its
+last step (state and data ledger together: ``rlax_core.training.checkpoint``), sft's and rm's final
+export (written after their last checkpoint). An unfinished stage runs again: a batch job rewrites
+its folder, a trainer job resumes from its newest checkpoint. A stage whose input an earlier stage
+did not leave is refused in one line, before it starts. A recipe that names no stages (or ``rl``
+alone) is the plain launch. ``pipelines.launch.run_staged`` is the command's entry to this module.
 """
 
 from __future__ import annotations
