@@ -10,6 +10,9 @@ the rollout side's: reward, pass rate, response length, staleness histogram, sta
 and train time, trainer idle fraction, tokens/s, mismatch KL. A process that dies early stops the
 other and fails the launch in one line: which job, the cause read from its log (``pipelines.failures``)
 and the log's path; so does ``--timeout-s``.
+
+A recipe that names ``stages`` (``curate -> rft -> sft -> filter -> rl -> evaluate``) runs them in
+order, each by its own job, this launch being the ``rl`` stage (``pipelines.launch_stages``).
 """
 
 from __future__ import annotations
@@ -190,7 +193,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="the run's folder (overrides run.output_dir); with --rehearse, where the "
                         "rehearsal's outputs go (local or gs://)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run already in the output folder (a folder holding files is refused otherwise)")
+                        help="continue the run already in the output folder (a folder holding files is refused "
+                             "otherwise); a staged recipe skips the stages already done")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print a staged recipe's plan (each stage's command, inputs and outputs) and run nothing")
     from pipelines.rehearse import add_arguments as add_rehearsal_arguments
 
     add_rehearsal_arguments(parser)
@@ -275,14 +281,16 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     # Before the config's imports (a minute on a busy machine): the output and input named on the command line.
     overrides = list(args.overrides)
     if args.output:
-        claim(args.output, resume=args.resume)
+        if not args.dry_run:  # a dry run writes nothing, not even the folder
+            claim(args.output, resume=args.resume)
         overrides.append(f"run.output_dir={args.output}")
     from pipelines.config import load_run_config
+    from pipelines.launch_stages import staged
 
-    stages = load_run_config(args.config, overrides).stages
-    # launch() is the rl stage of a staged run; the other stages are the quickstart's (pipelines.quickstart_stages)
-    require(stages in ((), ("rl",)), "stages", f"rlax launch runs the rl stage alone, and this recipe names "
-            f"{', '.join(stages)}: run its stages with rlax quickstart --config {args.config}")
+    if staged(load_run_config(args.config, overrides).stages):  # each stage its job; launch() is the rl stage
+        return run_staged(args, beam_args, overrides)
+    require(not args.dry_run, "--dry-run", "prints a staged recipe's plan, and this recipe names no stages: "
+            "rlax launch runs the trainer and the rollout stream in run.output_dir")
     if args.train_set:
         from pipelines.inputs import require_input  # Beam's file systems read local and gs:// alike
 
@@ -294,4 +302,35 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     print("rlax launch: done.")
     for name, path in where.items():
         print(f"  {name:<{width}}  {path}")
+    return 0
+
+
+def run_staged(args: argparse.Namespace, beam_args: list[str], overrides: list[str]) -> int:
+    """``rlax launch`` of a recipe that names stages (``pipelines.launch_stages``): the plan, printed
+    with ``--dry-run``, else run stage by stage, :func:`launch` the rl stage."""
+    from rlax_core.config import ConfigError, require
+    from pipelines.config import find_config, load_run_config
+    from pipelines.launch_stages import describe, output_root, plan, run_stages
+    from pipelines.run_folder import claim
+
+    require(args.config is not None, "--config", "a staged run needs its recipe: give --config RECIPE")
+    if args.train_set:
+        raise ConfigError("--train-set", "a staged run trains on its own stages' prompts (curate, filter); "
+                          "drop --train-set, or name only the rl stage")
+    config = str(find_config(args.config).resolve())  # the stages' jobs may start in another folder
+    stages = plan(config, overrides)
+    if args.dry_run:
+        print("\n".join(describe(stages, args.config)))
+        return 0
+    run_config = load_run_config(config, overrides)
+    if not args.output:  # the command line's --output was claimed before the config loaded
+        claim(output_root(run_config), resume=args.resume, flag="run.output_dir")
+    seconds = run_stages(stages, config, log_dir(run_config), run_loop=launch, beam_args=beam_args,
+                         timeout_s=args.timeout_s, stop_grace_s=args.stop_grace_s,
+                         max_rollout_restarts=args.max_rollout_restarts)
+    ran = ", ".join(f"{name} {s:.0f} s" for name, s in seconds.items()) or "none ran"
+    print(f"rlax launch: every stage done ({ran}).")
+    for stage in stages:
+        for what, path in stage.outputs:
+            print(f"  {stage.name:<9} {what:<14} {path}")
     return 0

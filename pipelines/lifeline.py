@@ -12,6 +12,8 @@ once, so that it cannot keep the lease alive after the owner. The job is not ask
 its last checkpoint as after any preemption without notice.
 
 :func:`die_with_parent` is the parent-death signal for a single program that holds no lease (Prism).
+:func:`run_step` runs one ``rlax`` command as such a job to its end, its progress logged, failing
+loudly (``rlax quickstart``'s steps, ``rlax launch``'s stages).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -138,3 +142,44 @@ def die_with_parent(parent_pid: int):
             os._exit(1)
 
     return preexec
+
+
+PROGRESS_EVERY_S = 15.0  # how often a running step reports
+
+
+def run_step(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None,
+             who: str = "quickstart") -> None:
+    """Run ``rlax ARGV`` as a job this process owns (each step is the real entry point); fail loudly.
+    ``who`` starts its log lines (``rlax quickstart``'s steps, ``rlax launch``'s stages).
+
+    Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
+    step samples), how many prompts the engine has sampled so far, read from the step's own log.
+    """
+    from pipelines.failures import JobFailed, job_failed
+
+    log.info("%s: %s (log: %s)", who, " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
+             log_path)
+    started = time.monotonic()
+    process = spawn_job(cli_command(argv), log_path)  # owned: the step dies with its launcher, however it dies
+    while True:
+        try:
+            code = process.wait(timeout=PROGRESS_EVERY_S)
+            break
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - started
+            if elapsed > timeout_s:
+                os.killpg(process.pid, signal.SIGKILL)  # the step and what it started
+                process.wait()
+                raise JobFailed(f"the rlax {argv[0]} job did not finish within {timeout_s:.0f} s; its log: {log_path}") from None
+            sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
+            log.info("%s: rlax %s running for %.0f s%s", who, argv[0], elapsed, sampled)
+    if code != 0:
+        raise job_failed(f"rlax {argv[0]}", code, log_path)
+
+
+# EngineHost.complete (rlax_core.rollout.host) logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
+_SAMPLED_BATCH = re.compile(rb": (\d+) prompt\(s\) x \d+ sample\(s\)")
+
+
+def prompts_sampled(log_path: Path) -> int:
+    return sum(int(n) for n in _SAMPLED_BATCH.findall(log_path.read_bytes()))

@@ -11,8 +11,8 @@ recipe, prompts, steps and seed, from the base model), keeps every weight versio
 scores every ``curve_every``-th one on the held-out prompts after training, so its report says how
 many RL steps each needed to reach the target pass@1 (evaluation costs no training time).
 
-The steps' shared helpers live here too: ``run_step`` (one ``rlax`` command as an owned process, its
-progress logged), the story task's ``curate`` and ``filter_prompts`` configs, and the held-out ``evaluate``.
+The steps' shared helpers live here too (``run_step``, one ``rlax`` command as an owned process with
+its progress logged, is ``pipelines.lifeline``'s): the story task's ``curate`` and ``filter_prompts`` configs, and the held-out ``evaluate``.
 """
 
 from __future__ import annotations
@@ -21,15 +21,13 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import re
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+
+from pipelines.lifeline import run_step
 
 log = logging.getLogger(__name__)
 
@@ -37,47 +35,9 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 
 HELDOUT_SAMPLES = 8
 TARGET_PASS_AT_1 = 0.25  # the held-out pass@1 the benchmarks (and the warm report) count steps to
-PROGRESS_EVERY_S = 15.0  # how often a running step reports
 FILTER_TIMEOUT_S = 300.0  # the quickstart's budget is 10 minutes: past this, train on the curated prompts
 RM_EPOCHS = 2  # passes of rlax rm over the pairs (tests/training/test_reward_model_story.py: 0.85+ held out)
 RM_LEARNING_RATE = 3e-3  # a reward model from stories260K: the rate that test measured
-
-
-def run_step(argv: list[str], log_path: Path, timeout_s: float = 1800, prompts: int | None = None) -> None:
-    """Run ``rlax ARGV`` as its own process (each step is the real entry point); fail loudly.
-
-    Every ``PROGRESS_EVERY_S`` it logs how long the step has run and, given ``prompts`` (the most the
-    step samples), how many prompts the engine has sampled so far, read from the step's own log.
-    """
-    from pipelines.failures import JobFailed, job_failed
-    from pipelines.lifeline import cli_command, spawn_job
-
-    log.info("quickstart: %s (log: %s)", " ".join(argv[:1] + [a for a in argv[1:] if not a.startswith("/")][:6]),
-             log_path)
-    started = time.monotonic()
-    process = spawn_job(cli_command(argv), log_path)  # owned: the step dies with the quickstart, however it dies
-    while True:
-        try:
-            code = process.wait(timeout=PROGRESS_EVERY_S)
-            break
-        except subprocess.TimeoutExpired:
-            elapsed = time.monotonic() - started
-            if elapsed > timeout_s:
-                os.killpg(process.pid, signal.SIGKILL)  # the step and what it started
-                process.wait()
-                raise JobFailed(f"the rlax {argv[0]} job did not finish within {timeout_s:.0f} s; its log: {log_path}") from None
-            sampled = "" if prompts is None else f", {prompts_sampled(log_path)} of {prompts} prompts sampled"
-            log.info("quickstart: rlax %s running for %.0f s%s", argv[0], elapsed, sampled)
-    if code != 0:
-        raise job_failed(f"rlax {argv[0]}", code, log_path)
-
-
-# EngineHost.complete (rlax_core.rollout.host) logs one line per engine batch: "MODEL: N prompt(s) x K sample(s), ..."
-_SAMPLED_BATCH = re.compile(rb": (\d+) prompt\(s\) x \d+ sample\(s\)")
-
-
-def prompts_sampled(log_path: Path) -> int:
-    return sum(int(n) for n in _SAMPLED_BATCH.findall(log_path.read_bytes()))
 
 
 def stop_token_ids(tokenizer) -> list[int]:

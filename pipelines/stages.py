@@ -6,13 +6,15 @@
         - trainer.total_steps=40
         - trainer.optimizer.learning_rate=1.0e-3
 
-A stage is a real entry point in its own process, run in the listed order by ``rlax quickstart``
-(``pipelines.quickstart``: each stage's runner there calls ``rlax curate``, ``rlax rft``, ``rlax
-sft``, ``rlax filter`` or ``rlax launch``; ``rm`` runs ``rlax rft`` for preference pairs, then
-``rlax rm``, and the ``reward_model`` term reads the model it makes); ``stage_overrides`` are dotted overrides that only that
-stage's job takes (the SFT job reads the same ``trainer:`` section as the RL trainer, so its steps and
-learning rate are set here). A recipe that names no stages runs the quickstart's own
-``curate -> filter -> rl -> evaluate``.
+A stage is a real entry point in its own process, run in the listed order by ``rlax launch`` for any
+recipe (``pipelines.launch_stages``: each stage's job on the recipe's sections, wired to the next) and
+by ``rlax quickstart`` for the story task (``pipelines.quickstart``: each stage's runner there calls
+``rlax curate``, ``rlax rft``, ``rlax sft``, ``rlax filter`` or ``rlax launch``; ``rm`` runs ``rlax
+rft`` for preference pairs, then ``rlax rm``, and the ``reward_model`` term reads the model it
+makes); ``stage_overrides`` are dotted overrides that only that stage's job takes (the SFT job reads
+the same ``trainer:`` section as the RL trainer, so its steps and learning rate are set here). A
+recipe that names no stages runs the quickstart's own ``curate -> filter -> rl -> evaluate`` (and
+``rlax launch``'s trainer and rollout stream alone).
 
 With ``sft`` among the stages the run is warm-started: the policy every later stage samples (the
 filter) and trains (``rl``) is the SFT job's final Hugging Face export, not ``model.path``. So an

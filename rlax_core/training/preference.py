@@ -5,7 +5,8 @@ Per pair, with ``pi`` the policy's and ``ref`` the reference's log-probability o
 
     sigmoid   l = -(1 - ls) log sigmoid(beta z) - ls log sigmoid(-beta z)       (DPO; cDPO with ls > 0)
     ipo       l = (z - 1 / (2 beta)) ** 2
-    rewards   beta (pi_c - ref_c), beta (pi_r - ref_r); margin their difference; accuracy c > r
+    rewards   beta (pi_c - ref_c), beta (pi_r - ref_r) of the summed log-probs (IPO too, as TRL logs
+              them); margin their difference; accuracy c > r
 
 The loss is the mean over pairs, plus ``sft_coef`` times the chosen completions' token-mean NLL.
 
@@ -79,8 +80,11 @@ def batch_loss(policy_totals, ref_totals, lengths, group_ids, chosen, sample_mas
     per_pair, complete = pairs_of(group_ids, chosen, sample_mask)
     scale = 1.0 / jnp.maximum(lengths, 1.0) if loss == "ipo" else 1.0  # IPO compares mean log-probs, as TRL does
     (pc, pr), (rc, rr) = per_pair(policy_totals * scale), per_pair(ref_totals * scale)
-    losses, chosen_rewards, rejected_rewards = pair_losses(pc, pr, rc, rr, loss=loss, beta=beta,
-                                                           label_smoothing=label_smoothing)
+    losses, _, _ = pair_losses(pc, pr, rc, rr, loss=loss, beta=beta, label_smoothing=label_smoothing)
+    # The rewards are the implicit reward of the whole completion, whichever the loss (IPO's are not
+    # per token): as TRL's DPOTrainer logs them (tests/training/test_dpo_trl.py)
+    (pc, pr), (rc, rr) = per_pair(policy_totals), per_pair(ref_totals)
+    chosen_rewards, rejected_rewards = beta * (pc - rc), beta * (pr - rr)
     pairs = jnp.maximum(jnp.sum(complete), 1)
     mean = lambda x: jnp.sum(jnp.where(complete, x, 0.0)) / pairs  # noqa: E731
     total = mean(losses)

@@ -24,7 +24,8 @@ MODEL = toy_config()
 
 
 def numpy_dpo(pc, pr, rc, rr, lc, lr, *, loss, beta, ls, sft_coef):
-    """The loss, d loss / d (pc, pr), and the metrics, by hand."""
+    """The loss, d loss / d (pc, pr), and the metrics, by hand (the rewards: of the summed log-probs)."""
+    cr, rj = beta * (pc - rc), beta * (pr - rr)
     if loss == "ipo":
         pc, pr, rc, rr = pc / lc, pr / lr, rc / lc, rr / lr
     z = (pc - pr) - (rc - rr)
@@ -43,7 +44,6 @@ def numpy_dpo(pc, pr, rc, rr, lc, lr, *, loss, beta, ls, sft_coef):
     if sft_coef:
         total += sft_coef * -(pc * (lc if loss == "ipo" else 1)).sum() / lc.sum()
         d_pc = d_pc - sft_coef / lc.sum()
-    cr, rj = beta * (pc - rc), beta * (pr - rr)
     metrics = {"rewards_chosen": cr.mean(), "rewards_rejected": rj.mean(), "rewards_margin": (cr - rj).mean(),
                "rewards_accuracy": (cr > rj).mean()}
     return total, d_pc, d_pr, metrics
