@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import PurePosixPath
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Sequence
 
 from rlax_core.config import require
 
@@ -20,6 +20,7 @@ AttentionImpl = Literal["auto", "pallas", "window", "reference"]
 LoraMode = Literal["auto", "merged", "on_the_fly"]
 Admission = Literal["on_demand", "reserve"]
 OnNewVersion = Literal["continue", "recompute", "drain"]
+Preemption = Literal["auto", "recompute", "swap"]
 WeightDtype = Literal["bfloat16", "int8", "fp8"]
 CacheDtype = Literal["float32", "bfloat16", "int8", "fp8"]
 EIGHT_BIT = ("int8", "fp8")
@@ -82,6 +83,21 @@ class EngineConfig:
       pool runs out the engine preempts the most recently queued running sequence (its pages freed,
       its prompt and tokens so far recomputed when it resumes; outputs unchanged). "reserve": its
       whole budget (prompt + max_new_tokens, or an episode's tokens) up front, nothing preempted.
+    preemption: how a preempted sequence's cache comes back (``preemption``). "recompute": its prompt
+      and tokens so far are computed again into new pages; "swap": its pages (eight-bit pages with
+      their scales) are copied to host memory and written back bit for bit into new pages, so its
+      later tokens and log-probs are exactly those of a run without preemption. Recomputed keys can
+      differ from the decoded ones in the last bits (another summation order), which eight-bit pages
+      can round to another step; full-width pages carry it to the log-probs (~1e-6), where a draw
+      within that of a token boundary picks the neighbour. "auto": "swap" for eight-bit caches,
+      "recompute" otherwise (it holds no host copies).
+    batch_invariant: every prefill and continuation call runs at one compiled batch size
+      (``prefill_batch``, padding rows) with rows of one length bucket, so a prompt's keys, log-probs
+      and tokens do not depend on which prompts were admitted with it. XLA:CPU's matrix products
+      block by the number of rows, so a prompt prefilled in a batch of 4 differs from the same prompt
+      alone in the last bits, and a sampled token whose draw lies that close to a boundary (about one
+      in 10^4 at temperature 1) parts. Off: calls run at the smallest power-of-two batch that holds
+      their prompts (less padding).
     on_new_version: what ``update_weights`` does to running sequences. "continue": the new version is
       installed before the next decode call and they go on under it (their cache from the old one);
       "recompute": their prompts and tokens so far are recomputed under it first; "drain": admission
@@ -106,11 +122,14 @@ class EngineConfig:
     lora_mode: LoraMode = "auto"
     admission: Admission = "on_demand"
     on_new_version: OnNewVersion = "continue"
+    preemption: Preemption = "auto"
+    batch_invariant: bool = False
 
     def __post_init__(self):
         require(self.admission in ("on_demand", "reserve"), "admission", "must be on_demand or reserve")
         require(self.on_new_version in ("continue", "recompute", "drain"), "on_new_version",
                 "must be continue, recompute or drain")
+        require(self.preemption in ("auto", "recompute", "swap"), "preemption", "must be auto, recompute or swap")
         require(self.lora_mode in ("auto", "merged", "on_the_fly"), "lora_mode",
                 "must be auto, merged or on_the_fly")
         require(self.weight_dtype in ("bfloat16", *EIGHT_BIT), "weight_dtype", "must be bfloat16, int8 or fp8")
@@ -149,6 +168,11 @@ class EngineConfig:
         return self.weight_dtype in EIGHT_BIT or self.cache_dtype in EIGHT_BIT
 
     @property
+    def swaps_preempted(self) -> bool:
+        """Whether a preempted sequence's pages go to host memory and back (else it is recomputed)."""
+        return self.preemption == "swap" or self.preemption == "auto" and self.cache_dtype in EIGHT_BIT
+
+    @property
     def chips_per_replica(self) -> int:
         """Devices one replica spans: tensor_parallel x expert_parallel."""
         return self.tensor_parallel * self.expert_parallel
@@ -164,7 +188,10 @@ class EngineConfig:
 
     @property
     def prefill_batch_sizes(self) -> tuple[int, ...]:
-        """The batch sizes prefill compiles for: powers of two up to ``prefill_batch``."""
+        """The batch sizes prefill compiles for: powers of two up to ``prefill_batch``; batch-invariant,
+        ``prefill_batch`` alone."""
+        if self.batch_invariant:
+            return (self.prefill_batch,)
         sizes, size = [], 1
         while size < self.prefill_batch:
             sizes.append(size)
@@ -175,6 +202,23 @@ class EngineConfig:
     def pages_per_sequence(self) -> int:
         """Page-table width: pages of the longest sequence the engine accepts."""
         return -(-self.max_seq_len // self.page_size)
+
+    def prefill_calls(self, lengths: Sequence[int]) -> list[tuple[list[int], int, int]]:
+        """Rows of ``lengths`` tokens each, split into prefill (or continuation) calls: (row indices,
+        compiled batch, length bucket) per call, in row order, at most ``prefill_batch`` rows a call.
+        Batch-invariant, a call holds rows of one bucket at the one compiled batch size, so a row's
+        call shape is its own length's, whatever rows come with it."""
+        if not self.batch_invariant:
+            groups = [list(range(start, min(start + self.prefill_batch, len(lengths))))
+                      for start in range(0, len(lengths), self.prefill_batch)]
+        else:
+            by_bucket: dict[int, list[int]] = {}
+            for row, length in enumerate(lengths):
+                by_bucket.setdefault(self.bucket_for(length), []).append(row)
+            groups = [rows[start:start + self.prefill_batch] for rows in by_bucket.values()
+                      for start in range(0, len(rows), self.prefill_batch)]
+        return [(rows, next(b for b in self.prefill_batch_sizes if b >= len(rows)),
+                 self.bucket_for(max(lengths[row] for row in rows))) for rows in groups]
 
     def bucket_for(self, prompt_len: int) -> int:
         """The padded prefill length of a prompt of ``prompt_len`` tokens."""
