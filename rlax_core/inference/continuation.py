@@ -102,7 +102,7 @@ def feed_uncached(sequences: list[SequenceState], config: EngineConfig, extend: 
         if not rows:
             return
         spans = [(pending[id(seq)], min(pending[id(seq)] + chunk, seq.length - 1)) for seq in rows]
-        for indices, batch, length in config.prefill_calls([end - begin for begin, end in spans]):
+        for indices, batch, length in config.prefill_calls([end - begin for begin, end in spans], continuation=True):
             group = [(rows[i], spans[i]) for i in indices]
             tokens = np.zeros((batch, length), np.int32)
             positions = np.full((batch, length), -1, np.int32)

@@ -14,11 +14,10 @@ to a power of two, or to one size with ``batch_invariant``), all but their last 
 request: the other samples of a request admitted with it point at its full prompt pages and copy its
 partial last one. Before each decode call every running sequence takes the pages the call may
 write; when the pool runs out, the running sequence queued last is preempted (its pages freed,
-itself back at the head of the queue), and it resumes with its pages swapped back from host memory
-or its prompt and tokens so far recomputed (``preemption``). Its keys depend only on its seed,
-prompt id, sample index and token index, so a swapped sequence's tokens and log-probs are bit for
-bit those of a run without preemption; a recomputed one's log-probs agree within rounding, and its
-tokens too unless a draw lies within rounding of a token boundary (``EngineConfig.preemption``).
+itself back at the head of the queue); it resumes with its pages swapped back from host memory or
+recomputed (``preemption``). Its keys depend only on its seed, prompt id, sample index and token
+index: swapped, its tokens and log-probs are bit for bit those without preemption; recomputed, its
+log-probs agree within rounding, and its tokens unless a draw lies that close to a boundary.
 Then one compiled call decodes ``decode_steps_per_call`` tokens for all slots in a
 ``lax.while_loop`` (no Python per token); its first step for a new sample runs the last prompt
 token and samples the first new one. Control returns to Python, which retires finished sequences,
@@ -50,9 +49,8 @@ under new weights) records the recomputation's experts: those the cache that lat
 
 Numerics: see ``sampling`` for the keys (per seed, prompt id, sample index, token index) and for
 the log-probs (float32 log_softmax of the raw logits, i.e. the untempered, unfiltered policy). A
-sample's numbers do not depend on the slot or on the sequences decoding beside it (the decode
-batch is always ``num_slots``); on the prompts prefilled with it they do in the last bits unless
-``EngineConfig.batch_invariant`` (there, a sample made alone is bit for bit the one made in a crowd).
+sample's numbers do not depend on its slot or its decode batch; on the prompts prefilled with it
+they do in the last bits, unless ``EngineConfig.batch_invariant`` (then bit for bit its own).
 """
 
 from __future__ import annotations
@@ -194,7 +192,7 @@ class Engine:
         bucket, and one decode per window width and mode; with ``episodes``, pages on demand or
         recomputed swaps, also the continuation that feeds tokens into pages that hold a sequence's
         earlier ones (an episode's next turn, a preempted sequence's resumption), per (batch
-        bucket, length bucket). Call it when a worker starts so that no request pays for a
+        bucket, length bucket), and with swapped preemptions the swap's read and write. Call it when a worker starts so that no request pays for a
         compilation: afterwards nothing compiles, whatever lengths, fills, turns and sampling settings
         arrive. It runs each program on an idle batch, which writes only the sink page.
         """
@@ -210,7 +208,7 @@ class Engine:
             sink = np.zeros((config.num_slots, pages), np.int32)
             self._cache = self._copy_pages(self._cache, sink, sink)
         if episodes or config.admission == "on_demand" or config.on_new_version == "recompute":
-            for batch in config.prefill_batch_sizes:
+            for batch in config.continuation_batch_sizes:
                 for length in config.prefill_buckets:  # rows of padding only, written to the sink page
                     self._extend_pages(np.zeros((batch, length), np.int32), np.full((batch, length), -1, np.int32),
                                        np.zeros((batch, config.pages_per_sequence), np.int32))
@@ -447,8 +445,9 @@ class Engine:
     def _preempt(self, slot: int, seq: SequenceState, counter: str = "preemptions") -> None:
         """Free ``seq``'s slot and pages and queue it to resume ahead of every new sample, in order."""
         self._batch.vacate(slot)
-        with timed(self.clock, "swap", lambda: None):  # the pages' host copies, read synchronously
-            preemption.leave(self._cache, seq, self.config, swap=self.config.swaps_preempted and counter == "preemptions")
+        swap = self.config.swaps_preempted and counter == "preemptions"
+        with timed(self.clock if swap else None, "swap", lambda: None):  # host copies, read synchronously
+            preemption.leave(self._cache, seq, self.config, swap)
         self.pages.release(seq)
         index = 0
         while index < len(self._queue) and self._queue[index].version >= 0 and self._queue[index].order < seq.order:
@@ -492,6 +491,8 @@ class Engine:
             return  # drained: the sequences in flight, preempted ones too, finish on their version
         (self._params, self._version), self._pending_weights = self._pending_weights, None
         self.stats["weight_swaps"] += 1
+        if mode == "recompute":  # preempted sequences' swapped pages hold the old version's keys
+            preemption.forget(self._queue)
         for slot, seq in self._batch.running():
             if mode == "recompute":
                 self._preempt(slot, seq, counter="recomputed")  # resumes at once, its cache recomputed

@@ -14,7 +14,8 @@ new pages, and they must hold what the old ones held:
   ``pages_per_sequence`` pages, the pages it does not fill padded with the sink page: one compiled
   shape each, compiled at warm-up. Host memory holds a preempted sequence's pages until it resumes.
 
-A recomputing weight swap (``on_new_version: recompute``) always recomputes: its point is new keys.
+A recomputing weight swap (``on_new_version: recompute``) always recomputes, the running sequences
+and those swapped out alike: its point is keys of the new version.
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ def restore(cache: KVCache, seq: SequenceState, config: EngineConfig, mesh=None)
     cache = write_pages_back(cache, _page_list(config, held), seq.swapped, mesh=mesh)
     seq.swapped = None
     return cache
+
+
+def forget(sequences) -> None:
+    """Drop the host copies of these queued sequences: they resume by recomputation (new weights)."""
+    for seq in sequences:
+        if seq.swapped is not None:
+            seq.swapped, seq.cached = None, 0
 
 
 def warm_up(cache: KVCache, config: EngineConfig, mesh=None) -> KVCache:

@@ -39,7 +39,11 @@ def test_batch_invariant_calls_hold_one_bucket_at_one_batch_size():
     assert config.prefill_batch_sizes == (2,)
     # Rows of 3, 20, 5, 9 and 7 tokens: buckets 8, 32, 8, 16, 8, grouped by bucket in row order.
     assert config.prefill_calls([3, 20, 5, 9, 7]) == [([0, 2], 2, 8), ([4], 2, 8), ([1], 2, 32), ([3], 2, 16)]
+    # Continuations (a turn, a recomputed preemption) run one sequence a call: no long padded rows.
+    assert config.continuation_batch_sizes == (1,)
+    assert config.prefill_calls([3, 20], continuation=True) == [([0], 1, 8), ([1], 1, 32)]
     varying = dataclasses.replace(config, batch_invariant=False)
+    assert varying.continuation_batch_sizes == varying.prefill_batch_sizes
     assert varying.prefill_batch_sizes == (1, 2)
     assert varying.prefill_calls([3, 20, 5, 9, 7]) == [([0, 1], 2, 32), ([2, 3], 2, 16), ([4], 1, 8)]
 
