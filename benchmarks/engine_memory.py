@@ -20,8 +20,13 @@ for compilation), ``--repeats`` times interleaved (a slow moment of the machine 
 side's best run counts. One more run per side synchronizes after every compiled call to split its
 time between prefill (prompts and preempted samples' recomputation) and decode
 (``seconds_split``; that run's time is not the tokens/s one). ``tokens_identical``: every token of every
-sample equal in both and in a run on a pool that holds every sample's budget. The JSON carries the
-machine's load average before and after.
+sample equal in both and in a run on a pool that holds every sample's budget. The pools admit
+different prompts together, so the engines run ``batch_invariant`` (one compiled prefill batch, one
+decode window width): otherwise a prompt's keys depend on its prefill batch in the last bits, and one
+sampled token in about 10^4 parts (docs/inference.md). ``--preemption swap`` (the default) copies a
+preempted sample's pages to host memory and back, bit for bit; ``recompute`` computes them again,
+which keeps its tokens unless a draw falls within rounding of a boundary. The time split has a
+``swap`` phase when pages were swapped. The JSON carries the machine's load average before and after.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from rlax_core.tasks.story import story_examples  # noqa: E402
 
 MODEL = REPO / "pipelines" / "assets" / "stories260K"
 PROMPT_TOKENS = 16
+RESUME_CHUNK = 256
 
 
 def workload(tokenizer, prompts: int, samples: int, budget: int, long_every: int, stop: str) -> list[Request]:
@@ -67,9 +73,12 @@ def workload(tokenizer, prompts: int, samples: int, budget: int, long_every: int
 
 
 def resume_buckets(longest: int) -> tuple[int, ...]:
-    """The prompts' bucket and powers of 4 up to the longest sample a preempted one recomputes."""
+    """The prompts' bucket and powers of 4 up to the longest sample a preempted one recomputes, at
+    most ``RESUME_CHUNK``: a longer history is recomputed in chunks of the largest bucket
+    (``continuation.feed_uncached``). A bucket as long as the budget (4096 tokens for 1,040) made
+    warm-up compile a continuation of every slot at that length, 25.8 GB on XLA:CPU."""
     buckets = [PROMPT_TOKENS]
-    while buckets[-1] < longest:
+    while buckets[-1] < min(longest, RESUME_CHUNK):
         buckets.append(buckets[-1] * 4)
     return tuple(buckets)
 
@@ -92,6 +101,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--pool-budgets", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--preemption", choices=("swap", "recompute"), default="swap")
     args = parser.parse_args(argv)
 
     load_before = os.getloadavg()
@@ -102,7 +112,8 @@ def main(argv=None) -> dict:
     # Buckets past the prompts' for a resumed sample: it recomputes its prompt and tokens so far.
     small = EngineConfig(num_slots=args.slots, page_size=page_size, max_prompt_len=PROMPT_TOKENS,
                          max_new_tokens=args.budget, prefill_buckets=resume_buckets(PROMPT_TOKENS + args.budget),
-                         decode_steps_per_call=16, attention_impl="window",
+                         decode_steps_per_call=16, attention_impl="window", batch_invariant=True,
+                         preemption=args.preemption,
                          num_pages=args.pool_budgets * budget_pages + 1)
     big = dataclasses.replace(small, num_pages=args.slots * budget_pages + 1)
     engines = {admission: Engine(dataclasses.replace(small, admission=admission), model.config, model.params)
@@ -131,8 +142,10 @@ def main(argv=None) -> dict:
         sides[name]["seconds_split"] = {phase: {"seconds": seconds, "share": seconds / total}
                                         for phase, seconds in clock.seconds.items()}
     tokens = lambda completions: [c.completion_ids for c in completions]
+    logprobs = lambda completions: [c.logprobs for c in completions]
     lengths = sorted(len(c.completion_ids) for c in reference)
     out = {"benchmark": "engine_memory", "model": "stories260K", "dtype": "float32", "slots": args.slots,
+           "preemption": args.preemption, "batch_invariant": small.batch_invariant,
            "pool_pages": small.num_pages - 1, "budget_pages": budget_pages, "samples": len(reference),
            "completion_tokens": {"mean": sum(lengths) / len(lengths), "median": lengths[len(lengths) // 2],
                                  "max": lengths[-1]},
@@ -140,6 +153,7 @@ def main(argv=None) -> dict:
            "running_ratio": sides["on_demand"]["mean_running"] / sides["reserve"]["mean_running"],
            "tokens_per_s_ratio": sides["on_demand"]["tokens_per_s"] / sides["reserve"]["tokens_per_s"],
            "tokens_identical": tokens(best["reserve"][1]) == tokens(best["on_demand"][1]) == tokens(reference),
+           "logprobs_identical": logprobs(best["reserve"][1]) == logprobs(best["on_demand"][1]) == logprobs(reference),
            "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     print(json.dumps(out, indent=1))
     return out

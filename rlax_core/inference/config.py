@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import PurePosixPath
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Sequence
 
 from rlax_core.config import require
 
@@ -20,6 +20,7 @@ AttentionImpl = Literal["auto", "pallas", "window", "reference"]
 LoraMode = Literal["auto", "merged", "on_the_fly"]
 Admission = Literal["on_demand", "reserve"]
 OnNewVersion = Literal["continue", "recompute", "drain"]
+Preemption = Literal["auto", "recompute", "swap"]
 WeightDtype = Literal["bfloat16", "int8", "fp8"]
 CacheDtype = Literal["float32", "bfloat16", "int8", "fp8"]
 EIGHT_BIT = ("int8", "fp8")
@@ -80,8 +81,27 @@ class EngineConfig:
     admission: how a sequence takes pages (``pages``). "on_demand": its prompt's pages plus one
       decode call's look-ahead when admitted, a page more as it crosses each page boundary; when the
       pool runs out the engine preempts the most recently queued running sequence (its pages freed,
-      its prompt and tokens so far recomputed when it resumes; outputs unchanged). "reserve": its
+      and swapped back or recomputed when it resumes: ``preemption``). "reserve": its
       whole budget (prompt + max_new_tokens, or an episode's tokens) up front, nothing preempted.
+    preemption: how a preempted sequence's cache comes back (``preemption``). "recompute": its prompt
+      and tokens so far are computed again into new pages; "swap": its pages (eight-bit pages with
+      their scales) are copied to host memory and written back bit for bit into new pages, so its
+      later tokens and log-probs are exactly those of a run without preemption. Recomputed keys can
+      differ from the decoded ones in the last bits (another summation order), which eight-bit pages
+      can round to another step; full-width pages carry it to the log-probs (~1e-6), where a draw
+      within that of a token boundary picks the neighbour. "auto": "swap" for eight-bit caches,
+      "recompute" otherwise (it holds no host copies).
+    batch_invariant: a sample's numbers, bit for bit, do not depend on the sequences computed with
+      it. Prompts are prefilled at one compiled batch size (``prefill_batch``, rows padded), a call
+      holding prompts of one length bucket; continuations (an episode's turn, a recomputed
+      preemption) run one sequence a call; the CPU's decode window runs at one width, the longest
+      sequence's. Without it, XLA:CPU's matrix products, blocked by their number of rows, give a
+      prompt prefilled beside three others keys that differ from its keys alone in the last bits
+      (1.5e-5 for stories260K), its log-probs follow, and a sampled token whose draw lies that close
+      to a token boundary parts (rarely: once in thousands of tokens at temperature 1). Off by
+      default: calls run at the smallest power-of-two batch that holds their rows and the window at
+      the width the running sequences need, so no call pays for padding (a lone long prompt padded to
+      the prefill batch costs that batch's prefill). docs/inference.md has the measured costs.
     on_new_version: what ``update_weights`` does to running sequences. "continue": the new version is
       installed before the next decode call and they go on under it (their cache from the old one);
       "recompute": their prompts and tokens so far are recomputed under it first; "drain": admission
@@ -106,11 +126,14 @@ class EngineConfig:
     lora_mode: LoraMode = "auto"
     admission: Admission = "on_demand"
     on_new_version: OnNewVersion = "continue"
+    preemption: Preemption = "auto"
+    batch_invariant: bool = False
 
     def __post_init__(self):
         require(self.admission in ("on_demand", "reserve"), "admission", "must be on_demand or reserve")
         require(self.on_new_version in ("continue", "recompute", "drain"), "on_new_version",
                 "must be continue, recompute or drain")
+        require(self.preemption in ("auto", "recompute", "swap"), "preemption", "must be auto, recompute or swap")
         require(self.lora_mode in ("auto", "merged", "on_the_fly"), "lora_mode",
                 "must be auto, merged or on_the_fly")
         require(self.weight_dtype in ("bfloat16", *EIGHT_BIT), "weight_dtype", "must be bfloat16, int8 or fp8")
@@ -149,6 +172,11 @@ class EngineConfig:
         return self.weight_dtype in EIGHT_BIT or self.cache_dtype in EIGHT_BIT
 
     @property
+    def swaps_preempted(self) -> bool:
+        """Whether a preempted sequence's pages go to host memory and back (else it is recomputed)."""
+        return self.preemption == "swap" or self.preemption == "auto" and self.cache_dtype in EIGHT_BIT
+
+    @property
     def chips_per_replica(self) -> int:
         """Devices one replica spans: tensor_parallel x expert_parallel."""
         return self.tensor_parallel * self.expert_parallel
@@ -164,7 +192,10 @@ class EngineConfig:
 
     @property
     def prefill_batch_sizes(self) -> tuple[int, ...]:
-        """The batch sizes prefill compiles for: powers of two up to ``prefill_batch``."""
+        """The batch sizes prefill compiles for: powers of two up to ``prefill_batch``; batch-invariant,
+        ``prefill_batch`` alone."""
+        if self.batch_invariant:
+            return (self.prefill_batch,)
         sizes, size = [], 1
         while size < self.prefill_batch:
             sizes.append(size)
@@ -175,6 +206,32 @@ class EngineConfig:
     def pages_per_sequence(self) -> int:
         """Page-table width: pages of the longest sequence the engine accepts."""
         return -(-self.max_seq_len // self.page_size)
+
+    @property
+    def continuation_batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes a continuation (``continuation.extend``: an episode's turn, a recomputed
+        preemption) compiles for: as prefill's; batch-invariant, one row a call. Its rows are few and
+        long (up to the largest bucket, attending over whole sequences), so padding them to a prefill
+        batch would cost far more than the calls it saves (4x the run on ``engine_memory.py``)."""
+        return (1,) if self.batch_invariant else self.prefill_batch_sizes
+
+    def prefill_calls(self, lengths: Sequence[int], continuation: bool = False) -> list[tuple[list[int], int, int]]:
+        """Rows of ``lengths`` tokens each, split into prefill (or ``continuation``) calls: (row
+        indices, compiled batch, length bucket) per call, in row order, at most the largest batch size
+        rows a call. Batch-invariant, a call holds rows of one bucket at the one compiled batch size,
+        so a row's call shape is its own length's, whatever rows come with it."""
+        sizes = self.continuation_batch_sizes if continuation else self.prefill_batch_sizes
+        if not self.batch_invariant:
+            groups = [list(range(start, min(start + sizes[-1], len(lengths))))
+                      for start in range(0, len(lengths), sizes[-1])]
+        else:
+            by_bucket: dict[int, list[int]] = {}
+            for row, length in enumerate(lengths):
+                by_bucket.setdefault(self.bucket_for(length), []).append(row)
+            groups = [rows[start:start + sizes[-1]] for rows in by_bucket.values()
+                      for start in range(0, len(rows), sizes[-1])]
+        return [(rows, next(b for b in sizes if b >= len(rows)), self.bucket_for(max(lengths[row] for row in rows)))
+                for rows in groups]
 
     def bucket_for(self, prompt_len: int) -> int:
         """The padded prefill length of a prompt of ``prompt_len`` tokens."""

@@ -28,9 +28,8 @@ import numpy as np
 
 from rlax_core.inference.config import EngineConfig
 from rlax_core.inference.kv_cache import KVCache, dequantize_tokens, gather_pages, write_layer
-from rlax_core.inference.programs import token_major
+from rlax_core.inference.programs import pin_kv_sharding, token_major
 from rlax_core.inference.sequences import SequenceState
-from rlax_core.inference.sharding import kv_pool_sharding
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.transformer import forward_with_cache
 
@@ -82,11 +81,7 @@ def extend(params, cache: KVCache, tokens, positions, page_table, *, model_confi
                                             last_token_only=True, with_routing=model_config.moe is not None,
                                             mesh=mesh)
     routed = token_major(routing[0].expert_ids) if routing else None
-    if mesh is None:
-        return cache, routed
-    # A tensor-parallel replica's cache keeps its KV-head sharding through the donation (as ``programs``).
-    pin = lambda pool: jax.lax.with_sharding_constraint(pool, kv_pool_sharding(pool.shape, mesh))
-    return jax.tree.map(pin, cache), routed
+    return pin_kv_sharding(cache, mesh), routed
 
 
 # Feeds tokens [B, T] at positions [B, T] (-1: padding) into the pages of page table [B, P]
@@ -98,30 +93,28 @@ Extend = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray | None]
 def feed_uncached(sequences: list[SequenceState], config: EngineConfig, extend: Extend) -> None:
     """Compute each sequence's tokens from ``cached`` up to, not including, its last (which the
     decode loop feeds) into its pages, in calls of at most one prefill batch and the largest prefill
-    bucket: a long history takes several. A mixture of experts' sequences record the experts each
-    computed position ran (``SequenceState.record_routing``), over what an earlier computation recorded."""
+    bucket (``EngineConfig.prefill_calls``): a long history takes several. A mixture of experts'
+    sequences record the experts each computed position ran (``SequenceState.record_routing``), over what an earlier computation recorded."""
     chunk = config.prefill_buckets[-1]
     pending = {id(seq): seq.cached for seq in sequences}
     while True:
         rows = [seq for seq in sequences if pending[id(seq)] < seq.length - 1]
         if not rows:
             return
-        for start in range(0, len(rows), config.prefill_batch):
-            group = rows[start:start + config.prefill_batch]
-            batch = next(b for b in config.prefill_batch_sizes if b >= len(group))
-            spans = [(pending[id(seq)], min(pending[id(seq)] + chunk, seq.length - 1)) for seq in group]
-            length = config.bucket_for(max(end - begin for begin, end in spans))
+        spans = [(pending[id(seq)], min(pending[id(seq)] + chunk, seq.length - 1)) for seq in rows]
+        for indices, batch, length in config.prefill_calls([end - begin for begin, end in spans], continuation=True):
+            group = [(rows[i], spans[i]) for i in indices]
             tokens = np.zeros((batch, length), np.int32)
             positions = np.full((batch, length), -1, np.int32)
             page_table = np.zeros((batch, config.pages_per_sequence), np.int32)
-            for row, (seq, (begin, end)) in enumerate(zip(group, spans)):
+            for row, (seq, (begin, end)) in enumerate(group):
                 tokens[row, :end - begin] = seq.fed_tokens(begin, end)
                 positions[row, :end - begin] = np.arange(begin, end)
                 page_table[row, :len(seq.pages)] = seq.pages
                 pending[id(seq)] = end
             routed = extend(tokens, positions, page_table)
             if routed is not None:
-                for row, (seq, (begin, end)) in enumerate(zip(group, spans)):
+                for row, (seq, (begin, end)) in enumerate(group):
                     seq.record_routing(begin, routed[row, :end - begin])
         for seq in sequences:
             seq.cached = pending[id(seq)]

@@ -10,12 +10,14 @@ How it runs. A fixed number of slots decode together. Each sample of each reques
 queue until a slot is free and the page pool gives it the pages its admission rule asks for
 (``EngineConfig.admission``, ``pages``): under ``on_demand`` its prompt's plus one decode call's
 look-ahead. Admitted prompts are prefilled together (left-padded to a length bucket, batch padded
-to a power of two), all but their last token, and once per request: the other samples of a request
-admitted with it point at its full prompt pages and copy its partial last one. Before each decode
-call every running sequence takes the pages the call may write; when the pool runs out, the running
-sequence queued last is preempted (its pages freed, itself back at the head of the queue), and it
-resumes by recomputing its prompt and tokens so far (``continuation.feed_uncached``). Its keys
-depend only on its seed, prompt id, sample index and token index, so preemption changes no token.
+to a power of two, or to one size with ``batch_invariant``), all but their last token, and once per
+request: the other samples of a request admitted with it point at its full prompt pages and copy its
+partial last one. Before each decode call every running sequence takes the pages the call may
+write; when the pool runs out, the running sequence queued last is preempted (its pages freed,
+itself back at the head of the queue); it resumes with its pages swapped back from host memory or
+recomputed (``preemption``). Its keys depend only on its seed, prompt id, sample index and token
+index: swapped, its tokens and log-probs are bit for bit those without preemption; recomputed, its
+log-probs agree within rounding, and its tokens unless a draw lies that close to a boundary.
 Then one compiled call decodes ``decode_steps_per_call`` tokens for all slots in a
 ``lax.while_loop`` (no Python per token); its first step for a new sample runs the last prompt
 token and samples the first new one. Control returns to Python, which retires finished sequences,
@@ -36,7 +38,7 @@ given, or the base handed over with them), merged into its kernels or run on the
 
 The host side is split by what each part owns: ``sequences`` the request and sample records,
 ``pages`` which sequence holds which pages, ``batch`` the slots and stop rules, ``episodes`` the
-turns between their calls, ``placement`` the devices and the platform's programs. This module
+turns between their calls, ``preemption`` a preempted sequence's cache, ``placement`` the devices and the platform's programs. This module
 orders them: admission, prefill, decode, retirement, weight swaps, and the output order.
 
 A mixture of experts records the experts each position ran in each sparse layer (router replay,
@@ -46,7 +48,9 @@ into its pages. A position computed again (a preemption, a recomputing swap, an 
 under new weights) records the recomputation's experts: those the cache that later tokens read ran.
 
 Numerics: see ``sampling`` for the keys (per seed, prompt id, sample index, token index) and for
-the log-probs (float32 log_softmax of the raw logits, i.e. the untempered, unfiltered policy).
+the log-probs (float32 log_softmax of the raw logits, i.e. the untempered, unfiltered policy). A
+sample's numbers do not depend on its slot or its decode batch; on the prompts prefilled with it
+they do in the last bits, unless ``EngineConfig.batch_invariant`` (then bit for bit its own).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from rlax_core.inference import programs
+from rlax_core.inference import preemption, programs
 from rlax_core.inference.adapters import apply_adapters
 from rlax_core.inference.batch import MAX_STOP_TOKEN_IDS, DecodeBatch
 from rlax_core.inference.config import EngineConfig, SamplingParams
@@ -69,8 +73,8 @@ from rlax_core.inference.kv_cache import KVCache
 from rlax_core.inference.pages import PagePool
 from rlax_core.inference.phase_clock import PhaseClock, timed
 from rlax_core.inference.placement import Placement, held_shapes, kernels_for, lora_mode_for
-from rlax_core.inference.sampling import SamplingMode, prompt_key_id
-from rlax_core.inference.sequences import Completion, FinishReason, Request, SequenceState
+from rlax_core.inference.sampling import SamplingMode
+from rlax_core.inference.sequences import Completion, FinishReason, Request, SequenceState, check_request
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import LoraConfig
 
@@ -188,7 +192,7 @@ class Engine:
         bucket, and one decode per window width and mode; with ``episodes``, pages on demand or
         recomputed swaps, also the continuation that feeds tokens into pages that hold a sequence's
         earlier ones (an episode's next turn, a preempted sequence's resumption), per (batch
-        bucket, length bucket). Call it when a worker starts so that no request pays for a
+        bucket, length bucket), and with swapped preemptions the swap's read and write. Call it when a worker starts so that no request pays for a
         compilation: afterwards nothing compiles, whatever lengths, fills, turns and sampling settings
         arrive. It runs each program on an idle batch, which writes only the sink page.
         """
@@ -204,10 +208,12 @@ class Engine:
             sink = np.zeros((config.num_slots, pages), np.int32)
             self._cache = self._copy_pages(self._cache, sink, sink)
         if episodes or config.admission == "on_demand" or config.on_new_version == "recompute":
-            for batch in config.prefill_batch_sizes:
+            for batch in config.continuation_batch_sizes:
                 for length in config.prefill_buckets:  # rows of padding only, written to the sink page
                     self._extend_pages(np.zeros((batch, length), np.int32), np.full((batch, length), -1, np.int32),
                                        np.zeros((batch, config.pages_per_sequence), np.int32))
+        if config.admission == "on_demand" and config.swaps_preempted:
+            self._cache = preemption.warm_up(self._cache, config, self.mesh)
         for mode in modes:
             for width in self._kernels.window_widths:  # no slot is active: each decode loop exits at once
                 *_, self._cache = self._decode(self._params, self._cache, self._batch.inputs(width), mode=mode)
@@ -294,27 +300,14 @@ class Engine:
         return self._next_order - 1
 
     def _validate(self, request: Request) -> None:
-        sampling, length = request.sampling, len(request.prompt_ids)
-        if length == 0:
-            raise ValueError(f"request {request.prompt_id!r}: empty prompt")
-        if length > self.config.max_prompt_len:
-            raise ValueError(f"request {request.prompt_id!r}: prompt of {length} tokens exceeds "
-                             f"max_prompt_len={self.config.max_prompt_len}")
-        if sampling.max_new_tokens > self.config.max_new_tokens:
-            raise ValueError(f"request {request.prompt_id!r}: max_new_tokens={sampling.max_new_tokens} exceeds the "
-                             f"engine's max_new_tokens={self.config.max_new_tokens}")
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= int(t) < vocab for t in request.prompt_ids):
-            raise ValueError(f"request {request.prompt_id!r}: prompt token ids must lie in [0, {vocab})")
+        sampling = request.sampling
+        check_request(request, self.config, self.model_config.vocab_size)
         if len(self._batch.stop_ids(sampling)) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"request {request.prompt_id!r}: at most {MAX_STOP_TOKEN_IDS} stop token ids (EOS included)")
         if sampling.stop_strings and self.detokenize is None:
             raise ValueError(f"request {request.prompt_id!r}: stop_strings need an Engine built with detokenize=")
-        if not 0 <= request.seed < 2**31:
-            raise ValueError(f"request {request.prompt_id!r}: seed must lie in [0, 2**31)")
         if request.episode_tokens:
             self._episodes.validate_first_turn(request)
-        prompt_key_id(request.prompt_id)  # raises on a bad id
 
     def _admit_all(self) -> None:
         if self._pending_weights is None:
@@ -378,24 +371,24 @@ class Engine:
         """
         config = self.config
         prefixes = [seq for seq in owners if len(seq.request.prompt_ids) > 1]
-        for start in range(0, len(prefixes), config.prefill_batch):
-            self._prefill_prompts(prefixes[start:start + config.prefill_batch])
+        for rows, batch, length in config.prefill_calls([len(seq.request.prompt_ids) - 1 for seq in prefixes]):
+            self._prefill_prompts([prefixes[row] for row in rows], batch, length)
         self._copy_partial_pages(siblings)
         for seq, owner in siblings:  # the owner's prefill computed their prompt
             if owner.routed_experts is not None:
                 seq.record_routing(0, owner.routed_experts[:len(seq.request.prompt_ids) - 1])
         for seq in resumed:
-            seq.cached = 0
-        feed_uncached(resumed, config, self._extend_pages)
+            if seq.swapped is not None:
+                with timed(self.clock, "swap", lambda: self._cache):
+                    self._cache = preemption.restore(self._cache, seq, config, self.mesh)
+        feed_uncached(resumed, config, self._extend_pages)  # the others: recomputed
         for slot, seq in admitted:
             self._batch.start(slot, seq)
         self.stats["peak_pages_in_use"] = self.pages.peak_in_use
 
-    def _prefill_prompts(self, prefixes: list[SequenceState]) -> None:
-        """One prefill call: these prompts but their last tokens, left-padded to one bucket, into their pages."""
+    def _prefill_prompts(self, prefixes: list[SequenceState], batch: int, length: int) -> None:
+        """One prefill call: these prompts but their last tokens, left-padded to ``length``, into their pages."""
         config = self.config
-        batch = next(b for b in config.prefill_batch_sizes if b >= len(prefixes))
-        length = config.bucket_for(max(len(seq.request.prompt_ids) - 1 for seq in prefixes))
         tokens = np.zeros((batch, length), np.int32)
         positions = np.full((batch, length), -1, np.int32)
         page_table = np.zeros((batch, config.pages_per_sequence), np.int32)
@@ -452,8 +445,10 @@ class Engine:
     def _preempt(self, slot: int, seq: SequenceState, counter: str = "preemptions") -> None:
         """Free ``seq``'s slot and pages and queue it to resume ahead of every new sample, in order."""
         self._batch.vacate(slot)
+        swap = self.config.swaps_preempted and counter == "preemptions"
+        with timed(self.clock if swap else None, "swap", lambda: None):  # host copies, read synchronously
+            preemption.leave(self._cache, seq, self.config, swap)
         self.pages.release(seq)
-        seq.cached = 0
         index = 0
         while index < len(self._queue) and self._queue[index].version >= 0 and self._queue[index].order < seq.order:
             index += 1
@@ -496,6 +491,8 @@ class Engine:
             return  # drained: the sequences in flight, preempted ones too, finish on their version
         (self._params, self._version), self._pending_weights = self._pending_weights, None
         self.stats["weight_swaps"] += 1
+        if mode == "recompute":  # preempted sequences' swapped pages hold the old version's keys
+            preemption.forget(self._queue)
         for slot, seq in self._batch.running():
             if mode == "recompute":
                 self._preempt(slot, seq, counter="recomputed")  # resumes at once, its cache recomputed

@@ -51,7 +51,8 @@ def kernels_for(config: EngineConfig, platform: str) -> Kernels:
         impl = "pallas" if platform in ("tpu", "gpu") else "window"
     # The Pallas kernel reads only the pages in use whatever the table width: one width serves. A
     # gathered window costs its width, so it comes in widths at most a quarter apart.
-    widths = (config.pages_per_sequence,) if impl == "pallas" else _geometric_buckets(config.pages_per_sequence)
+    widths = ((config.pages_per_sequence,) if impl == "pallas" or config.batch_invariant
+              else _geometric_buckets(config.pages_per_sequence))
     return Kernels(prefill_attention=attention_for_platform(platform),
                    decode_attention=kernel_for_backend(platform) if impl == "pallas" else impl,
                    decode=programs.decode_on_cpu if platform == "cpu" else programs.decode,

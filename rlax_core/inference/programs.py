@@ -64,7 +64,8 @@ def tensor_parallel_layout(shardings):
     return jax.jit(unstack_layers, out_shardings=shardings)
 
 
-def _pin(cache: KVCache, mesh) -> KVCache:
+def pin_kv_sharding(cache: KVCache, mesh) -> KVCache:
+    """A tensor-parallel replica's returned cache keeps its KV-head sharding (a donated cache its placement)."""
     if mesh is None:
         return cache
     pin = lambda pool: jax.lax.with_sharding_constraint(pool, kv_pool_sharding(pool.shape, mesh))
@@ -96,7 +97,7 @@ def prefill(params, cache: KVCache, tokens, positions, page_table, *, model_conf
     _, cache, *routing = forward_with_cache(params, model_config, tokens, positions, cache, attend,
                                             last_token_only=True, with_routing=model_config.moe is not None,
                                             mesh=mesh)
-    return _pin(cache, mesh), (token_major(routing[0].expert_ids) if routing else None)
+    return pin_kv_sharding(cache, mesh), (token_major(routing[0].expert_ids) if routing else None)
 
 
 def token_major(expert_ids: jax.Array) -> jax.Array:
@@ -108,7 +109,7 @@ def token_major(expert_ids: jax.Array) -> jax.Array:
 def copy_pages(cache: KVCache, source, target, *, mesh=None) -> KVCache:
     """Copy pages ``source[i, j]`` to ``target[i, j]`` in every layer (both [rows, pages]; 0 -> 0 is a no-op)."""
     copy = lambda pool: pool.at[:, target].set(pool[:, source], mode="promise_in_bounds")
-    return _pin(jax.tree.map(copy, cache), mesh)  # the scale pools of eight-bit pages with their pages
+    return pin_kv_sharding(jax.tree.map(copy, cache), mesh)  # the scale pools of eight-bit pages with their pages
 
 
 def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: int, attention: str,
@@ -166,7 +167,7 @@ def _decode(params, cache: KVCache, state, *, model_config: ModelConfig, chunk: 
             jnp.zeros((num_slots, chunk), jnp.float32), routed)
     steps, kv, state, out_tokens, out_logprobs, routed = jax.lax.while_loop(keep_going, step, init)
     cache = scatter_window(cache, kv, page_table) if windowed else kv
-    return out_tokens, out_logprobs, steps, state, routed, _pin(cache, mesh)
+    return out_tokens, out_logprobs, steps, state, routed, pin_kv_sharding(cache, mesh)
 
 
 _DECODE_JIT = {"static_argnames": ("model_config", "chunk", "attention", "mode", "mesh", "interpret"),

@@ -9,12 +9,12 @@ batch (``batch``) its tokens, the episode turns (``episodes``) its cache positio
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from rlax_core.inference.config import SamplingParams
-from rlax_core.inference.sampling import SamplingMode
+from rlax_core.inference.config import EngineConfig, SamplingParams
+from rlax_core.inference.sampling import SamplingMode, prompt_key_id
 
 FinishReason = Literal["stop", "length"]
 
@@ -84,6 +84,8 @@ class SequenceState:
     # [budget, moe_layers, k]: a recomputation (preemption, a recomputing swap) overwrites the first
     # (docs/training.md, router replay). An episode's turns share one record.
     routed_experts: np.ndarray | None = None
+    # A preempted sequence swapped out (``preemption``): host copies of the pages of its cached tokens.
+    swapped: Any = None
 
     def record_routing(self, start: int, expert_ids: np.ndarray) -> None:
         """The routed ids [tokens, moe_layers, k] of positions ``start ...`` (no-op without a record)."""
@@ -126,6 +128,24 @@ class SequenceState:
                           weight_version=versions[0] if versions else self.version, episode=self.episode,
                           token_versions=versions,
                           routed_experts=None if self.routed_experts is None else self.routed_experts[:self.length].copy())
+
+
+def check_request(request: Request, config: EngineConfig, vocab_size: int) -> None:
+    """Raise with the reason where ``request`` does not fit an engine of ``config`` and its model's vocabulary
+    (the stop rules and an episode's tokens are the decode batch's and the episodes' to check)."""
+    sampling, length, name = request.sampling, len(request.prompt_ids), request.prompt_id
+    if length == 0:
+        raise ValueError(f"request {name!r}: empty prompt")
+    if length > config.max_prompt_len:
+        raise ValueError(f"request {name!r}: prompt of {length} tokens exceeds max_prompt_len={config.max_prompt_len}")
+    if sampling.max_new_tokens > config.max_new_tokens:
+        raise ValueError(f"request {name!r}: max_new_tokens={sampling.max_new_tokens} exceeds the "
+                         f"engine's max_new_tokens={config.max_new_tokens}")
+    if any(not 0 <= int(t) < vocab_size for t in request.prompt_ids):
+        raise ValueError(f"request {name!r}: prompt token ids must lie in [0, {vocab_size})")
+    if not 0 <= request.seed < 2**31:
+        raise ValueError(f"request {name!r}: seed must lie in [0, 2**31)")
+    prompt_key_id(name)  # raises on a bad id
 
 
 def sampling_mode(sampling: SamplingParams) -> SamplingMode:

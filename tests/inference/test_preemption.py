@@ -55,6 +55,22 @@ def test_a_pool_that_preempts_often_gives_a_big_pools_tokens(stories):
     assert small.pages.num_free == SMALL.num_pages - 1  # every page came back, each once
 
 
+@pytest.mark.slow  # two batch-invariant engines' programs for three sampling modes
+def test_swapped_preemptions_give_a_big_pools_tokens_and_log_probs_bit_for_bit(stories):
+    """Pages swapped to host memory and back instead of recomputed, and prompts prefilled alike
+    whatever was admitted with them (``batch_invariant``): no rounding left to bound."""
+    model, tokenizer = stories
+    requests = _requests(tokenizer)
+    invariant = dataclasses.replace(BIG, batch_invariant=True)
+    big = Engine(invariant, model.config, model.params, detokenize=tokenizer.decode)
+    small = Engine(dataclasses.replace(invariant, num_pages=15, admission="on_demand", preemption="swap"),
+                   model.config, model.params, detokenize=tokenizer.decode)
+    expected, got = big.generate(requests), small.generate(requests)
+    assert small.stats["preemptions"] >= 10 and small.stats["extended_tokens"] == 0  # nothing recomputed
+    assert [(c.prompt_id, c.sample_index, c.completion_ids, c.logprobs, c.finish_reason) for c in got] == \
+        [(c.prompt_id, c.sample_index, c.completion_ids, c.logprobs, c.finish_reason) for c in expected]
+
+
 @pytest.mark.slow
 def test_a_preempted_episode_and_an_adapter_version_give_a_big_pools_tokens(stories):
     model, tokenizer = stories
