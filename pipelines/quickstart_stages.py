@@ -62,14 +62,16 @@ def curate(output: Path) -> Path:
     return output / "curated"
 
 
-def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: list[str], limit: int) -> Path | None:
-    """``rlax filter`` over the curated prompts; None (and the reason logged) when it cannot run."""
+def filter_prompts(output: Path, curated: Path, model_path: str, stops_text: list[str], limit: int,
+                   engine: dict[str, Any]) -> Path | None:
+    """``rlax filter`` over the curated prompts on ``engine`` (the run's ``engine:`` section: the same
+    programs, so the evaluations and the rollout workers load from the compilation cache what the
+    filter compiled); None (and the reason logged) when it cannot run."""
     config = {
         "input": str(curated / "examples-*.parquet"),
         "output": str(output / "filtered"),
         "generation": {"model": model_path, "sampling": {"samples_per_prompt": 4, "max_new_tokens": 64,
-                                                          "stop_strings": stops_text}, "batch_size": 32, "engine": {"num_slots": 64, "num_pages": 640, "max_prompt_len": 64,
-                                                    "max_new_tokens": 64, "prefill_buckets": [32, 64]}},
+                                                          "stop_strings": stops_text}, "batch_size": 32, "engine": engine},
         "low": 0.0, "high": 0.75, "limit": limit,
     }
     path = output / "configs" / "filter.yaml"
@@ -157,11 +159,17 @@ def curate_stage(q: QuickstartRun) -> None:
     q.train_set = q.curated
 
 
+def engine_section(run_config) -> dict[str, Any]:
+    """The run's ``engine:`` section as a config file spells it (lists, not tuples)."""
+    return json.loads(json.dumps(dataclasses.asdict(run_config.engine)))
+
+
 def filter_stage(q: QuickstartRun) -> None:
     from rlax_core.data.training_set import read_examples
 
     filtered = q.timed("filter", lambda: q.output / "filtered" if q.resumed and read_examples_or_none(
-        q.output / "filtered") else filter_prompts(q.output, q.curated, q.policy, ["\n"], q.filter_prompts))
+        q.output / "filtered") else filter_prompts(q.output, q.curated, q.policy, ["\n"], q.filter_prompts,
+                                  engine_section(q.run_config)))
     q.train_set = filtered if filtered is not None and read_examples_or_none(filtered) else q.curated
     log.info("quickstart: training on %d prompts from %s", len(read_examples(str(q.train_set))), q.train_set)
 

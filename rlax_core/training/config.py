@@ -80,6 +80,10 @@ class TrainerConfig:
     # tokens (micro_batch_tokens // row_tokens rows) and a slice takes as many micro-batches as its
     # tokens fill (bucketed); it replaces micro_batches. 0: micro_batches.
     micro_batch_tokens: int = 0
+    # Packed rows: while it waits for the first rollouts, the trainer compiles the update for batches
+    # of samples of these mean token counts (prompt + completion), in order, on a background thread; a
+    # step whose batch falls in one of their buckets reuses it (training.compile_ahead). (): none.
+    compile_ahead_tokens: tuple[int, ...] = ()
     remat: bool = False  # recompute activations in the backward pass (less memory, more FLOPs)
     # Whole-row attention: "auto" is the chips' flash kernel (TPU: Pallas splash, GPU: cuDNN) and dense
     # XLA on CPU; "dense" keeps [heads, T, T] scores per layer on any chip (rlax_core.models.attention).
@@ -122,6 +126,10 @@ class TrainerConfig:
         require(self.row_tokens == 0 or self.row_tokens >= self.max_seq_len, "row_tokens",
                 f"must be 0 (padded rows) or >= max_seq_len={self.max_seq_len}, so that every sample fits a row")
         require(self.row_buckets_per_octave >= 1, "row_buckets_per_octave", "must be >= 1")
+        require(not self.compile_ahead_tokens or self.row_tokens > 0, "compile_ahead_tokens",
+                "is for packed rows (row_tokens > 0); padded rows compile ahead by themselves")
+        require(all(1 <= t <= self.max_seq_len for t in self.compile_ahead_tokens), "compile_ahead_tokens",
+                f"mean tokens of a sample, each in [1, max_seq_len={self.max_seq_len}], got {list(self.compile_ahead_tokens)}")
         require(self.micro_batch_tokens == 0 or (self.row_tokens > 0 and self.micro_batch_tokens >= self.row_tokens),
                 "micro_batch_tokens", f"must be 0 or >= row_tokens={self.row_tokens} (> 0: micro-batches of packed rows)")
         require(self.micro_batch_tokens == 0 or self.micro_batches == 1, "micro_batches",

@@ -44,6 +44,7 @@ from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.batching import make_batch
 from rlax_core.training.packing import real_tokens
 from rlax_core.training.checkpoint import Checkpointer
+from rlax_core.training.compile_ahead import CompileAhead
 from rlax_core.training.config import TrainerConfig
 from rlax_core.training.ledger import DataLedger
 from rlax_core.training.step import Trainer
@@ -57,6 +58,7 @@ from rlax_core.weights.repair import heal_if_refused
 
 log = logging.getLogger(__name__)
 WAIT_REPORT_S = 30.0  # how often a trainer waiting for rollout groups says so
+COMPILE_AHEAD_TIMEOUT_S = 3600.0  # a step waiting on its shape's compile ahead (a large model on a slice: minutes)
 
 
 @dataclass(frozen=True)
@@ -185,11 +187,14 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         for folder in export.template_dirs:
             export_hf(folder, model_config, None, tokenizer_source=export.tokenizer_source,
                       generation=export.generation)
-    # Packed rows take their shape from the first batch (a bucket of its tokens): nothing to compile ahead.
+    # While the rollout workers start: the first step then runs at once when its groups land. Packed
+    # rows take their shape from each batch (a bucket of its tokens): the likely buckets compile behind.
+    ahead = None
     if rollouts_per_step and step < config.total_steps and not config.row_tokens:
-        # While the rollout workers start: the first step then runs at once when its groups land.
         trainer.compile_step(state, rollouts_per_step, ref_params)
         startup.mark("trainer_compiled")
+    elif rollouts_per_step and step < config.total_steps and config.compile_ahead_tokens:
+        ahead = CompileAhead(trainer, state, rollouts_per_step, ref_params, config.compile_ahead_tokens)
     metrics = MetricsWriter(metrics_dir, resumed_from=step) if is_chief else None
     wandb = WandbLogger(config.wandb, metrics_dir=metrics_dir) if is_chief and config.wandb.enabled else None
     reader = BatchReader(store, config, startup_wait_s)
@@ -213,6 +218,8 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
             if not warned_padding:
                 warned_padding = _warn_if_mostly_padding(padded, trainer)
             batch = trainer.pack(padded)
+            if ahead is not None:
+                ahead.wait_for(batch, timeout_s=COMPILE_AHEAD_TIMEOUT_S)
             state, step_metrics = trainer.step(state, batch, ref_params)
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
             startup.mark("trainer_compiled")  # the first step compiled what no warm-up did
