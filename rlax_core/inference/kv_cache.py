@@ -152,8 +152,6 @@ def write_pages(pool: jax.Array, new: jax.Array, page_table: jax.Array, position
     pages = jnp.where(valid, jnp.take_along_axis(page_table, page_index, axis=1), SINK_PAGE)
     offsets = jnp.where(valid, positions % page_size, 0)
     heads = pool.shape[0]
-    if pool.ndim == 3 and positions.shape[1] == 1:
-        return _write_scale_rows(pool, new[:, 0], pages[:, 0], offsets[:, 0])
     # One head's row per update, the heads a batch dimension of the scatter (not part of each update):
     # the pool keeps the layout the paged-attention kernel reads, and a pool sharded by heads is
     # written where it lies. With the heads inside each update (``pool.at[:, pages, offsets]``),
@@ -168,22 +166,6 @@ def write_pages(pool: jax.Array, new: jax.Array, page_table: jax.Array, position
     new = new.transpose(2, 0, 1, 3) if per_token else new.transpose(2, 0, 1)
     return jax.lax.scatter(pool, index, new.astype(pool.dtype), numbers,
                            indices_are_sorted=False, unique_indices=False, mode="promise_in_bounds")
-
-
-def _write_scale_rows(pool: jax.Array, new: jax.Array, pages: jax.Array, offsets: jax.Array) -> jax.Array:
-    """A decode step's scales, ``new`` [B, Hkv], one token per sequence, into scale ``pool``
-    [Hkv, pages, S]: each sequence's page row read, its token's slot set, the row written back.
-
-    A number scattered alone made XLA:TPU count the whole scale pool (3.5 times over) for every
-    layer's write, and lay the pool out pages-minor for it; a row is a window along the minor axis,
-    as a K or V pool's token is. A decode step writes one token per sequence, each into a page of its
-    own (shared prompt pages are full and never written), so no two rows of a step meet, the sink
-    page of idle slots aside.
-    """
-    rows = pool.at[:, pages].get(mode="promise_in_bounds")  # [Hkv, B, S]
-    slot = jnp.arange(pool.shape[2])[None, None, :] == offsets[None, :, None]
-    rows = jnp.where(slot, new.T[..., None].astype(pool.dtype), rows)
-    return pool.at[:, pages].set(rows, mode="promise_in_bounds")
 
 
 def gather_pages(pool: jax.Array, page_table: jax.Array) -> jax.Array:

@@ -186,20 +186,3 @@ def test_int8_greedy_rollouts_agree_with_bfloat16_on_nine_tokens_in_ten():
     assert report["agreement"] >= 0.9, report
     assert report["mismatch_kl"] >= 0 and np.isfinite(report["mismatch_kl"])
 
-
-def test_a_decode_steps_scales_land_where_a_prompts_would():
-    """One token per sequence (a decode step) writes the scale pools by page rows (``kv_cache``),
-    several (a prompt) by token: the pools come out the same, an idle row's write in the sink."""
-    rng = np.random.default_rng(3)
-    k, v = (rng.normal(size=(3, 6, 2, 8)).astype(np.float32) for _ in range(2))
-    page_table = np.array([[1, 4], [2, 5], [3, 6]], np.int32)
-    valid = np.array([[True] * 6, [True] * 6, [False] * 6])
-    positions = np.tile(np.arange(6, dtype=np.int32), (3, 1))
-    whole = write_layer(init_kv_cache(1, 7, 4, 2, 8, "int8"), 0, k, v, page_table, positions, valid)
-    stepped = init_kv_cache(1, 7, 4, 2, 8, "int8")
-    for t in range(6):
-        stepped = write_layer(stepped, 0, k[:, t:t + 1], v[:, t:t + 1], page_table, positions[:, t:t + 1],
-                              valid[:, t:t + 1])
-    for a, b in zip(whole, stepped):
-        np.testing.assert_array_equal(np.asarray(a[0])[:, 1:], np.asarray(b[0])[:, 1:])  # page 0: the sink
-    assert np.asarray(stepped.k_scale[0])[:, 1:3].all() and not np.asarray(stepped.k_scale[0])[:, 3].any()
