@@ -17,12 +17,13 @@ sliced out of a stacked pool is a copy of it per layer per step.
 
 Eight-bit pages (``engine.cache_dtype`` int8 or fp8) hold each token's key (value) per KV head as
 eight-bit numbers with one float32 scale, absmax / the format's largest value
-(``lora.EIGHT_BIT_FORMATS``), in scale pools ``[num_kv_heads, num_pages, page_size]`` beside the
-pools: a page's scales are per head and per token slot, written with the token. A scale per whole
+(``lora.EIGHT_BIT_FORMATS``), in scale pools ``[num_kv_heads, num_pages, page_size]`` (pages
+rounded up to a multiple of 8: ``scale_pool_shape``) beside the pools: a page's scales are per head and per token slot, written with the token. A scale per whole
 page would have to be known before the page's later tokens exist (decode fills a page a token at a
 time), and rescaling a page as it fills would rewrite the tokens already there. The attention paths
-fold the scales into their products (a key's scale multiplies its score, a value's its weight), as
-JAX's Pallas paged kernels do with the same scale layout.
+fold the scales into their products (a key's scale multiplies its score, a value's its weight): the
+CPU window, the reference, JAX's GPU kernel and our TPU kernel (``pallas_eight_bit``), which DMAs a
+page's row of scales beside the page.
 
 A ``DecodeWindow`` is the running sequences' pages laid out densely, per layer a keys array
 ``[slots, kv_heads, head_dim, tokens]`` and a values array whose layout follows the head dim
@@ -44,6 +45,7 @@ from rlax_core.models.lora import EIGHT_BIT_FORMATS
 from rlax_core.utils.dtypes import dtype as dtype_named
 
 SINK_PAGE = 0
+_SCALE_PAGE_ROWS = 8  # the sublanes of a float32 tile on TPU (scale_pool_shape)
 
 
 class KVCache(NamedTuple):
@@ -110,8 +112,17 @@ def init_kv_cache(num_layers: int, num_pages: int, page_size: int, num_kv_heads:
     pools = lambda shape, stored: tuple(jnp.zeros(shape, stored) for _ in range(num_layers))
     if eight_bit is None:
         return KVCache(pools(shape, stored), pools(shape, stored))
-    return KVCache(pools(shape, stored), pools(shape, stored), pools(shape[:3], jnp.float32),
-                   pools(shape[:3], jnp.float32))
+    scales = scale_pool_shape(num_pages, page_size, num_kv_heads)
+    return KVCache(pools(shape, stored), pools(shape, stored), pools(scales, jnp.float32), pools(scales, jnp.float32))
+
+
+def scale_pool_shape(num_pages: int, page_size: int, num_kv_heads: int) -> tuple[int, int, int]:
+    """One layer's key (or value) scale pool ``[num_kv_heads, pages, page_size]``, its page axis
+    rounded up to a multiple of 8 (rows past ``num_pages`` are never used): TPU holds a float32
+    array in (8, 128) tiles, and with a page count that is not a multiple of 8 its default layout
+    turns the pool pages-outermost, heads-second to save the padding, which the eight-bit kernel
+    (``pallas_eight_bit``, one row per page and head) then had copied back, every layer and step."""
+    return (num_kv_heads, -(-num_pages // _SCALE_PAGE_ROWS) * _SCALE_PAGE_ROWS, page_size)
 
 
 def write_layer(cache: KVCache, layer: int, k: jax.Array, v: jax.Array, page_table: jax.Array,

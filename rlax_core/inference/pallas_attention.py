@@ -28,11 +28,10 @@ Neither kernel takes a softmax scale: the query is scaled before the call.
 Eight-bit pages (``engine.cache_dtype`` int8 or fp8) come with their scale pools ``[Hkv, num_pages,
 S]`` (``kv_cache``): the GPU kernel takes them as they are (``k_scales_pages``: it scales each
 score by its key's scale and each weight by its value's, after widening the page in the kernel);
-the TPU kernel takes each pool as a ``QuantizedTensor`` whose scales it dequantizes in VMEM
-(``x * h / 127.5``: so the scales passed are ours times 127.5). Its wrapper broadcasts the scales
-to ``[Hkv, num_pages, S, D]`` before the call, a float32 array as wide as the pool: correct, and
-checked in interpret mode, but that copy is a full-width one per layer and call on TPU, which our
-own kernel would remove (not done: docs/inference.md says so).
+on TPU our own kernel (``pallas_eight_bit``) reads them the same way, a scale row per page DMA'd
+beside it. JAX's TPU kernel would take them as a ``QuantizedTensor`` whose wrapper broadcasts the
+scales to ``[Hkv, num_pages, S, D]`` before the call: a float32 array four times the int8 pool per
+layer and step, 7.19x the bfloat16 step's bytes for the QwQ-32B decode on v5p (docs/compile.md).
 """
 
 from __future__ import annotations
@@ -44,7 +43,8 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.gpu import paged_attention as gpu_paged_attention
 from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu_paged_attention
-from jax.experimental.pallas.ops.tpu.paged_attention.quantization_utils import MAX_INT8, QuantizedTensor
+
+from rlax_core.inference.pallas_eight_bit import eight_bit_paged_attention
 
 KERNELS = ("tpu", "gpu")
 _TPU_BLOCK_TOKENS = 512  # tokens per DMA'd compute block: large enough to hide the copy, small for VMEM
@@ -88,12 +88,13 @@ def paged_decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, p
     pages_per_sequence, page_size = page_table.shape[1], k_pool.shape[2]
     if kernel == "tpu":
         mode = pltpu.force_tpu_interpret_mode() if interpret else contextlib.nullcontext()
-        if k_scale_pool is not None:
-            k_pool, v_pool = (QuantizedTensor(pool, (scales * MAX_INT8)[..., None])
-                              for pool, scales in ((k_pool, k_scale_pool), (v_pool, v_scale_pool)))
+        block_pages = tpu_block_pages(pages_per_sequence, page_size)
         with mode:
+            if k_scale_pool is not None:
+                return eight_bit_paged_attention(scaled, k_pool, v_pool, k_scale_pool, v_scale_pool, page_table,
+                                                 lengths, block_pages=block_pages)
             return tpu_paged_attention(scaled, k_pool, v_pool, lengths, page_table,
-                                       pages_per_compute_block=tpu_block_pages(pages_per_sequence, page_size))
+                                       pages_per_compute_block=block_pages)
     splits, block_pages = gpu_splits(pages_per_sequence)
     return gpu_paged_attention.paged_attention(scaled, k_pool, v_pool, page_table, lengths, k_scale_pool, v_scale_pool,
                                                block_h=_GPU_BLOCK_HEADS,

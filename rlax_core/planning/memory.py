@@ -47,6 +47,7 @@ USABLE_FRACTION = 0.9
 ENGINE_CODE_BYTES = 4 * 2**20
 TRAINER_CODE_BYTES = 24 * 2**20
 _F32 = itemsize("float32")
+_TPU_LANES = 128  # the minor tile of TPU HBM arrays: a row of a float32 array is read 128 numbers wide
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,15 +119,16 @@ def decode_kv_read_bytes(model: ModelConfig, engine: EngineConfig, context_lengt
     whole pages (ceil(length / page_size) of them: a kernel reads a page whole), keys and values,
     every layer, the chip's KV heads (all of them where ``tensor_parallel`` does not divide them),
     each head-token ``kv_bytes_per_head`` of ``engine.cache_dtype`` (an eight-bit one's scale with it).
-    ``kernel="tpu"``: JAX's TPU kernel reads an eight-bit page's scales broadcast to the page's full
-    width (``inference.pallas_attention``), ``head_dim`` float32 numbers a head-token, not one."""
+    ``kernel="tpu"``: our eight-bit TPU kernel (``inference.pallas_eight_bit``) DMAs a page's
+    ``page_size`` scales as one row of TPU HBM's 128-lane tiles, so a page of fewer than 128 tokens
+    reads its scale row padded to 128 float32 numbers (the recipes' 128-token pages: exactly a row)."""
     tp = engine.tensor_parallel
     heads = model.num_kv_heads // tp if model.num_kv_heads % tp == 0 else model.num_kv_heads
-    tokens = sum(-(-int(length) // engine.page_size) * engine.page_size for length in context_lengths)
-    per_head = kv_bytes_per_head(model, engine.cache_dtype)
+    pages = sum(-(-int(length) // engine.page_size) for length in context_lengths)
+    per_page = engine.page_size * kv_bytes_per_head(model, engine.cache_dtype)
     if kernel == "tpu" and engine.cache_dtype in EIGHT_BIT_FORMATS:
-        per_head += (model.head_dim - 1) * _F32
-    return 2 * model.num_layers * heads * tokens * per_head
+        per_page += (-(-engine.page_size // _TPU_LANES) * _TPU_LANES - engine.page_size) * _F32
+    return 2 * model.num_layers * heads * pages * per_page
 
 
 def _engine_weight_bytes(model: ModelConfig, engine: EngineConfig, dtype: str, sizes) -> tuple[int, int]:

@@ -26,11 +26,16 @@ def test_a_decode_step_is_xlas_bytes_plus_the_running_sequences_whole_pages_as_b
     peak = CHIP_PEAKS["v5e"]
     assert step.seconds([3, 4, 9]) == pytest.approx(max(3e6 / peak.bf16_flops, (1e6 + 2560) / peak.hbm_bytes_per_s))
     assert step.seconds_at(3, 9) == step.seconds([9, 9, 9])
-    # int8 pages: 8 bytes and a float32 scale a head-token (3/4 of these 16); JAX's TPU kernel reads the
-    # scales broadcast to the head's width: 8 + 8 x 4 bytes, 5/2 of bfloat16's.
+    # int8 pages: 8 bytes and a float32 scale a head-token (3/4 of these 16); our TPU kernel reads a
+    # page's 4 scales as one 128-lane row of HBM: 4 x 8 + 128 x 4 bytes a page-head, against 4 x 16.
     int8 = EngineConfig(**{**ENGINE.__dict__, "cache_dtype": "int8"})
     assert decode_kv_read_bytes(MODEL, int8, [4]) == 512 * 12 // 16
-    assert decode_kv_read_bytes(MODEL, int8, [4], kernel="tpu") == 512 * 40 // 16
+    assert decode_kv_read_bytes(MODEL, int8, [4], kernel="tpu") == 2 * 2 * 2 * (4 * 8 + 128 * 4)
+    # at 128-token pages the row is exactly the page's scales: 128 x (128 + 4) bytes a page-head
+    wide = ModelConfig(**{**MODEL.__dict__, "head_dim": 128})
+    int8_128 = EngineConfig(**{**int8.__dict__, "page_size": 128})
+    assert decode_kv_read_bytes(wide, int8_128, [5], kernel="tpu") == decode_kv_read_bytes(wide, int8_128, [5]) \
+        == 2 * 2 * 2 * 128 * (128 + 4)
 
 
 # Lines as libtpu's compiled HLO prints them: a fusion's body, the loop body calling it, and the entry.
