@@ -16,8 +16,8 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 _COMPILES_FOR_OTHER_CHIPS = any(importlib.util.find_spec(name) for name in ("libtpu", "jax_cuda12_plugin"))
 
 # The lane's CPU time is mostly XLA compiling many tiny programs that then run for milliseconds; LLVM's
-# optimisation of the generated code is about 40% of it (tests/training/test_step.py's data-parallel
-# test: 35 s of CPU with it, 21 s without). The programs' HLO is the same; the machine code rounds some
+# optimisation of the generated code is a third of it (tests/training/test_step.py and test_rm_job.py's
+# default tests, idle: 74 s of CPU with it, 51 s without). The programs' HLO is the same; the machine code rounds some
 # sums in another order (the toy models' log-probs move by about 1e-7 of their value), which the tests'
 # tolerances allow: they come from the arithmetic (tests/support/tolerances.py), not from one code
 # generator. An XLA_FLAGS that names the level keeps its own.
