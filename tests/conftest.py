@@ -5,20 +5,32 @@ before JAX is first imported, which is why it lives here.
 """
 import os
 
+import importlib.util
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+# The TPU and GPU compile lanes' environments (libtpu, jax's CUDA plugin) compile for chips this host
+# lacks, ahead of time: those programs are compiled once each, as a chip would run them.
+_COMPILES_FOR_OTHER_CHIPS = any(importlib.util.find_spec(name) for name in ("libtpu", "jax_cuda12_plugin"))
+
+# The lane's CPU time is mostly XLA compiling many tiny programs that then run for milliseconds; LLVM's
+# optimisation of the generated code is a third of it (tests/training/test_step.py and test_rm_job.py's
+# default tests, idle: 74 s of CPU with it, 51 s without). The programs' HLO is the same; the machine code rounds some
+# sums in another order (the toy models' log-probs move by about 1e-7 of their value), which the tests'
+# tolerances allow: they come from the arithmetic (tests/support/tolerances.py), not from one code
+# generator. An XLA_FLAGS that names the level keeps its own.
+if not _COMPILES_FOR_OTHER_CHIPS and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " --xla_backend_optimization_level=0"
 
 # One persistent compilation cache for the lane's processes (xdist workers and the jobs tests start):
 # many tests compile the same small programs from different closures, which JAX's in-memory caches
 # do not share. A fresh folder per run, so a run's time is a fresh clone's. Tests that count
 # compilations count the cache's hits as well (tests/support/compiles.py).
-import importlib.util
 import tempfile
 
-# The TPU and GPU compile lanes' environments (libtpu, jax's CUDA plugin) compile for chips this host
-# lacks, ahead of time: those programs are compiled once each and are left out of the cache.
-_COMPILES_FOR_OTHER_CHIPS = any(importlib.util.find_spec(name) for name in ("libtpu", "jax_cuda12_plugin"))
+# The other chips' programs are left out of the cache.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ and not _COMPILES_FOR_OTHER_CHIPS:
     _run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"rlax-test-jax-cache-{_run_id}")

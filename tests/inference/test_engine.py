@@ -3,7 +3,6 @@
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -11,6 +10,7 @@ from rlax_core.inference.config import SamplingParams
 from rlax_core.inference.engine import Engine, Request
 from rlax_core.inference.sampling import SamplingMode
 from tests.support.compiles import COMPILES
+from tests.support.tolerances import assert_reordered_close, decoder_logprob_bound
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
 
@@ -60,7 +60,9 @@ def test_ragged_greedy_batch_equals_full_forward_argmax_and_logprobs(engine, sto
         predicting = logits[len(request.prompt_ids) - 1: -1]  # rows that predict each completion token
         assert np.argmax(predicting, axis=-1).tolist() == list(completion.completion_ids)
         expected = jax.nn.log_softmax(predicting, axis=-1)[np.arange(len(predicting)), list(completion.completion_ids)]
-        np.testing.assert_allclose(completion.logprobs, expected, atol=2e-5)
+        # Incremental decode against one full forward: the same sums in another order.
+        bound = decoder_logprob_bound(model.config, context=len(request.prompt_ids) + len(completion.completion_ids))
+        assert_reordered_close(completion.logprobs, expected, bound)
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(engine, stories):
@@ -88,7 +90,10 @@ def test_a_sample_does_not_depend_on_its_batch_companions(engine, stories):
     crowded = [c for c in engine.generate([companions[0], companions[1], target, companions[2]])
                if c.prompt_id == "target"]
     assert [c.completion_ids for c in crowded] == [c.completion_ids for c in alone]
-    np.testing.assert_allclose([c.logprobs for c in crowded], [c.logprobs for c in alone], atol=1e-5)
+    # A batch of 4 against 1: XLA may tile the batched products differently, so the sums' orders differ.
+    for a, b in zip(crowded, alone):
+        bound = decoder_logprob_bound(engine.model_config, context=len(a.prompt_ids) + len(a.completion_ids))
+        assert_reordered_close(a.logprobs, b.logprobs, bound)
 
 
 def test_stop_tokens_stop_strings_and_lengths(engine, stories):
@@ -236,15 +241,16 @@ def test_pallas_engine_matches_reference_engine(engine, stories, small_engine_co
     params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
     requests = [Request(tokenizer.encode(t, add_bos=True), params, prompt_id=i)
                 for i, t in enumerate(["Once upon a time", "The dog ran"])]
-    _assert_same_samples(pallas.generate(requests), engine.generate(requests))
+    _assert_same_samples(pallas.generate(requests), engine.generate(requests), engine.model_config)
 
 
-def _assert_same_samples(ours, theirs):
+def _assert_same_samples(ours, theirs, model_config):
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
         assert a.completion_ids == b.completion_ids
-        # float32 attention summed in another order: agreement to a few ulps of the log-prob.
-        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+        # float32 attention summed in another order: within the bound of that reordering.
+        bound = decoder_logprob_bound(model_config, context=len(a.prompt_ids) + len(a.completion_ids))
+        assert_reordered_close(a.logprobs, b.logprobs, bound)
 
 
 def test_window_engine_matches_reference_engine(engine, stories, small_engine_config):
@@ -257,7 +263,7 @@ def test_window_engine_matches_reference_engine(engine, stories, small_engine_co
     # Six samples through four slots: later samples reuse freed slots and pages mid-generation.
     requests = [Request(tokenizer.encode(t, add_bos=True), sampled, prompt_id=i, seed=7)
                 for i, t in enumerate(["Once upon a time", "The dog ran to the big"])]
-    _assert_same_samples(engine.generate(requests), reference.generate(requests))
+    _assert_same_samples(engine.generate(requests), reference.generate(requests), model.config)
 
 
 def test_samples_of_a_request_share_one_prefill_and_equal_unshared_samples(engine, stories, small_engine_config):
@@ -272,7 +278,7 @@ def test_samples_of_a_request_share_one_prefill_and_equal_unshared_samples(engin
     one_at_a_time = alone.generate([request])
     assert alone.stats["shared_prefills"] == 0
     assert len({c.completion_ids for c in shared}) > 1  # the samples differ from one another
-    _assert_same_samples(shared, one_at_a_time)
+    _assert_same_samples(shared, one_at_a_time, model.config)
 
 
 def test_max_prefill_batch_splits_a_prefill_without_changing_the_samples(engine, stories, small_engine_config):
@@ -281,5 +287,5 @@ def test_max_prefill_batch_splits_a_prefill_without_changing_the_samples(engine,
                                  model.params)
     requests = [Request(tokenizer.encode(t, add_bos=True), GREEDY, prompt_id=i)
                 for i, t in enumerate(["Once upon a time", "The dog ran", "Lily saw a big"])]
-    _assert_same_samples(one_prompt_per_call.generate(requests), engine.generate(requests))
+    _assert_same_samples(one_prompt_per_call.generate(requests), engine.generate(requests), model.config)
     assert one_prompt_per_call.stats["prefill_calls"] == 3  # admitted together, prefilled one by one

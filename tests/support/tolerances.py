@@ -24,9 +24,18 @@ def reordered_sum_bound(terms: int, depth: int = 1, dtype=np.float32) -> float:
     return float(depth * terms * np.finfo(dtype).eps)
 
 
-def decoder_logprob_bound(config, context: int) -> float:
-    """The bound for a decoder's float32 log-probs (``rlax_core.models.config.ModelConfig``): its widest
-    sum (the MLP's hidden width, the model width, or the attended context) on each of its layers, and
-    the log-softmax's doubling."""
+def decoder_logit_bound(config, context: int) -> float:
+    """The bound for a decoder's float32 logits (``rlax_core.models.config.ModelConfig``): its widest
+    sum (the MLP's hidden width, the model width, or the attended context) on each of its layers."""
     terms = max(config.intermediate_size, config.hidden_size, context)
-    return 2 * reordered_sum_bound(terms, depth=config.num_layers)
+    return reordered_sum_bound(terms, depth=config.num_layers)
+
+
+def decoder_logprob_bound(config, context: int) -> float:
+    """The bound for a decoder's float32 log-probs: its logits' bound and the log-softmax's doubling."""
+    return 2 * decoder_logit_bound(config, context)
+
+
+def assert_reordered_close(actual, expected, bound: float) -> None:
+    """Two float32 evaluations of the same values within ``bound`` of the value (and of 1 near zero)."""
+    np.testing.assert_allclose(actual, expected, rtol=bound, atol=bound)

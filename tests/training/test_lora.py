@@ -19,6 +19,7 @@ from rlax_core.training.logprobs import token_logprobs
 from rlax_core.training.step import Trainer
 
 from test_step import batch_from_store
+from tests.support.tolerances import assert_reordered_close, decoder_logit_bound, decoder_logprob_bound
 
 MODEL = toy_config()
 LORA = LoraConfig(rank=4, alpha=8.0)
@@ -153,7 +154,7 @@ def test_on_the_fly_adapters_equal_the_merged_kernels_and_dropout_zero_drops_not
     merged = forward(merge(base, adapters, LORA), MODEL, ids)
     on_the_fly = with_adapters(base, scaled(adapters, LORA))
     # Not bit-identical: x @ W + (x @ A) @ B rounds twice where x @ W' rounds once.
-    np.testing.assert_allclose(forward(on_the_fly, MODEL, ids), merged, atol=2e-6)
+    assert_reordered_close(forward(on_the_fly, MODEL, ids), merged, decoder_logit_bound(MODEL, context=6))
     np.testing.assert_array_equal(forward(on_the_fly, MODEL, ids, lora_dropout=0.0, lora_dropout_rng=jax.random.key(1)),
                                   forward(on_the_fly, MODEL, ids))
     dropped = forward(on_the_fly, MODEL, ids, lora_dropout=0.5, lora_dropout_rng=jax.random.key(1))
@@ -195,7 +196,9 @@ def test_an_int8_base_stays_close_to_the_float_base_and_training_moves_only_the_
     logprobs = lambda params: jax.nn.log_softmax(forward(params, MODEL, ids))
     # The stated tolerance: log-probs within 1e-2 of the float base's (0.005 of 127 steps per channel).
     np.testing.assert_allclose(logprobs(quantized), logprobs(base), atol=1e-2)
-    np.testing.assert_allclose(logprobs(quantized), logprobs(dequantize_kernels(quantized)), atol=1e-5)
+    # Scaled after the product against before it: the same sums, rounded in another order.
+    assert_reordered_close(logprobs(quantized), logprobs(dequantize_kernels(quantized)),
+                           decoder_logprob_bound(MODEL, context=12))
 
     batch = batch_from_store(tmp_path, groups=2, samples=4)
     trainer = lora_trainer(lora=LoraConfig(rank=4, alpha=8.0, base_dtype="int8"),
