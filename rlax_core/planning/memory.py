@@ -24,6 +24,7 @@ from jax.sharding import AbstractMesh
 
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig
+from rlax_core.inference.kv_cache import scale_pool_shape
 from rlax_core.inference.placement import lora_mode_for
 from rlax_core.inference.sharding import check_expert_parallel
 from rlax_core.models.attention import attention_for_platform
@@ -247,6 +248,10 @@ def plan_rollout(model: ModelConfig, engine: EngineConfig, hardware: SliceSpec, 
     num_pages = (max(0, (usable - sum(parts.values())) // page_bytes) if engine.num_pages == "auto"
                  else engine.num_pages)
     parts["KV pool"] = num_pages * page_bytes
+    if engine.cache_dtype in EIGHT_BIT_FORMATS:  # the scale pools' page axis is rounded up (a TPU tile's rows)
+        heads = model.num_kv_heads // kv_split
+        unused = scale_pool_shape(num_pages, engine.page_size, heads)[1] - num_pages
+        parts["KV pool"] += 2 * model.num_layers * heads * unused * engine.page_size * _F32
     return MemoryPlan(
         role="rollout", model=name, chip=hardware.chip, chips=hardware.chips,
         layout=f"{replicas} replica(s) x tensor_parallel {tp}" + (f" x expert_parallel {ep}" if ep > 1 else ""),
