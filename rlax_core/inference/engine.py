@@ -449,10 +449,8 @@ class Engine:
         with timed(self.clock if swap else None, "swap", lambda: None):  # host copies, read synchronously
             preemption.leave(self._cache, seq, self.config, swap)
         self.pages.release(seq)
-        index = 0
-        while index < len(self._queue) and self._queue[index].version >= 0 and self._queue[index].order < seq.order:
-            index += 1
-        self._queue.insert(index, seq)
+        resumed_before = (i for i, queued in enumerate(self._queue) if queued.version < 0 or queued.order >= seq.order)
+        self._queue.insert(next(resumed_before, len(self._queue)), seq)
         self.stats[counter] += 1
 
     def _decode_chunk(self) -> None:

@@ -6,7 +6,8 @@ layers (routing, replay, expert parallelism), ``checkpoint.py`` for Hugging Face
 ``tokenizer.py`` for tokenizers and chat templates.
 """
 
-from rlax_core.models.checkpoint import CheckpointError, Model, from_pretrained, save_pretrained
+from rlax_core.models.checkpoint import CheckpointError, Model, from_pretrained
+from rlax_core.models.saving import save_pretrained
 from rlax_core.models.config import ModelConfig, MoeConfig, RopeScaling, toy_config, toy_moe_config
 from rlax_core.models.moe import Routing, load_balancing_loss, router_z_loss
 from rlax_core.models.tokenizer import Tokenizer, load_tokenizer

@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from rlax_core.models.checkpoint import Model, local_copy, save_pretrained
+from rlax_core.models.checkpoint import Model, local_copy
+from rlax_core.models.saving import save_pretrained
 from rlax_core.models.config import ModelConfig
 
 # Files of a Hugging Face tokenizer, copied as they are.
