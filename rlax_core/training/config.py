@@ -82,7 +82,9 @@ class TrainerConfig:
     micro_batch_tokens: int = 0
     # Packed rows: while it waits for the first rollouts, the trainer compiles the update for batches
     # of samples of these mean token counts (prompt + completion), in order, on a background thread; a
-    # step whose batch falls in one of their buckets reuses it (training.compile_ahead). (): none.
+    # step whose batch falls in one of their buckets reuses it (training.compile_ahead).
+    # A guess above max_seq_len counts as max_seq_len (compile_ahead_means), so a run that shortens the
+    # samples keeps its recipe's guesses. (): none.
     compile_ahead_tokens: tuple[int, ...] = ()
     remat: bool = False  # recompute activations in the backward pass (less memory, more FLOPs)
     # Whole-row attention: "auto" is the chips' flash kernel (TPU: Pallas splash, GPU: cuDNN) and dense
@@ -128,8 +130,8 @@ class TrainerConfig:
         require(self.row_buckets_per_octave >= 1, "row_buckets_per_octave", "must be >= 1")
         require(not self.compile_ahead_tokens or self.row_tokens > 0, "compile_ahead_tokens",
                 "is for packed rows (row_tokens > 0); padded rows compile ahead by themselves")
-        require(all(1 <= t <= self.max_seq_len for t in self.compile_ahead_tokens), "compile_ahead_tokens",
-                f"mean tokens of a sample, each in [1, max_seq_len={self.max_seq_len}], got {list(self.compile_ahead_tokens)}")
+        require(all(t >= 1 for t in self.compile_ahead_tokens), "compile_ahead_tokens",
+                f"mean tokens of a sample, each >= 1, got {list(self.compile_ahead_tokens)}")
         require(self.micro_batch_tokens == 0 or (self.row_tokens > 0 and self.micro_batch_tokens >= self.row_tokens),
                 "micro_batch_tokens", f"must be 0 or >= row_tokens={self.row_tokens} (> 0: micro-batches of packed rows)")
         require(self.micro_batch_tokens == 0 or self.micro_batches == 1, "micro_batches",
@@ -142,3 +144,9 @@ class TrainerConfig:
         require(self.export_every >= 0, "export_every", "must be >= 0 (0: export after the last step only)")
         require(self.wait_timeout_s > 0, "wait_timeout_s", "must be > 0")
         require(self.poll_s > 0, "poll_s", "must be > 0")
+
+    @property
+    def compile_ahead_means(self) -> tuple[int, ...]:
+        """``compile_ahead_tokens`` within the sample length, in order: no batch's mean exceeds
+        ``max_seq_len``, so a larger guess is that one."""
+        return tuple(min(tokens, self.max_seq_len) for tokens in self.compile_ahead_tokens)

@@ -194,7 +194,7 @@ def run_training(*, model_config: ModelConfig, initial_params: Any, algorithm: A
         trainer.compile_step(state, rollouts_per_step, ref_params)
         startup.mark("trainer_compiled")
     elif rollouts_per_step and step < config.total_steps and config.compile_ahead_tokens:
-        ahead = CompileAhead(trainer, state, rollouts_per_step, ref_params, config.compile_ahead_tokens)
+        ahead = CompileAhead(trainer, state, rollouts_per_step, ref_params, config.compile_ahead_means)
     metrics = MetricsWriter(metrics_dir, resumed_from=step) if is_chief else None
     wandb = WandbLogger(config.wandb, metrics_dir=metrics_dir) if is_chief and config.wandb.enabled else None
     reader = BatchReader(store, config, startup_wait_s)

@@ -43,8 +43,10 @@ def test_a_batch_in_a_bucket_compiled_ahead_steps_without_compiling_and_others_a
     assert batch_shape(other) != batch_shape(batch) and not compile_ahead.wait_for(other, timeout_s=1)
 
 
-def test_the_key_is_refused_for_padded_rows_and_outside_the_sample_length():
+def test_the_key_is_refused_for_padded_rows_and_below_one_token_and_a_guess_past_the_samples_is_their_length():
     with pytest.raises(ConfigError, match="compile_ahead_tokens"):
         TrainerConfig(max_seq_len=32, compile_ahead_tokens=(16,))
     with pytest.raises(ConfigError, match="compile_ahead_tokens"):
-        TrainerConfig(max_seq_len=32, row_tokens=32, compile_ahead_tokens=(64,))
+        TrainerConfig(max_seq_len=32, row_tokens=32, compile_ahead_tokens=(16, 0))
+    # A run that shortens a recipe's samples keeps its guesses: none can be longer than a sample.
+    assert TrainerConfig(max_seq_len=32, row_tokens=32, compile_ahead_tokens=(64, 16)).compile_ahead_means == (32, 16)
