@@ -9,7 +9,7 @@ OUTPUT ?= runs/quickstart
 PYTEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: quickstart-programs setup setup-run setup-test setup-tpu-compile setup-gpu-compile quickstart test test-slow test-all test-alone test-tpu-compile test-gpu-compile bench lock lock-accelerators worker-image sdist wheel clean
+.PHONY: quickstart-programs setup setup-run setup-test setup-tpu-compile setup-gpu-compile quickstart test test-slow test-long test-all test-alone test-tpu-compile test-gpu-compile bench lock lock-accelerators worker-image sdist wheel clean
 
 # The virtual environment, from the lock file; Prism and the GCS emulator built from Go modules.
 # Bytecode compiled at install (uv does not by default): a process that finds no .pyc compiles every
@@ -56,16 +56,23 @@ quickstart: setup-run $(QUICKSTART_PROGRAMS)
 test: setup-test
 	$(PY) -m pytest -m "not slow and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 900 --durations 20 $(PYTEST_ARGS)
 
-# The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs).
+# The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs), less the long ones.
 test-slow: setup-test
-	$(PY) -m pytest -m "slow and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 --durations 20 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 --durations 20 $(PYTEST_ARGS)
+
+# The long lane, not in CI: learning runs that prove a published figure (the quickstart's variants,
+# the rehearsals, distillation, the reward model's accuracy), the packed update for every preset, and
+# the 32B eight-bit decode compiled for TPU. About 25 minutes on 2 cores.
+test-long: setup-test setup-tpu-compile
+	$(PY) -m pytest -m "long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 3600 --durations 20 $(PYTEST_ARGS)
+	$(TPU_VENV)/bin/python -m pytest -m "tpu and long" tests/compile --timeout 1800 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The repository alone (tracked and new files, no ../shared beside it) copied to a temporary folder:
 # its default test lane and the quickstart there. The copy's venv comes from uv's cache.
 test-alone:
 	bash scripts/test_alone.sh
 
-test-all: test test-slow test-tpu-compile test-gpu-compile
+test-all: test test-slow test-long test-tpu-compile test-gpu-compile
 
 # The TPU compiler's environment: the worker image's packages (requirements/lock-tpu.txt, libtpu
 # included) as docker/Dockerfile installs them, this package without its dependencies, and pytest.
@@ -82,7 +89,7 @@ setup-tpu-compile: $(TPU_VENV)/.installed
 
 # The TPU lane without a TPU: libtpu compiles a small recipe's programs for v5e and v5p slices here.
 test-tpu-compile: setup-tpu-compile
-	$(TPU_VENV)/bin/python -m pytest -m tpu tests/compile --timeout 900 -p no:cacheprovider $(PYTEST_ARGS)
+	$(TPU_VENV)/bin/python -m pytest -m "tpu and not long" tests/compile --timeout 900 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The GPU compiler's environment: the worker image's packages (requirements/lock-gpu.txt, jax's CUDA 12
 # plugin) without the CUDA runtime wheels a compile never loads. Compiling for a GPU on this host needs

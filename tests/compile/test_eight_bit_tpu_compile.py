@@ -90,6 +90,7 @@ def qwq_decodes(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("chip", ["v5p", "v6e"])
 def test_qwq_int8_decode_reads_its_pages_through_our_kernel_at_132_256_of_the_bfloat16_kv(qwq_decodes, chip):
     """int8 weights and pages against bfloat16 at the same running sequences and mean context: our

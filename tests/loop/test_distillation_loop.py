@@ -18,7 +18,7 @@ from rlax_core.tasks.story import story_examples, write_jsonl
 from tests.rewards.test_distillation import sharpened_teacher
 from tests.support.tiny_launch import tiny_launch_overrides
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.long,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
 
 REPO = Path(__file__).resolve().parents[2]

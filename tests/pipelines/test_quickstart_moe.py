@@ -15,7 +15,7 @@ import pytest
 from pipelines.runners import cached_prism_binary
 from rlax_core.models import from_pretrained
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.long,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
 
 REPO = Path(__file__).resolve().parents[2]

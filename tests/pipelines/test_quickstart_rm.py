@@ -23,7 +23,8 @@ def test_the_header_runs_the_quickstart_with_the_reward_model_recipe():
     assert command.startswith("rlax quickstart --config configs/quickstart_rm.yaml --output ")
 
 
-@pytest.mark.slow  # rft pairs (448 prompts), rlax rm, 30 GRPO steps on its score, evaluations: 11 minutes at load 8-25
+@pytest.mark.slow
+@pytest.mark.long  # rft pairs (448 prompts), rlax rm, 30 GRPO steps on its score, evaluations: 11 minutes at load 8-25
 def test_rl_on_the_reward_model_alone_raises_held_out_pass_at_1_by_5_standard_errors(tmp_path):
     (tmp_path / "configs").symlink_to(REPO_ROOT / "configs")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}

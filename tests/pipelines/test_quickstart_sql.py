@@ -25,7 +25,8 @@ def test_the_header_lists_curate_to_evaluate():
     assert [c.split()[1] for c in commands] == ["curate", "evaluate", "launch", "evaluate"]
 
 
-@pytest.mark.slow  # curate, evaluate, launch (3 steps), evaluate: ~8 minutes on 2 loaded cores
+@pytest.mark.slow
+@pytest.mark.long  # curate, evaluate, launch (3 steps), evaluate: ~8 minutes on 2 loaded cores
 def test_quickstart_sql_runs_end_to_end_and_reports_execution_accuracy_before_and_after(tmp_path):
     (tmp_path / "configs").symlink_to(REPO_ROOT / "configs")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}

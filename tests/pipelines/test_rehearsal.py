@@ -18,7 +18,7 @@ from rlax_core.data.rollout_store import RolloutStore
 from tests.pipelines.gcs_batch_proxy import BatchFixingProxy
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.long,
               pytest.mark.skipif(cached_prism_binary() is None, reason="Prism not built: run `make setup`")]
 
 

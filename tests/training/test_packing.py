@@ -71,7 +71,8 @@ def assert_same_update(update, padded, packed, ref_params=None, make_state=None)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", PRESETS.names())
+@pytest.mark.parametrize("preset", [name if name in ("grpo", "ppo") else pytest.param(name, marks=pytest.mark.long)
+                                    for name in PRESETS.names()])  # one group-relative, one with a critic; the rest: long
 def test_a_packed_update_equals_the_padded_one_for_every_preset(preset):
     algorithm = get_preset(preset)
     # Two epochs: pi_old is then computed apart (the prepared forward on packed rows) and the ratio moves.

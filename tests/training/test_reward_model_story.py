@@ -60,6 +60,7 @@ def story_pairs():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_held_out_pair_accuracy_reaches_085_on_the_story_task(story_pairs):
     policy = from_pretrained(STORIES / "stories260K.bin")
     tokenizer = load_tokenizer(STORIES / "tok512.model")
@@ -95,7 +96,8 @@ def write_pairs(path, pairs):
     return str(path)
 
 
-@pytest.mark.slow  # rlax rm end to end: the engine's pairs, 2 epochs of training, the held-out pass
+@pytest.mark.slow
+@pytest.mark.long  # rlax rm end to end: the engine's pairs, 2 epochs of training, the held-out pass
 def test_rlax_rm_reaches_085_held_out_pair_accuracy_and_the_reward_term_reads_its_model(story_pairs, tmp_path):
     from pipelines.config import load_run_config
     from pipelines.rm import reward_model

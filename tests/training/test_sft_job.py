@@ -44,7 +44,8 @@ def run_sft(tmp_path, data, *overrides):
     return sft(config)
 
 
-@pytest.mark.slow  # an end-to-end job (188 s measured on a 2-core machine at load average 24)
+@pytest.mark.slow
+@pytest.mark.long  # an end-to-end job (188 s measured on a 2-core machine at load average 24)
 def test_sft_on_verified_story_samples_lowers_heldout_nll(tmp_path, story_prompts):
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in verified_records(story_prompts)))
