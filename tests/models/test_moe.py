@@ -164,7 +164,7 @@ def test_gradients_reach_the_router_through_the_replayed_experts():
 
     def router_gradient(expert_ids):
         loss = lambda p: jnp.mean(jax.nn.log_softmax(forward(p, config, ids, expert_ids=expert_ids))[..., 7])
-        return jax.grad(loss)(params)["layers_1"]["moe"]["router"]
+        return jax.jit(jax.grad(loss))(params)["layers_1"]["moe"]["router"]  # one program, not op by op
 
     gradient = router_gradient(replayed)
     assert np.abs(np.asarray(gradient)).max() > 1e-4
@@ -223,20 +223,21 @@ def test_load_balancing_loss_is_one_when_balanced_and_the_expert_count_when_coll
 def test_auxiliary_losses_count_real_tokens_and_add_over_micro_batches():
     config = toy_moe_config()
     params = randomized(config)
+    routed = jax.jit(forward_with_routing, static_argnums=1)  # one program per shape, not op by op
     tokens = jax.random.randint(jax.random.key(3), (4, 10), 3, config.vocab_size)
     mask = jnp.ones((4, 10), jnp.int32).at[3, 6:].set(0)
-    _, whole = forward_with_routing(params, config, tokens, attention_mask=mask)
-    halves = [forward_with_routing(params, config, tokens[rows], attention_mask=mask[rows])[1]
+    _, whole = routed(params, config, tokens, attention_mask=mask)
+    halves = [routed(params, config, tokens[rows], attention_mask=mask[rows])[1]
               for rows in (slice(0, 2), slice(2, 4))]
     added = jax.tree.map(lambda a, b: a + b, *[h._replace(expert_ids=jnp.zeros(())) for h in halves])
     for loss in (load_balancing_loss, router_z_loss):
         assert float(loss(added)) == pytest.approx(float(loss(whole)), rel=1e-6)
-    _, other_padding = forward_with_routing(params, config, tokens.at[3, 6:].set(9), attention_mask=mask)
+    _, other_padding = routed(params, config, tokens.at[3, 6:].set(9), attention_mask=mask)
     assert float(router_z_loss(other_padding)) == pytest.approx(float(router_z_loss(whole)), rel=1e-6)
     assert float(router_z_loss(whole)) > 0
 
     def aux(p):
-        _, routing = forward_with_routing(p, config, tokens, attention_mask=mask)
+        _, routing = routed(p, config, tokens, attention_mask=mask)
         return load_balancing_loss(routing) + 1e-3 * router_z_loss(routing)
 
     assert np.abs(np.asarray(jax.grad(aux)(params)["layers_1"]["moe"]["router"])).max() > 0
@@ -260,7 +261,7 @@ def test_expert_parallelism_on_8_devices_equals_the_unsharded_forward_and_gradie
         chosen = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], axis=-1)[..., 0]
         return jnp.sum(chosen * mask) / jnp.sum(mask) + 0.01 * load_balancing_loss(routing), (logits, routing.expert_ids)
 
-    (_, (logits, ids)), grads = jax.value_and_grad(loss, has_aux=True)(params, None)
+    (_, (logits, ids)), grads = jax.jit(jax.value_and_grad(lambda p: loss(p, None), has_aux=True))(params)
     mesh = make_mesh(MeshConfig(**{"fsdp": 1, **axes}))
     sharded = jax.device_put(params, tree_shardings(params, param_logical_axes(config), mesh))
     assert "expert" in sharded["layers"]["moe"]["gate_proj"].sharding.spec
