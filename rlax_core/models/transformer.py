@@ -46,6 +46,7 @@ slot ids) closes over it the same way ``contiguous_attend`` closes over ``positi
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -298,14 +299,25 @@ def _init_variables(config: ModelConfig, rng: jax.Array, dtype):
     return jax.jit(model.init)(rng, ids, ids, None)
 
 
+@functools.lru_cache(maxsize=64)
+def _abstract_variables(config: ModelConfig):
+    """The float32 variables' shapes and partitioning of ``config``'s model, traced once per config:
+    the planner asks for them for every role of every recipe (a trace costs a quarter second)."""
+    return jax.eval_shape(lambda: _init_variables(config, jax.random.key(0), jnp.float32))
+
+
+def param_shapes(config: ModelConfig) -> Params:
+    """``init_params(config, ...)``'s tree as shapes and dtypes (float32), without making it."""
+    return nn.unbox(_abstract_variables(config)["params"])
+
+
 def param_logical_axes(config: ModelConfig) -> Params:
     """The params tree with tuples of logical axis names as leaves (use ``is_leaf=lambda x: isinstance(x, tuple)``).
 
     Names: vocab, embed, heads (query heads), kv_heads, head_dim, mlp, layers; a mixture of experts
     adds expert (the stacked experts) and router (the router's scores).
     """
-    abstract = jax.eval_shape(lambda: _init_variables(config, jax.random.key(0), jnp.float32))
-    specs = nn.get_partition_spec(abstract)["params"]
+    specs = nn.get_partition_spec(_abstract_variables(config))["params"]
     return jax.tree.map(tuple, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 

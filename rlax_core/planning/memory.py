@@ -32,7 +32,7 @@ from rlax_core.models.attention import fits as attention_fits
 from rlax_core.models.config import ModelConfig
 from rlax_core.models.lora import (EIGHT_BIT_FORMATS, TARGETS, LoraConfig, adapter_logical_axes, decoding_adapters,
                                    init_adapters, quantize_kernels, quantized_logical_axes)
-from rlax_core.models.transformer import init_params, param_logical_axes
+from rlax_core.models.transformer import init_params, param_logical_axes, param_shapes
 from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
 from rlax_core.planning.hardware import CPU, GIB, SliceSpec, platform_of
 from rlax_core.training.config import TrainerConfig
@@ -102,7 +102,7 @@ def gib(size: int) -> str:
 def _sharded_bytes(model: ModelConfig, dtype: str, mesh_sizes: tuple[int, ...]) -> int:
     """Bytes per chip of the model's parameters in ``dtype`` on a data x fsdp x expert x tensor mesh
     (a mixture of experts' experts split over ``expert``, by the same rules)."""
-    shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+    shapes = param_shapes(model)
     return _tree_bytes(shapes, param_logical_axes(model), dtype, mesh_sizes)
 
 
@@ -157,7 +157,7 @@ def _engine_weight_bytes(model: ModelConfig, engine: EngineConfig, dtype: str, s
 
 def _targeted_kernels(model: ModelConfig, lora) -> tuple[dict, dict]:
     """The shapes and axes of the kernels LoRA adapts (the merged copies the trainer's forward holds)."""
-    shapes = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))["layers"]
+    shapes = param_shapes(model)["layers"]
     axes = param_logical_axes(model)["layers"]
     picked = [TARGETS[t][0] for t in lora.targets]
     return ({p: shapes[m][p]["kernel"] for m, p in picked}, {p: axes[m][p]["kernel"] for m, p in picked})
