@@ -42,6 +42,10 @@ class EngineConfig:
     max_prefill_batch: prompts prefilled together by one compiled call at most (0: num_slots). A
       prefill's dense attention holds [batch, heads, bucket, bucket] float32 scores, so on long
       prompts this bounds the prefill's memory (the memory planner counts it).
+    prefill_batch_growth: the ratio between the prefill (and continuation) batch sizes compiled: 2
+      compiles 1, 2, 4, 8, 16 for a prefill batch of 16, 4 compiles 1, 4, 16. A larger ratio is fewer
+      programs (seconds off every engine's start where compiles or cache loads dominate it, as on a
+      laptop) for more padding in a call that falls between two sizes.
     decode_steps_per_call: tokens decoded per compiled call before control returns to Python to
       retire finished sequences and admit new ones.
     attention_impl: decode attention over the cache. "pallas": JAX's own paged-attention Pallas
@@ -123,6 +127,7 @@ class EngineConfig:
     tensor_parallel: int = 1
     expert_parallel: int = 1
     max_prefill_batch: int = 0
+    prefill_batch_growth: int = 2
     lora_mode: LoraMode = "auto"
     admission: Admission = "on_demand"
     on_new_version: OnNewVersion = "continue"
@@ -141,6 +146,8 @@ class EngineConfig:
                 "must be float32, bfloat16, int8 or fp8")
         require(self.replicas >= 0, "replicas", "must be >= 0 (0: as many as the local devices hold)")
         require(self.max_prefill_batch >= 0, "max_prefill_batch", "must be >= 0 (0: num_slots)")
+        require(self.prefill_batch_growth >= 2, "prefill_batch_growth",
+                f"the ratio between compiled prefill batch sizes: an integer >= 2, got {self.prefill_batch_growth}")
         require(self.tensor_parallel >= 1, "tensor_parallel", "must be at least 1 (devices per replica)")
         require(self.expert_parallel >= 1, "expert_parallel", "must be at least 1 (1: no expert axis)")
         require(self.num_slots >= 1, "num_slots", "must be at least 1")
@@ -192,14 +199,14 @@ class EngineConfig:
 
     @property
     def prefill_batch_sizes(self) -> tuple[int, ...]:
-        """The batch sizes prefill compiles for: powers of two up to ``prefill_batch``; batch-invariant,
-        ``prefill_batch`` alone."""
+        """The batch sizes prefill compiles for: powers of ``prefill_batch_growth`` below
+        ``prefill_batch``, then ``prefill_batch``; batch-invariant, ``prefill_batch`` alone."""
         if self.batch_invariant:
             return (self.prefill_batch,)
         sizes, size = [], 1
         while size < self.prefill_batch:
             sizes.append(size)
-            size *= 2
+            size *= self.prefill_batch_growth
         return (*sizes, self.prefill_batch)
 
     @property

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from rlax_core.config import ConfigError
 from rlax_core.inference.config import SamplingParams
 from rlax_core.inference.engine import Engine, Request
 from rlax_core.inference.sampling import SamplingMode
@@ -289,3 +290,25 @@ def test_max_prefill_batch_splits_a_prefill_without_changing_the_samples(engine,
                 for i, t in enumerate(["Once upon a time", "The dog ran", "Lily saw a big"])]
     _assert_same_samples(one_prompt_per_call.generate(requests), engine.generate(requests), model.config)
     assert one_prompt_per_call.stats["prefill_calls"] == 3  # admitted together, prefilled one by one
+
+
+def test_prefill_batch_growth_compiles_fewer_sizes_and_a_batch_between_two_runs_padded_without_compiling(
+        stories, small_engine_config):
+    config = dataclasses.replace(small_engine_config, max_prefill_batch=16, num_slots=16, prefill_batch_growth=4)
+    assert config.prefill_batch_sizes == config.continuation_batch_sizes == (1, 4, 16)
+    assert dataclasses.replace(config, max_prefill_batch=8).prefill_batch_sizes == (1, 4, 8)
+    assert dataclasses.replace(config, prefill_batch_growth=2).prefill_batch_sizes == (1, 2, 4, 8, 16)
+    assert config.prefill_calls([3, 5, 9]) == [([0, 1, 2], 4, 16)]  # three rows: the batch of 4
+    with pytest.raises(ConfigError, match="prefill_batch_growth"):
+        dataclasses.replace(config, prefill_batch_growth=1)
+    model, tokenizer = stories
+    engine = Engine(config, model.config, model.params, version=0, device=jax.devices()[0])
+    engine.warm_up(modes=(SamplingMode.GREEDY,))
+    before = COMPILES.count
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    prompts = ["Once upon a time", "The dog", "Tom saw a big"]
+    together = engine.generate([Request(tokenizer.encode(p, add_bos=True), greedy, prompt_id=i)
+                                for i, p in enumerate(prompts)])  # 3 prompts: prefilled as 4
+    assert COMPILES.count == before, f"{COMPILES.count - before} compilations after warm-up"
+    alone = engine.generate([Request(tokenizer.encode(prompts[2], add_bos=True), greedy, prompt_id=2)])
+    assert alone[0].completion_ids == together[2].completion_ids
