@@ -302,7 +302,11 @@ def test_prefill_batch_growth_compiles_fewer_sizes_and_a_batch_between_two_runs_
     with pytest.raises(ConfigError, match="prefill_batch_growth"):
         dataclasses.replace(config, prefill_batch_growth=1)
     model, tokenizer = stories
-    engine = Engine(config, model.config, model.params, version=0, device=jax.devices()[0])
+    # Batch sizes 1 and 4 only; one prompt bucket, reserved pages (no continuations): few programs.
+    small = dataclasses.replace(small_engine_config, max_prefill_batch=4, max_prompt_len=16, prefill_buckets=(16,),
+                                max_new_tokens=8, admission="reserve", prefill_batch_growth=4)
+    assert small.prefill_batch_sizes == (1, 4)
+    engine = Engine(small, model.config, model.params, version=0, device=jax.devices()[0])
     engine.warm_up(modes=(SamplingMode.GREEDY,))
     before = COMPILES.count
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
