@@ -40,6 +40,16 @@ else:
     _OWN_CACHE = None
 
 
+if _OWN_CACHE or os.environ.get("PYTEST_XDIST_WORKER"):
+    # The lane's own processes read the cache and leave writing it to the jobs they start. An xdist
+    # worker of the slow lane that had run many tests crashed (SIGSEGV in XLA:CPU's executable
+    # serialisation, jaxlib 0.10.2) writing one program to the cache, at the same test in two runs;
+    # that test alone, or its whole file in one process, never did. Reading is another code path.
+    import jax
+
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+
+
 def pytest_unconfigure(config):
     if _OWN_CACHE and "PYTEST_XDIST_WORKER" not in os.environ:
         import shutil
