@@ -17,7 +17,7 @@ import argparse
 import logging
 import threading
 
-from pipelines.sft import add_arguments, load_policy, report, split_records, start  # noqa: F401 (add_arguments: the CLI reads it)
+from pipelines.sft import add_arguments, load_policy, report, split_pairs, start  # noqa: F401 (add_arguments: the CLI reads it)
 
 HELP = "direct preference optimization (DPO, IPO) on chosen/rejected pairs, the base or a frozen model as reference"
 
@@ -41,8 +41,7 @@ def dpo(run_config, stop: threading.Event | None = None):
     from pipelines.train import hf_export
 
     config, trainer_config = run_config.dpo, run_config.trainer
-    train_records, validation_records = split_records(config.data, config.validation_data, config.validation_fraction,
-                                                      "PreferencePair", ("id", "chosen", "rejected"))
+    train_records, validation_records = split_pairs(config)
     model, tokenizer = load_policy(run_config)
     ref_params = None
     if config.reference_model:

@@ -21,7 +21,7 @@ import argparse
 import logging
 import threading
 
-from pipelines.sft import add_arguments, load_policy, report, split_records, start  # noqa: F401 (add_arguments: the CLI reads it)
+from pipelines.sft import add_arguments, load_policy, report, split_pairs, start  # noqa: F401 (add_arguments: the CLI reads it)
 
 HELP = "train a Bradley-Terry reward model on chosen/rejected pairs (the trainer with the rm objective)"
 
@@ -51,7 +51,7 @@ def reward_model(run_config, stop: threading.Event | None = None):
     from pipelines.train import hf_export
 
     config, trainer_config = run_config.rm, run_config.trainer
-    train_records, validation_records = split_pairs(config)
+    train_records, validation_records = split_pairs(config, ("id", "prompt", "chosen", "rejected"))
     policy, tokenizer = load_policy(run_config)
     if policy.config.score_head:  # a reward model already: trained further
         model_config, params = policy.config, policy.params
@@ -102,16 +102,6 @@ def reward_model(run_config, stop: threading.Event | None = None):
     if not result.preempted:
         save_score_stats(export.folder(result.step), [sides for sides, _ in train[:STATS_PAIRS]], T, pad_id)
     return result
-
-
-def split_pairs(config):
-    """(training pairs, held-out pairs) of ``rm`` config: ``validation_data``'s, or else split by prompt
-    (a stable hash of its normalised text), so every pair of one prompt lands on the same side and the
-    held-out pair accuracy is of prompts the model never trained on."""
-    from rlax_core.data.records import normalize_text
-
-    return split_records(config.data, config.validation_data, config.validation_fraction, "PreferencePair",
-                         ("id", "prompt", "chosen", "rejected"), key=lambda pair: normalize_text(str(pair["prompt"])))
 
 
 def held_out_scores(trainer, state, batches):

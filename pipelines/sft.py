@@ -88,6 +88,17 @@ def split_records(path: str, validation_path: str, fraction: float, kind: str, r
     return ([r for r in records if not held_out(key(r), fraction)], [r for r in records if held_out(key(r), fraction)])
 
 
+def split_pairs(config, required: tuple[str, ...] = ("id", "chosen", "rejected")):
+    """(training pairs, held-out pairs) of a ``dpo`` or ``rm`` config: ``validation_data``'s, or else
+    split by prompt (a stable hash of its normalised text; a pair without one, by its id), so every
+    pair of one prompt lands on the same side and held-out accuracy is of prompts never trained on
+    (``rlax rft`` writes several pairs per prompt)."""
+    from rlax_core.data.records import normalize_text
+
+    return split_records(config.data, config.validation_data, config.validation_fraction, "PreferencePair",
+                         required, key=lambda pair: normalize_text(str(pair.get("prompt") or pair["id"])))
+
+
 def load_policy(run_config):
     import jax.numpy as jnp
 

@@ -48,7 +48,7 @@ class DpoConfig:
 
     data: str = ""  # parquet or JSONL of PreferencePair records
     validation_data: str = ""
-    validation_fraction: float = 0.0
+    validation_fraction: float = 0.0  # held-out prompts (by prompt text, stable): all their pairs are held out
     loss: Literal["sigmoid", "ipo"] = "sigmoid"  # DPO's logistic loss, or IPO's squared one
     beta: float = 0.1
     label_smoothing: float = 0.0  # conservative DPO: the share of pairs assumed mislabelled (sigmoid only)

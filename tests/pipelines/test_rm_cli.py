@@ -37,9 +37,10 @@ def test_a_pair_with_an_empty_side_is_one_line(tmp_path, capsys, side):
     assert lines[-1].startswith("rlax rm: ") and f"preference pair 'p3': empty '{side}'" in lines[-1], lines[-3:]
 
 
-def test_held_out_pairs_are_split_by_prompt_never_straddling_it(tmp_path):
-    from rlax_core.training.post_config import RmConfig
-    from pipelines.rm import split_pairs
+@pytest.mark.parametrize("objective", ["rm", "dpo"])
+def test_held_out_pairs_are_split_by_prompt_never_straddling_it(tmp_path, objective):
+    from rlax_core.training.post_config import DpoConfig, RmConfig
+    from pipelines.sft import split_pairs
 
     # 40 prompts x 4 pairs, each pair its own id; one prompt is written in two spellings that
     # normalise alike (case, white space), and its pairs still land together.
@@ -48,12 +49,13 @@ def test_held_out_pairs_are_split_by_prompt_never_straddling_it(tmp_path):
     pairs[1]["prompt"] = "ONCE upon  a time,   child 0"
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
-    train, held_out = split_pairs(RmConfig(data=str(data), validation_fraction=0.3))
+    config = {"rm": RmConfig, "dpo": DpoConfig}[objective](data=str(data), validation_fraction=0.3)
+    train, held_out = split_pairs(config)
     assert len(train) + len(held_out) == len(pairs) and held_out and train
     prompt_of = {pair["id"]: pair["id"].split("-")[1] for pair in pairs}
     train_prompts, held_out_prompts = ({prompt_of[pair["id"]] for pair in side} for side in (train, held_out))
     assert not train_prompts & held_out_prompts, sorted(train_prompts & held_out_prompts)
-    assert split_pairs(RmConfig(data=str(data), validation_fraction=0.3)) == (train, held_out)  # stable
+    assert split_pairs(config) == (train, held_out)  # stable
 
 
 def test_rlax_plan_counts_the_reward_model_trainer():
