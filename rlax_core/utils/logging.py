@@ -12,13 +12,28 @@ T = TypeVar("T")
 _FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes each record to ``sys.stderr`` as it is when the record is emitted, not as it was when
+    logging was set up: a thread that outlives a redirection of stderr (Beam's reader of the Prism
+    runner's output, after a caller captured stderr and closed the capture) logs where stderr goes
+    now, instead of failing on a closed stream."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
 def setup_logging(level: str | int = "INFO") -> None:
     """Configure the root logger once (stderr, timestamps); quiet the chattiest libraries."""
     if isinstance(level, str):
         level = getattr(logging, level.upper(), None)
         if not isinstance(level, int):
             raise ValueError("log level must be one of DEBUG, INFO, WARNING, ERROR")
-    logging.basicConfig(level=level, format=_FORMAT, datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+    logging.basicConfig(level=level, format=_FORMAT, datefmt="%H:%M:%S", handlers=[_StderrHandler()], force=True)
     for noisy in ("absl", "jax._src", "urllib3", "google", "fsspec", "gcsfs", "apache_beam.runners"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
