@@ -63,13 +63,13 @@ test: setup-test
 
 # The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs), less the long ones.
 test-slow: setup-test
-	$(PY) -m pytest -m "slow and not long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 --durations 20 $(PYTEST_ARGS)
+	RLAX_TEST_UNOPTIMISED_CPU_CODE=0 $(PY) -m pytest -m "slow and not long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 --durations 20 $(PYTEST_ARGS)
 
 # The long lane, not in CI: learning runs that prove a published figure (the quickstart's variants,
 # the rehearsals, distillation, the reward model's accuracy), the packed update for every preset, and
 # the 32B eight-bit decode compiled for TPU. About 25 minutes on 2 cores.
 test-long: setup-test setup-tpu-compile
-	$(PY) -m pytest -m "long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 3600 --durations 20 $(PYTEST_ARGS)
+	RLAX_TEST_UNOPTIMISED_CPU_CODE=0 $(PY) -m pytest -m "long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 3600 --durations 20 $(PYTEST_ARGS)
 	$(TPU_VENV)/bin/python -m pytest -m "tpu and long" tests/compile --timeout 1800 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The repository alone (tracked and new files, no ../shared beside it) copied to a temporary folder:
