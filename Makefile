@@ -11,6 +11,8 @@ OUTPUT ?= runs/quickstart
 # an idle worker (measured idle: 9:49 with 2 workers, 9:03 with 3 and worksteal). The slow lane's
 # tests start jobs of their own: 2 workers.
 TEST_WORKERS ?= 3
+# The slow and long lanes compile at XLA's own optimisation level (tests/conftest.py says why).
+OPTIMISED_CPU_CODE := RLAX_TEST_UNOPTIMISED_CPU_CODE=0
 PYTEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -63,13 +65,13 @@ test: setup-test
 
 # The slow lane: long tests (full HumanEval, multi-process stress, end-to-end runs), less the long ones.
 test-slow: setup-test
-	RLAX_TEST_UNOPTIMISED_CPU_CODE=0 $(PY) -m pytest -m "slow and not long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 --durations 20 $(PYTEST_ARGS)
+	$(OPTIMISED_CPU_CODE) $(PY) -m pytest -m "slow and not long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 1800 --durations 20 $(PYTEST_ARGS)
 
 # The long lane, not in CI: learning runs that prove a published figure (the quickstart's variants,
 # the rehearsals, distillation, the reward model's accuracy), the packed update for every preset, and
 # the 32B eight-bit decode compiled for TPU. About 25 minutes on 2 cores.
 test-long: setup-test setup-tpu-compile
-	RLAX_TEST_UNOPTIMISED_CPU_CODE=0 $(PY) -m pytest -m "long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 3600 --durations 20 $(PYTEST_ARGS)
+	$(OPTIMISED_CPU_CODE) $(PY) -m pytest -m "long and not tpu and not gpu" -n $(PYTEST_WORKERS) --timeout 3600 --durations 20 $(PYTEST_ARGS)
 	$(TPU_VENV)/bin/python -m pytest -m "tpu and long" tests/compile --timeout 1800 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The repository alone (tracked and new files, no ../shared beside it) copied to a temporary folder:
