@@ -214,7 +214,7 @@ def decode_step_line(report) -> str | None:
               f"{', ...' if len(report.full_width) > 3 else ''})" if report.full_width
               else "no full-width copy of the KV pool or the weights")
     return (f"{report.role}: {report.program}: one step of {step['running_sequences']} sequences at a mean context of "
-            f"{step['mean_context']:,.0f} tokens reads XLA's {step['xla_bytes'] / 1e9:.2f} GB + KV pages "
+            f"{step['mean_context']:,.0f} tokens reads XLA's {step['xla_bytes'] / 1e9:.2f} GB of HBM + KV pages "
             f"{step['kv_read_bytes'] / 1e9:.2f} GB = {step['step_bytes'] / 1e9:.2f} GB per chip, "
             f"{step['step_roofline_s'] * 1e3:.3g} ms roofline; {copies}")
 

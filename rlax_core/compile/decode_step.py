@@ -1,27 +1,30 @@
-"""What one decode step costs a chip: XLA's count of the compiled step plus the KV pages its paged
+"""What one decode step costs a chip: the HBM bytes of the compiled step plus the KV pages its paged
 attention reads, and the check that the compiled decode forms no full-width copy of the pool or weights.
 
 XLA's cost analysis does not see inside a Mosaic (or Triton) call, so the decode program's bytes
 leave out exactly the bytes that grow with the running sequences and their lengths: the KV pages.
 ``DecodeStepCost`` adds them, counted by ``planning.memory.decode_kv_read_bytes`` (whole pages,
-keys and values, every layer, the chip's KV heads, by ``engine.cache_dtype``; on TPU an eight-bit
-page's scales as wide as the page, as JAX's kernel reads them):
+keys and values, every layer, the chip's KV heads, by ``engine.cache_dtype``; an eight-bit page
+with its row of float32 scales, as our kernel reads it):
 
-    step bytes(contexts) = XLA's bytes of the compiled step + sum over running sequences of
+    step bytes(contexts) = HBM bytes of the compiled step + sum over running sequences of
                            ceil(context / page_size) x (bytes one page holds on one chip)
 
-and its time is the roofline ``max(FLOPs / peak, bytes / HBM bandwidth)``, XLA's FLOPs scaled by the
-running sequences over the compiled slots (the projections' rows; the kernel's FLOPs are not counted:
-a decode step is bound by its bytes at every width here). XLA's bytes are those of the program as
-compiled (its slots' activations with them), so a step of fewer running sequences is counted with
-the compiled slots' activations: on the safe side, and a few percent of the weights' bytes.
+The compiled step's HBM bytes are XLA's bytes accessed, on TPU of the program compiled with
+memory-space assignment off (``decode_step_bytes``; ``compile.report.hbm_bytes_accessed``): XLA:TPU's
+own count of the program as it runs adds the on-chip copies of the weights it prefetches, up to three
+times their bytes. Its time is the roofline ``max(FLOPs / peak, bytes / HBM bandwidth)``, XLA's FLOPs
+scaled by the running sequences over the compiled slots (the projections' rows; the kernel's FLOPs are
+not counted: a decode step is bound by its bytes at every width here). XLA's bytes are those of the
+program as compiled (its slots' activations with them), so a step of fewer running sequences is
+counted with the compiled slots' activations: on the safe side, and a few percent of the weights' bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from rlax_core.planning.hardware import CHIP_PEAKS
 
@@ -52,6 +55,14 @@ class DecodeStepCost:
     def seconds_at(self, sequences: int, mean_context: float) -> float:
         """``seconds`` of ``sequences`` running sequences each at ``mean_context`` tokens."""
         return self.seconds([mean_context] * sequences)
+
+
+def decode_step_bytes(program: Mapping[str, Any]) -> float:
+    """The bytes a decode step's cost starts from, of a compiled program's report (``ProgramReport``'s
+    fields or its JSON): its HBM bytes where they were counted (``hbm_bytes_accessed``: TPU, see
+    ``compile.report.hbm_bytes_accessed``), else XLA's bytes accessed."""
+    hbm = program.get("hbm_bytes_accessed")
+    return float(program["bytes_accessed"] if hbm is None else hbm)
 
 
 # HLO dtype names of the dtypes an engine holds, and which are narrower than which.

@@ -52,7 +52,7 @@ import dataclasses
 import re
 from typing import Any
 
-from rlax_core.compile.decode_step import DecodeStepCost
+from rlax_core.compile.decode_step import DecodeStepCost, decode_step_bytes
 from rlax_core.fleet.simulate import FleetParams, simulate
 from rlax_core.planning.memory import concurrent_sequences
 
@@ -133,7 +133,7 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_u
     kv_page = decode[0].get("kv_bytes_per_page") or kv_bytes_per_page
     page = decode[0].get("page_size") or page_size
     slots = int(_DECODE.match(decode[0]["program"]).group(1))
-    step = (DecodeStepCost(decode[0]["chip"], slots, float(decode[0]["flops"]), float(decode[0]["bytes_accessed"]),
+    step = (DecodeStepCost(decode[0]["chip"], slots, float(decode[0]["flops"]), decode_step_bytes(decode[0]),
                            float(kv_page), int(page)) if kv_page and page else None)
     return CompiledCosts(
         decode=step, rollout_chip=decode[0]["chip"], trainer_chip=update[0]["chip"] if update else None,

@@ -70,3 +70,11 @@ def test_full_width_copies_are_the_materialised_copies_and_widenings_of_held_arr
     assert found == ("fusion.5 = bf16[2,12,4,8] fusion (in body.2)", "broadcast_in_dim.6 = f32[2,12,4,8] broadcast "
                      "(in body.2)", "copy.7 = s8[64,2,8] copy (in body.2)", "copy.10 = s8[64,2,8] copy (once a call)")
     assert full_width_arrays(HLO, (("int8", (5, 5)),)) == ()
+
+
+def test_a_decode_steps_bytes_are_its_hbm_bytes_where_counted_else_xlas():
+    from rlax_core.compile.decode_step import decode_step_bytes
+
+    assert decode_step_bytes({"bytes_accessed": 3e9, "hbm_bytes_accessed": 1e9}) == 1e9
+    assert decode_step_bytes({"bytes_accessed": 3e9, "hbm_bytes_accessed": None}) == 3e9
+    assert decode_step_bytes({"bytes_accessed": 3e9}) == 3e9  # a report written before HBM bytes were counted

@@ -71,13 +71,17 @@ def test_pages_needed_rounds_up():
     assert [pages_needed(n, 4) for n in (1, 4, 5, 8, 9)] == [1, 1, 2, 2, 3]
 
 
-def test_write_pages_puts_tokens_at_page_offsets_and_invalid_ones_in_the_sink():
+@pytest.mark.parametrize("per_token", [True, False])  # a K or V pool of vectors, a scale pool of numbers
+def test_write_pages_puts_tokens_at_page_offsets_and_invalid_ones_in_the_sink(per_token):
     pool = jnp.zeros((2, 4, 2, 1))  # [Hkv, pages, page_size, D]
     new = jnp.arange(1, 13, dtype=jnp.float32).reshape(2, 3, 2, 1)  # [B, T, Hkv, D]
     page_table = jnp.asarray([[3, 1], [2, 0]], jnp.int32)
     positions = jnp.asarray([[0, 1, 2], [0, 1, 2]])
     valid = jnp.asarray([[True, True, True], [True, False, False]])
-    written = np.asarray(write_pages(pool, new, page_table, positions, valid))[..., 0]
+    if per_token:
+        written = np.asarray(write_pages(pool, new, page_table, positions, valid))[..., 0]
+    else:  # [Hkv, pages, page_size] and [B, T, Hkv]: each head's numbers in its own rows
+        written = np.asarray(write_pages(pool[..., 0], new[..., 0], page_table, positions, valid))
     assert written[0, 3].tolist() == [1, 3] and written[0, 1].tolist() == [5, 0]
     assert written[1, 3].tolist() == [2, 4] and written[1, 1].tolist() == [6, 0]  # the second KV head
     assert written[0, 2].tolist() == [7, 0] and written[1, 2].tolist() == [8, 0]
