@@ -95,17 +95,19 @@ def qwq_decodes(tmp_path_factory):
 def test_qwq_int8_decode_reads_its_pages_through_our_kernel_at_132_256_of_the_bfloat16_kv(qwq_decodes, chip):
     """int8 weights and pages against bfloat16 at the same running sequences and mean context: our
     kernel in every decode, no full-width copy of a pool, scale pool or weight anywhere in it, the
-    pages read at 132/256 of bfloat16's (a byte and a 128th of a float32 row a number, against two).
-    Issue 49 asks for at most 0.6x the step's bytes; what XLA counts beside the pages keeps it above
-    (docs/compile.md, "Eight-bit decode, compiled"): the bound here is the one measured, 0.8x."""
+    pages read at 132/256 of bfloat16's (a byte and a 128th of a float32 row a number, against two),
+    and the step's bytes (HBM's plus the pages) at most 0.6x bfloat16's, as issue 49 asks
+    (docs/compile.md, "Eight-bit decode, compiled": 0.572x on v6e, 0.540x on v5p)."""
     bf16, int8 = qwq_decodes[chip, "bf16"], qwq_decodes[chip, "int8"]
     assert bf16["kernels"] == ["paged_attention"] and int8["kernels"] == ["eight_bit_paged_attention"]
     assert list(int8["full_width"]) == [], int8["full_width"][:4]
     a, b = bf16["decode_step"], int8["decode_step"]
     assert (a["running_sequences"], a["mean_context"]) == (b["running_sequences"], b["mean_context"])
     assert b["kv_read_bytes"] == a["kv_read_bytes"] * 132 // 256
+    for report, step in ((bf16, a), (int8, b)):  # HBM's bytes, below XLA's count of the program as it runs
+        assert step["xla_bytes"] == report["hbm_bytes_accessed"] < report["bytes_accessed"]
     ratio = b["step_bytes"] / a["step_bytes"]
     print(f"{chip}: int8 {b['step_bytes'] / 1e9:.2f} GB (XLA {b['xla_bytes'] / 1e9:.2f} + KV "
           f"{b['kv_read_bytes'] / 1e9:.2f}) against bfloat16 {a['step_bytes'] / 1e9:.2f} GB (XLA "
           f"{a['xla_bytes'] / 1e9:.2f} + KV {a['kv_read_bytes'] / 1e9:.2f}): {ratio:.3f}x")
-    assert ratio <= 0.8
+    assert ratio <= 0.6

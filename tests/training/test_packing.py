@@ -103,6 +103,7 @@ def test_micro_batches_and_data_shards_take_the_padded_batches_loss_and_gradient
     algorithm = get_preset("grpo", kl_coef=0.0)
     whole = trainer(algorithm)
     split = trainer(algorithm, mesh=MeshConfig(data=2, fsdp=1), micro_batches=2)
+    assert split.accumulate_on_device and algorithm.loss_aggregation == "seq_mean_token_mean"  # test_step.py leans on both
     tables = long_tail_groups(groups=6)
     padded = make_batch(tables, max_seq_len=MAX_SEQ_LEN)
     packed = pack_batch(padded, row_tokens=MAX_SEQ_LEN, lanes=split.lanes, devices=split.batch_shards)

@@ -82,7 +82,8 @@ def test_the_engine_records_the_experts_of_every_position_it_ran(near_tied):
     ids = np.zeros((len(completions), max(lengths)), np.int32)  # one right-padded batch: one compilation
     for row, completion in enumerate(completions):
         ids[row, :lengths[row]] = [*completion.prompt_ids, *completion.completion_ids]
-    _, routing = forward_with_routing(params, config, ids, attention_mask=np.arange(ids.shape[1]) < np.c_[lengths])
+    forward = jax.jit(forward_with_routing, static_argnums=1)  # one program, not op by op
+    _, routing = forward(params, config, ids, attention_mask=np.arange(ids.shape[1]) < np.c_[lengths])
     own = np.moveaxis(np.asarray(routing.expert_ids), 0, 2)  # [B, T, moe_layers, k]
     for row, (completion, length) in enumerate(zip(completions, lengths)):
         routed = completion.routed_experts

@@ -169,7 +169,10 @@ def test_a_step_compiled_ahead_leaves_the_state_and_the_update_as_they_were(tmp_
         trainer(algorithm=get_preset("grpo")).compile_step(state_b, rollouts=6)
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+# seq_mean_token_mean in the slow lane: the default lane's test_packing.py::
+# test_micro_batches_and_data_shards_take_the_padded_batches_loss_and_gradient steps GRPO's
+# seq_mean_token_mean with gradients summed on each of 2 devices over 2 micro-batches.
+@pytest.mark.parametrize("aggregation", ["token_mean", pytest.param("seq_mean_token_mean", marks=pytest.mark.slow)])
 def test_gradients_summed_on_each_device_take_the_partitioned_step(tmp_path, aggregation):
     # Pure data parallelism accumulates each device's gradients and reduces them once per update; the
     # loss, the gradient and the new weights are those of XLA's partitioning, which reduces per micro-batch.
