@@ -159,7 +159,7 @@ def test_gradients_reach_the_router_through_the_replayed_experts():
                                           normalize_top_k=False, dense_layers=(0,)))
     params = randomized(config)
     ids = jnp.array([[1, 5, 9, 200, 17, 3]])
-    _, routing = forward_with_routing(params, config, ids)
+    _, routing = jax.jit(forward_with_routing, static_argnums=1)(params, config, ids)
     replayed = (routing.expert_ids.astype(jnp.int32) + 1) % 4
 
     def router_gradient(expert_ids):
@@ -186,13 +186,15 @@ def test_near_tied_routers_flip_under_a_tiny_weight_change_and_replay_restores_t
 
     tokens = jax.random.randint(jax.random.key(7), (4, 24), 3, config.vocab_size)
 
+    @jax.jit  # one program each, not op by op
     def log_probs(params, expert_ids=None):
         logits = forward(params, config, tokens, expert_ids=expert_ids)
         return jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None], axis=-1)[..., 0]
 
-    behavior_logits, routing = forward_with_routing(engine, config, tokens)
+    routed = jax.jit(forward_with_routing, static_argnums=1)
+    behavior_logits, routing = routed(engine, config, tokens)
     behavior = log_probs(engine)
-    _, own = forward_with_routing(trainer, config, tokens)
+    _, own = routed(trainer, config, tokens)
     assert (np.asarray(own.expert_ids) != np.asarray(routing.expert_ids)).mean() > 0.2  # the routers flipped
     assert np.abs(np.asarray(log_probs(trainer) - behavior)).max() > 1e-2
     np.testing.assert_allclose(np.asarray(log_probs(trainer, routing.expert_ids)), np.asarray(behavior), atol=1e-5)
@@ -202,10 +204,11 @@ def test_cached_decoding_reports_the_routing_of_its_new_tokens():
     config = toy_moe_config()
     params = unstack_layers(randomized(config))
     tokens = jnp.array([[1, 5, 9, 200, 17, 3]])
-    _, full = forward_with_routing(params, config, tokens)
+    _, full = jax.jit(forward_with_routing, static_argnums=1)(params, config, tokens)  # one program each, not op by op
     cache = init_cache(config, 1, 8)
-    _, cache, prefill = forward_with_cache(params, config, tokens[:, :5], jnp.arange(5)[None], cache, with_routing=True)
-    _, _, step = forward_with_cache(params, config, tokens[:, 5:], jnp.array([[5]]), cache, with_routing=True)
+    cached = jax.jit(forward_with_cache, static_argnums=1, static_argnames="with_routing")
+    _, cache, prefill = cached(params, config, tokens[:, :5], jnp.arange(5)[None], cache, with_routing=True)
+    _, _, step = cached(params, config, tokens[:, 5:], jnp.array([[5]]), cache, with_routing=True)
     np.testing.assert_array_equal(np.concatenate([prefill.expert_ids, step.expert_ids], axis=2), full.expert_ids)
 
 

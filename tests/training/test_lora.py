@@ -193,7 +193,7 @@ def test_an_int8_base_stays_close_to_the_float_base_and_training_moves_only_the_
         error = jnp.abs(dequantize_kernels(quantized)["layers"][module][proj]["kernel"] - base["layers"][module][proj]["kernel"])
         assert float(jnp.max(error)) <= float(jnp.max(quantized["layers"][module][proj]["kernel_scale"])) / 2 + 1e-7
     ids = jnp.arange(24, dtype=jnp.int32).reshape(2, 12) % MODEL.vocab_size
-    logprobs = lambda params: jax.nn.log_softmax(forward(params, MODEL, ids))
+    logprobs = jax.jit(lambda params: jax.nn.log_softmax(forward(params, MODEL, ids)))  # one program, not op by op
     # The stated tolerance: log-probs within 1e-2 of the float base's (0.005 of 127 steps per channel).
     np.testing.assert_allclose(logprobs(quantized), logprobs(base), atol=1e-2)
     # Scaled after the product against before it: the same sums, rounded in another order.
