@@ -37,3 +37,12 @@ def test_samples_are_generated_batched_and_verified(pipeline, replicas):
         assert_that(results | "Check" >> beam.Map(lambda r: _check(r) if r["example"]["id"] != "too-long"
                                                    else (r["example"]["id"], len(r["texts"]), r["skipped"] is not None)),
                     equal_to([*expected, ("too-long", 0, True)]))
+
+
+def test_the_handler_batches_whole_batches_from_the_first():
+    """Beam's default grows batches from one example; each engine call of a few prompts pays a whole
+    decode's latency, so the handler asks for ``batch_size`` prompts from the first batch."""
+    from transforms.inference import EngineModelHandler
+
+    kwargs = EngineModelHandler(SPEC).batch_elements_kwargs()
+    assert (kwargs["min_batch_size"], kwargs["max_batch_size"]) == (SPEC.batch_size, SPEC.batch_size)
