@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from concurrent.futures import Future
 
 from pipelines.lifeline import run_step
 
@@ -131,6 +132,7 @@ class QuickstartRun:
     where: dict[str, str] = dataclasses.field(default_factory=dict)
     final_params: Any = None
     final_version: int | None = None
+    base_evaluation: Future | None = None  # evaluate_base, running beside the first stages
 
     def __post_init__(self):
         self.policy = self.policy or self.model_path
@@ -264,14 +266,22 @@ def _evaluate(q: QuickstartRun, params) -> dict[str, Any]:
     return evaluate(q.base.config, params, q.base.params, q.tokenizer, q.heldout, q.run_config, q.stops)
 
 
-def evaluate_start(q: QuickstartRun) -> None:
-    """Held-out figures of the base and, warm-started, of the SFT policy (once; before RL)."""
-    from rlax_core.models import from_pretrained
-
+def evaluate_base(q: QuickstartRun) -> None:
+    """Held-out figures of the base policy (once)."""
     if "before" not in q.report:
         q.report["before"] = q.timed("evaluate_before", lambda: _evaluate(q, q.base.params))
         log.info("quickstart: base held-out pass@1 %.3f +- %.3f", q.report["before"]["pass@1"],
                  q.report["before"]["pass@1_se"])
+
+
+def evaluate_start(q: QuickstartRun) -> None:
+    """Held-out figures of the base (where ``q.base_evaluation`` computes them beside the first
+    stages, its result) and, warm-started, of the SFT policy (once; before RL)."""
+    from rlax_core.models import from_pretrained
+
+    if q.base_evaluation is not None:
+        q.base_evaluation.result()
+    evaluate_base(q)
     if "sft" in q.report and "pass@1" not in q.report["sft"]:
         policy = from_pretrained(q.policy)
         q.report["sft"].update(q.timed("evaluate_sft", lambda: _evaluate(q, policy.params)))

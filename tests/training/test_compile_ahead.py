@@ -2,6 +2,7 @@
 and takes the same step; a batch no guess covers is told apart; the key is refused where it cannot act."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,21 @@ def test_the_key_is_refused_for_padded_rows_and_below_one_token_and_a_guess_past
         TrainerConfig(max_seq_len=32, row_tokens=32, compile_ahead_tokens=(16, 0))
     # A run that shortens a recipe's samples keeps its guesses: none can be longer than a sample.
     assert TrainerConfig(max_seq_len=32, row_tokens=32, compile_ahead_tokens=(64, 16)).compile_ahead_means == (32, 16)
+
+
+def test_the_quickstarts_guesses_are_distinct_buckets_on_the_trainers_one_device():
+    """Each of the quickstart's guesses compiles a bucket of its own where its trainer runs (one CPU
+    device): a guess whose shape another already has compiles nothing (96 was the 64-row bucket of 128)."""
+    import jax
+
+    from pipelines.config import load_run_config
+    from rlax_core.models.config import toy_config
+    from rlax_core.parallel import make_mesh
+    from rlax_core.training.step import Trainer
+
+    config = load_run_config(Path(__file__).parents[2] / "configs" / "quickstart.yaml")
+    one_device = Trainer(toy_config(), config.algorithm, config.trainer, make_mesh(config.trainer.mesh, jax.devices()[:1]))
+    shapes = [batch_shape(one_device.batches.abstract(config.rows_per_step(), tokens))
+              for tokens in config.trainer.compile_ahead_means]
+    assert len(set(shapes)) == len(shapes) == 2
+    assert sorted(rows for (rows, _), _ in shapes) == [46, 64]  # the rows most of the quickstart's steps fill
