@@ -259,9 +259,11 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if run_config.model.upcycle is not None:
         q.seconds["upcycle"] = upcycled
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate-base") as beside:
-        # The base's held-out figures need only the base and the held-out prompts: they are computed
-        # beside the first stages (jobs of their own, which leave this process waiting), not before RL.
-        q.base_evaluation = beside.submit(evaluate_base, q)
+        # The base's held-out figures need only the base, the held-out prompts and the run's rewards:
+        # they are computed beside the first stages (jobs of their own, which leave this process
+        # waiting), not before RL; unless an rm stage makes the reward model those rewards score with.
+        if "rm" not in q.stages:
+            q.base_evaluation = beside.submit(evaluate_base, q)
         for stage in q.stages:  # pipelines.stages: the recipe's order (checked as it loaded)
             RUNNERS[stage](q)
     q.seconds["total"] = time.monotonic() - started
