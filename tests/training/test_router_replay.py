@@ -5,7 +5,6 @@ tokens, and the trainer replays them (``algorithm.router_replay``) and reports h
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

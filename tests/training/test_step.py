@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlax_core.data.rollout_store import GroupKey, RolloutStore
+from rlax_core.data.rollout_store import RolloutStore
 from rlax_core.models.config import toy_config
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.rl.presets import get_preset
