@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +221,6 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     from pipelines.config import find_config, load_run_config
     from pipelines.initial_policy import prepare_policy
-    from concurrent.futures import ThreadPoolExecutor
-
     from pipelines.quickstart_stages import RUNNERS, QuickstartRun, evaluate_base
     from pipelines.stages import DEFAULT_STAGES
     from rlax_core.data.rollout_store import RolloutStore

@@ -22,11 +22,11 @@ import json
 import logging
 import math
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
-from concurrent.futures import Future
 
 from pipelines.lifeline import run_step
 

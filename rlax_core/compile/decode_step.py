@@ -57,6 +57,10 @@ class DecodeStepCost:
         return self.seconds([mean_context] * sequences)
 
 
+# The name ``compile.programs`` gives a decode program: "decode 256 slots x 16 steps (tpu)".
+DECODE_PROGRAM = re.compile(r"^decode (\d+) slots x (\d+) steps")
+
+
 def decode_step_bytes(program: Mapping[str, Any]) -> float:
     """The bytes a decode step's cost starts from, of a compiled program's report (``ProgramReport``'s
     fields or its JSON): its HBM bytes where they were counted (``hbm_bytes_accessed``: TPU, see

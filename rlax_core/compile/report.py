@@ -32,7 +32,7 @@ import re
 import time
 from typing import Any
 
-from rlax_core.compile.decode_step import DecodeStepCost, decode_step_bytes, full_width_arrays
+from rlax_core.compile.decode_step import DECODE_PROGRAM, DecodeStepCost, decode_step_bytes, full_width_arrays
 from rlax_core.compile.loops import loop_factor
 from rlax_core.compile.programs import Program
 from rlax_core.planning.hardware import CHIP_PEAKS, TPU_CHIPS
@@ -47,7 +47,6 @@ _CUDNN_CALL = re.compile(r'custom_call_target="__cudnn\$(fmha\w*)"')
 # A Pallas kernel lowered through Triton: one line holds the call and, in its backend config, the
 # kernel's name ("name = \"paged_attention_block_h_16_...\"").
 _TRITON_CALL = re.compile(r'^.*custom_call_target="__gpu\$xla\.gpu\.triton".*$', re.MULTILINE)
-_DECODE = re.compile(r"decode (\d+) slots")
 _TRITON_NAME = re.compile(r'\bname = \\?"([\w\-]+)\\?"')
 
 
@@ -98,10 +97,10 @@ class ProgramReport:
     def step_cost(self) -> DecodeStepCost | None:
         """One decode step as a function of the running sequences (None: not a decode program, or no
         KV reads were counted for it)."""
-        match = _DECODE.match(self.program)
+        match = DECODE_PROGRAM.match(self.program)
         if not (self.compiled and match and self.page_size and self.chip in CHIP_PEAKS):
             return None
-        return DecodeStepCost(self.chip, int(match.group(1)), self.flops, decode_step_bytes(dataclasses.asdict(self)),
+        return DecodeStepCost(self.chip, int(match.group(1)), self.flops, decode_step_bytes(vars(self)),
                               self.kv_bytes_per_page, self.page_size)
 
     def decode_step(self) -> dict[str, float] | None:
@@ -183,7 +182,7 @@ def compile_program(program: Program, chip: str, topology: str) -> ProgramReport
         return ProgramReport(program.role, program.name, chip, topology, compiled=False,
                              error=f"{type(error).__name__}: {message[:500]}", compile_s=time.monotonic() - started)
     report = report_compiled(program, chip, topology, compiled, time.monotonic() - started)
-    if chip in TPU_CHIPS and _DECODE.match(program.name):
+    if chip in TPU_CHIPS and DECODE_PROGRAM.match(program.name):
         report = dataclasses.replace(report, hbm_bytes_accessed=hbm_bytes_accessed(lowered),
                                      compile_s=time.monotonic() - started)
     return report

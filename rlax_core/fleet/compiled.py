@@ -52,13 +52,12 @@ import dataclasses
 import re
 from typing import Any
 
-from rlax_core.compile.decode_step import DecodeStepCost, decode_step_bytes
+from rlax_core.compile.decode_step import DECODE_PROGRAM, DecodeStepCost, decode_step_bytes
 from rlax_core.fleet.simulate import FleetParams, simulate
 from rlax_core.planning.memory import concurrent_sequences
 
-# The program names ``rlax_core.compile.programs`` gives: "prefill 8x1024", "decode 256 slots x 16 steps (tpu)".
+# The program names ``rlax_core.compile.programs`` gives: "prefill 8x1024" (decode: ``DECODE_PROGRAM``).
 _PREFILL = re.compile(r"^prefill (\d+)x(\d+)$")
-_DECODE = re.compile(r"^decode (\d+) slots x (\d+) steps")
 _SCORE = re.compile(r"^reward model forward (\d+)x(\d+)$")  # compile.reward_model.PROGRAM
 
 # Bytes per second of one TPU VM's data-centre network: 2 x 100 Gbps NICs per host, as published for
@@ -114,7 +113,7 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_u
     if not isinstance(programs, list):
         raise ValueError("not an `rlax compile --json` report: no list of programs")
     compiled = [p for p in programs if p.get("compiled") and p.get("roofline_s") is not None]
-    decode = [p for p in compiled if p["role"] == role and _DECODE.match(p["program"])]
+    decode = [p for p in compiled if p["role"] == role and DECODE_PROGRAM.match(p["program"])]
     prefill = {}
     for p in compiled:
         match = _PREFILL.match(p["program"]) if p["role"] == role else None
@@ -132,12 +131,12 @@ def read_compiled_costs(report: dict[str, Any], role: str = "rollout", *, need_u
                          "or give the trainer's seconds per step)")
     kv_page = decode[0].get("kv_bytes_per_page") or kv_bytes_per_page
     page = decode[0].get("page_size") or page_size
-    slots = int(_DECODE.match(decode[0]["program"]).group(1))
+    slots = int(DECODE_PROGRAM.match(decode[0]["program"]).group(1))
     step = (DecodeStepCost(decode[0]["chip"], slots, float(decode[0]["flops"]), decode_step_bytes(decode[0]),
                            float(kv_page), int(page)) if kv_page and page else None)
     return CompiledCosts(
         decode=step, rollout_chip=decode[0]["chip"], trainer_chip=update[0]["chip"] if update else None,
-        decode_step_s=float(decode[0]["roofline_s"]), decode_slots=int(_DECODE.match(decode[0]["program"]).group(1)),
+        decode_step_s=float(decode[0]["roofline_s"]), decode_slots=slots,
         prefill_s=prefill, update_micro_batch_s=float(update[0]["roofline_s"]) if update else None,
         update_step_s=float(update[0]["roofline_per_run_s"]) if update and update[0].get("roofline_per_run_s")
         else None,
