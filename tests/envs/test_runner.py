@@ -29,7 +29,13 @@ def test_word_chain_episodes_have_exact_masks_versions_and_logprobs(engine, stor
     episodes = run_episodes(engine, tokenizer, _word_chain(), starts, NEWLINE_STOP)
     assert [(e.prompt_id, e.sample_index) for e in episodes] == [(i, s) for i in range(3) for s in range(2)]
     assert engine.pages.num_free == engine.config.num_pages - 1 and engine.parked_episodes() == 0
-    for episode in episodes:
+    # The reference: one forward of every whole transcript, right-padded into one batch (one compile).
+    transcripts = [e.prompt_ids + e.completion_ids for e in episodes]
+    width = max(map(len, transcripts))
+    padded = np.asarray([ids + [0] * (width - len(ids)) for ids in transcripts], np.int32)
+    real = np.asarray([[1] * len(ids) + [0] * (width - len(ids)) for ids in transcripts], np.int32)
+    all_logits = np.asarray(model(padded, real))
+    for episode, ids, logits in zip(episodes, transcripts, all_logits):
         assert len(episode.turns) == 3 and episode.turn_versions == [0, 0, 0] and episode.policy_version == 0
         assert len(episode.completion_ids) == len(episode.policy_mask) == len(episode.behavior_logprobs)
         for turn, next_turn in zip(episode.turns, episode.turns[1:]):
@@ -39,9 +45,7 @@ def test_word_chain_episodes_have_exact_masks_versions_and_logprobs(engine, stor
         assert episode.reward == pytest.approx(sum(t["reward"] for t in episode.turns))
         # The policy's log-probs, with every later turn continuing from the cached prefix, equal a
         # single forward of the whole transcript.
-        ids = episode.prompt_ids + episode.completion_ids
-        logits = np.asarray(model(np.asarray([ids], np.int32), np.ones((1, len(ids)), np.int32))[0])
-        full = np.asarray(jax.nn.log_softmax(logits[:-1], axis=-1))[np.arange(len(ids) - 1), ids[1:]]
+        full = np.asarray(jax.nn.log_softmax(logits[:len(ids) - 1], axis=-1))[np.arange(len(ids) - 1), ids[1:]]
         at_policy = np.asarray(episode.policy_mask, bool)
         assert_reordered_close(np.asarray(episode.behavior_logprobs)[at_policy],
                                full[len(episode.prompt_ids) - 1:][at_policy],
