@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlax_core.inference import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
 from rlax_core.models import ModelConfig, init_params  # noqa: E402
-from rlax_core.models.lora import LoraConfig, init_adapters  # noqa: E402
+from rlax_core.models.lora import init_adapters  # noqa: E402
+from rlax_core.models.lora_config import LoraConfig  # noqa: E402
 
 QWEN2 = dict(architecture="qwen2", qkv_bias=True, tie_word_embeddings=True)
 MODELS = {

@@ -52,7 +52,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlax_core.models import ModelConfig, init_params  # noqa: E402
-from rlax_core.models.lora import LoraConfig, init_adapters  # noqa: E402
+from rlax_core.models.lora import init_adapters  # noqa: E402
+from rlax_core.models.lora_config import LoraConfig  # noqa: E402
 from rlax_core.weights import AsyncPublisher, WeightStore, WeightStoreConfig  # noqa: E402
 from rlax_core.weights.adapters import adapter_reference, load_version  # noqa: E402
 from rlax_core.utils.storage import open_storage  # noqa: E402

@@ -15,7 +15,7 @@ that reads it; this module only assembles them::
     evaluate:  pipelines.sections.EvaluateConfig    (offline evaluation)
     rft:       pipelines.sections.RftConfig         (rejection-sampling data: SFT rows and preference pairs)
     loop:      rlax_core.rollout.LoopConfig         (the streaming rollout side of the online loop)
-    hardware:  rlax_core.planning.HardwareConfig    (chips of the rollout fleet and the trainer: ``rlax plan``)
+    hardware:  rlax_core.planning.hardware.HardwareConfig  (chips of the rollout fleet and the trainer: ``rlax plan``)
     sft, dpo:  rlax_core.training.post_config        (``rlax sft``, ``rlax dpo``)
     stages:    the run's stages in order, ``stage_overrides`` per stage (pipelines.stages)
     beam:      runner and pipeline options (Dataflow project, region, workers, accelerators)
@@ -326,13 +326,12 @@ def _build(data: dict[str, Any]) -> RunConfig:
 def resolve_auto_pages(config):
     """``config`` with every ``engine.num_pages: auto`` replaced by the pages its role's chips hold
     (``planning.memory.auto_num_pages``); a ``ConfigError`` where no chip is declared to size it by."""
-    from rlax_core.config import ConfigError
-    from rlax_core.models.checkpoint import read_model_config
-    from rlax_core.planning.memory import auto_num_pages
-
     def resolved(engine, role: str, path: str, dtype: str, lora=None):
         if engine.num_pages != "auto":
             return engine
+        from rlax_core.models.checkpoint import read_model_config  # JAX's: not for a config without "auto"
+        from rlax_core.planning.memory import auto_num_pages
+
         hardware = config.hardware.workers_of(role) if config.hardware is not None else None
         if hardware is None or not path:
             raise ConfigError(f"{'engine' if role == 'rollout' else role + '.generation.engine'}.num_pages",

@@ -26,7 +26,8 @@ from rlax_core.inference.placement import kernels_for, lora_mode_for
 from rlax_core.inference.sampling import SamplingMode
 from rlax_core.inference.sharding import decoding_param_shardings, engine_mesh, kv_pool_sharding
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import LoraConfig, init_adapters, quantize_kernels
+from rlax_core.models.lora import init_adapters, quantize_kernels
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.models.transformer import init_params, unstack_layers
 from rlax_core.rl.config import AlgorithmConfig
 from rlax_core.training.config import TrainerConfig

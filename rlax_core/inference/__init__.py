@@ -14,8 +14,10 @@ host), ``sharding`` for one engine over a group (tensor parallel), ``adapters`` 
 versions merged or run on the fly.
 """
 
-from rlax_core.inference.config import EngineConfig, SamplingParams
-from rlax_core.inference.engine import Completion, Engine, Request
-from rlax_core.inference.replicas import ReplicatedEngine
+from rlax_core.utils.lazy_exports import lazy_exports
 
-__all__ = ["Completion", "Engine", "EngineConfig", "ReplicatedEngine", "Request", "SamplingParams"]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ["EngineConfig", "SamplingParams"],
+    "engine": ["Completion", "Engine", "Request"],
+    "replicas": ["ReplicatedEngine"],
+})

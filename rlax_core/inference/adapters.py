@@ -30,7 +30,8 @@ from jax.sharding import SingleDeviceSharding
 from rlax_core.inference import programs
 from rlax_core.inference.sharding import decoding_adapter_shardings
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import LoraConfig, adapted_kernels, with_adapters, with_kernels
+from rlax_core.models.lora import adapted_kernels, with_adapters, with_kernels
+from rlax_core.models.lora_config import LoraConfig
 
 
 def apply_adapters(base: Any, adapters: Any, lora: LoraConfig, mode: Literal["merged", "on_the_fly"], *,

@@ -76,7 +76,7 @@ from rlax_core.inference.placement import Placement, held_shapes, kernels_for, l
 from rlax_core.inference.sampling import SamplingMode
 from rlax_core.inference.sequences import Completion, FinishReason, Request, SequenceState, check_request
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import LoraConfig
+from rlax_core.models.lora_config import LoraConfig
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from rlax_core.inference.sharding import (check_expert_parallel, decoding_param_
                                           kv_pool_sharding, stacked_param_shardings)
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import TARGETS, quantize_kernels
+from rlax_core.models.lora import quantize_kernels
+from rlax_core.models.lora_config import TARGETS
 from rlax_core.models.transformer import unstack_layers
 
 

@@ -26,7 +26,8 @@ from rlax_core.inference.sharding import heads_spec, kv_heads_split, kv_pool_sha
 from rlax_core.inference.sampling import SamplingMode, sample_tokens, token_draws
 from rlax_core.models.attention import AttentionImpl, causal_attention, fits
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import LoraConfig, decoding_adapters, merged_kernels
+from rlax_core.models.lora import decoding_adapters, merged_kernels
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.models.transformer import forward_with_cache, fuse_projections, unstack_layers
 
 

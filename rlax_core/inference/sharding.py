@@ -34,7 +34,8 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import LoraConfig, adapter_logical_axes, quantized_logical_axes
+from rlax_core.models.lora import adapter_logical_axes, quantized_logical_axes
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.models.transformer import param_logical_axes
 from rlax_core.parallel import MeshConfig, make_mesh, spec_for, tree_shardings
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from rlax_core.models.checkpoint import CheckpointError, local_copy
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import TARGETS, LoraConfig, adapter_shapes
+from rlax_core.models.lora import adapter_shapes
+from rlax_core.models.lora_config import TARGETS, LoraConfig
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"

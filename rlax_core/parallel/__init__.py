@@ -7,9 +7,12 @@ mesh, maps logical axis names to mesh axes (``PARTITION_RULES``) and joins a mul
 below ``training`` and ``inference`` so that neither imports the other to place an array.
 """
 
-from rlax_core.parallel.config import MeshConfig
-from rlax_core.parallel.mesh import (BATCH_AXES, MESH_AXES, PARTITION_RULES, batch_sharding, initialize_distributed,
-                                     make_mesh, mesh_shape, replicated, spec_for, tree_shardings)
+from rlax_core.utils.lazy_exports import lazy_exports
 
-__all__ = ["BATCH_AXES", "MESH_AXES", "MeshConfig", "PARTITION_RULES", "batch_sharding", "initialize_distributed",
-           "make_mesh", "mesh_shape", "replicated", "spec_for", "tree_shardings"]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ["MeshConfig"],
+    "mesh": [
+        "BATCH_AXES", "MESH_AXES", "PARTITION_RULES", "batch_sharding", "initialize_distributed", "make_mesh",
+        "mesh_shape", "replicated", "spec_for", "tree_shardings",
+    ],
+})

@@ -30,8 +30,9 @@ from rlax_core.inference.sharding import check_expert_parallel
 from rlax_core.models.attention import attention_for_platform
 from rlax_core.models.attention import fits as attention_fits
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import (EIGHT_BIT_FORMATS, TARGETS, LoraConfig, adapter_logical_axes, decoding_adapters,
-                                   init_adapters, quantize_kernels, quantized_logical_axes)
+from rlax_core.models.lora import (EIGHT_BIT_FORMATS, adapter_logical_axes, decoding_adapters, init_adapters,
+                                   quantize_kernels, quantized_logical_axes)
+from rlax_core.models.lora_config import TARGETS, LoraConfig
 from rlax_core.models.transformer import init_params, param_logical_axes, param_shapes
 from rlax_core.parallel.mesh import MESH_AXES, mesh_shape, spec_for
 from rlax_core.planning.hardware import CPU, GIB, SliceSpec, platform_of

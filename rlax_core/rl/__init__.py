@@ -23,49 +23,19 @@ arrive shaped: the rollout stream applies DAPO's overlong shaping and dynamic sa
 scored group as ``AlgorithmConfig`` says (``rlax_core.rollout.groups``).
 """
 
-from rlax_core.rl.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    AdvantageBatch,
-    compute_advantages,
-    discounted_returns,
-    gae,
-    register_advantage_estimator,
-    trained_mask,
-    value_targets,
-)
-from rlax_core.rl.aggregation import aggregate, masked_mean, token_weights
-from rlax_core.rl.config import AlgorithmConfig
-from rlax_core.rl.dynamic_sampling import has_reward_variance, is_informative
-from rlax_core.rl.group_filter import group_filter_mask
-from rlax_core.rl.kl import kl_estimate
-from rlax_core.rl.objective import log_importance_ratio, mismatch_weights, policy_loss, value_loss
-from rlax_core.rl.presets import PRESETS, algorithm_from_dict, get_preset, register_preset
-from rlax_core.rl.reward_shaping import overlong_penalty
+from rlax_core.utils.lazy_exports import lazy_exports
 
-__all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "AdvantageBatch",
-    "AlgorithmConfig",
-    "PRESETS",
-    "aggregate",
-    "algorithm_from_dict",
-    "compute_advantages",
-    "trained_mask",
-    "discounted_returns",
-    "gae",
-    "get_preset",
-    "group_filter_mask",
-    "has_reward_variance",
-    "is_informative",
-    "kl_estimate",
-    "log_importance_ratio",
-    "masked_mean",
-    "mismatch_weights",
-    "overlong_penalty",
-    "policy_loss",
-    "register_advantage_estimator",
-    "register_preset",
-    "token_weights",
-    "value_loss",
-    "value_targets",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "advantages": [
+        "ADVANTAGE_ESTIMATORS", "AdvantageBatch", "compute_advantages", "discounted_returns", "gae",
+        "register_advantage_estimator", "trained_mask", "value_targets",
+    ],
+    "aggregation": ["aggregate", "masked_mean", "token_weights"],
+    "config": ["AlgorithmConfig"],
+    "dynamic_sampling": ["has_reward_variance", "is_informative"],
+    "group_filter": ["group_filter_mask"],
+    "kl": ["kl_estimate"],
+    "objective": ["log_importance_ratio", "mismatch_weights", "policy_loss", "value_loss"],
+    "presets": ["PRESETS", "algorithm_from_dict", "get_preset", "register_preset"],
+    "reward_shaping": ["overlong_penalty"],
+})

@@ -8,6 +8,7 @@ frozen and hashable, so it is passed to jitted functions as a static argument.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Literal, Optional
 
 from rlax_core.config import require
@@ -18,6 +19,18 @@ PolicyLossKind = Literal["clipped", "cispo"]
 KLEstimator = Literal["k1", "k2", "k3"]
 MismatchCorrection = Literal["none", "tis", "mis"]
 GroupFilter = Literal["none", "length", "reward_per_token"]
+
+# The estimators ``rlax_core.rl.advantages`` registers (tests/rl/test_advantages.py holds the two lists
+# equal): a config checks its estimator's name without importing them, and with them JAX, which a job
+# that only reads configs (``rlax curate``) has no use for.
+BUILT_IN_ESTIMATORS = ("dr_grpo", "gae", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo")
+
+
+def known_estimators() -> list[str]:
+    """The estimator names a config may select: the built-in ones, and any that a user module has
+    registered (which imported ``rlax_core.rl.advantages`` to do so)."""
+    advantages = sys.modules.get("rlax_core.rl.advantages")
+    return sorted({*BUILT_IN_ESTIMATORS, *(advantages.ADVANTAGE_ESTIMATORS if advantages else ())})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,13 +90,9 @@ class AlgorithmConfig:
     value_clip_eps: Optional[float] = None  # PPO value clipping around the old values; None: unclipped
 
     def __post_init__(self):
-        from rlax_core.rl.advantages import ADVANTAGE_ESTIMATORS  # late: advantages imports this module
-
-        require(
-            self.advantage_estimator in ADVANTAGE_ESTIMATORS,
-            "advantage_estimator",
-            f"one of {', '.join(sorted(ADVANTAGE_ESTIMATORS))}, got {self.advantage_estimator!r}",
-        )
+        estimators = known_estimators()
+        require(self.advantage_estimator in estimators, "advantage_estimator",
+                f"one of {', '.join(estimators)}, got {self.advantage_estimator!r}")
         require(self.std_eps >= 0, "std_eps", "a number >= 0")
         require(0 <= self.gamma <= 1, "gamma", "a number in [0, 1]")
         require(0 <= self.gae_lambda <= 1, "gae_lambda", "a number in [0, 1]")

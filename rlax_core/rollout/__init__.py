@@ -16,7 +16,9 @@
 ``transforms.rollout`` wires these into the Beam streaming pipeline, one thin DoFn per stage.
 """
 
-from rlax_core.rollout.config import LoopConfig
-from rlax_core.rollout.spec import RolloutSpec
+from rlax_core.utils.lazy_exports import lazy_exports
 
-__all__ = ["LoopConfig", "RolloutSpec"]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ["LoopConfig"],
+    "spec": ["RolloutSpec"],
+})

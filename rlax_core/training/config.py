@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from rlax_core.config import require
-from rlax_core.models.lora import LoraConfig
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.parallel.config import MeshConfig
 from rlax_core.utils.wandb_logger import WandbConfig
 

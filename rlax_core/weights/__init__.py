@@ -9,24 +9,17 @@
     if follower.refresh(): follower.hand_to(engine)    # a LoRA version's adapters alone on the engine's base
 """
 
-from rlax_core.weights.config import WeightStoreConfig
-from rlax_core.weights.errors import (
-    ForeignRunError,
-    IntegrityError,
-    ManifestError,
-    StorageTimeoutError,
-    VersionExistsError,
-    VersionNotCommittedError,
-    WeightStoreError,
-)
-from rlax_core.weights.follower import WeightFollower
-from rlax_core.weights.manifest import CommitMarker, Manifest
-from rlax_core.weights.publisher import AsyncPublisher, stage_params
-from rlax_core.weights.staleness import is_fresh_enough, oldest_fresh_version
-from rlax_core.weights.store import WeightStore
+from rlax_core.utils.lazy_exports import lazy_exports
 
-__all__ = [
-    "AsyncPublisher", "CommitMarker", "ForeignRunError", "IntegrityError", "Manifest", "ManifestError",
-    "StorageTimeoutError", "VersionExistsError", "VersionNotCommittedError", "WeightFollower", "WeightStore",
-    "WeightStoreConfig", "WeightStoreError", "is_fresh_enough", "oldest_fresh_version", "stage_params",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ["WeightStoreConfig"],
+    "errors": [
+        "ForeignRunError", "IntegrityError", "ManifestError", "StorageTimeoutError", "VersionExistsError",
+        "VersionNotCommittedError", "WeightStoreError",
+    ],
+    "follower": ["WeightFollower"],
+    "manifest": ["CommitMarker", "Manifest"],
+    "publisher": ["AsyncPublisher", "stage_params"],
+    "staleness": ["is_fresh_enough", "oldest_fresh_version"],
+    "store": ["WeightStore"],
+})

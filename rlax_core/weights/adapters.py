@@ -25,7 +25,8 @@ from typing import Any, Mapping
 
 import jax
 
-from rlax_core.models.lora import LoraConfig, adapted_kernels, merged_kernels, with_kernels
+from rlax_core.models.lora import adapted_kernels, merged_kernels, with_kernels
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.weights.errors import IntegrityError, ManifestError, WeightStoreError
 from rlax_core.weights.store import ShardingSpec, WeightStore
 

@@ -169,7 +169,8 @@ def test_the_compiled_engine_params_are_what_an_engine_holds_after_update_adapte
     from rlax_core.inference.config import EngineConfig
     from rlax_core.inference.engine import Engine
     from rlax_core.models.config import ModelConfig
-    from rlax_core.models.lora import LoraConfig, init_adapters
+    from rlax_core.models.lora import init_adapters
+    from rlax_core.models.lora_config import LoraConfig
     from rlax_core.models.transformer import init_params
 
     model = ModelConfig(architecture="qwen2", qkv_bias=True, vocab_size=256, hidden_size=64, intermediate_size=128,

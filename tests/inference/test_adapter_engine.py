@@ -14,7 +14,8 @@ from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.inference.engine import Engine, Request
 from rlax_core.inference.replicas import ReplicatedEngine
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import TARGETS, LoraConfig, init_adapters
+from rlax_core.models.lora import init_adapters
+from rlax_core.models.lora_config import TARGETS, LoraConfig
 from rlax_core.models.transformer import init_params
 from rlax_core.weights import WeightFollower, WeightStore, WeightStoreConfig
 from rlax_core.weights.adapters import publish_adapters

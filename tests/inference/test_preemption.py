@@ -9,7 +9,7 @@ import pytest
 from rlax_core.config import ConfigError
 from rlax_core.inference.config import EngineConfig, SamplingParams
 from rlax_core.inference.engine import Engine, Request
-from rlax_core.models.lora import LoraConfig
+from rlax_core.models.lora_config import LoraConfig
 from tests.inference.test_adapter_engine import random_adapters
 from tests.support.compiles import COMPILES
 from tests.support.tolerances import decoder_logprob_bound

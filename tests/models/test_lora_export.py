@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from rlax_core.models import Model, init_params, save_pretrained, toy_config
-from rlax_core.models.lora import LoraConfig, init_adapters, merge
+from rlax_core.models.lora import init_adapters, merge
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.models.lora_export import PEFT_CONFIG, PEFT_WEIGHTS, export_peft, load_peft
 
 CONFIG = toy_config()

@@ -286,7 +286,8 @@ def test_layers_that_differ_stay_unrolled_through_stack_and_unstack():
 
 
 def test_lora_on_a_mixture_adapts_attention_and_names_the_expert_projections_it_cannot():
-    from rlax_core.models.lora import LoraConfig, init_adapters, merge
+    from rlax_core.models.lora import init_adapters, merge
+    from rlax_core.models.lora_config import LoraConfig
 
     config = toy_moe_config(moe=MoeConfig(num_experts=4, experts_per_token=2, expert_intermediate_size=32))
     params = randomized(config)

@@ -78,7 +78,8 @@ def test_our_score_head_lora_export_loads_in_peft_as_a_sequence_classifier_with_
     # base reward model, its head still the zero it started from), applies the adapters and the saved
     # head, and must score as our merged model does.
     peft = pytest.importorskip("peft")
-    from rlax_core.models.lora import LoraConfig, init_adapters, merge
+    from rlax_core.models.lora import init_adapters, merge
+    from rlax_core.models.lora_config import LoraConfig
     from rlax_core.models.lora_export import export_peft
     from rlax_core.training.heads import split_head
 

@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from rlax_core.models.config import ModelConfig
-from rlax_core.models.lora import LoraConfig
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.parallel.mesh import make_mesh
 from rlax_core.planning.hardware import SliceSpec
 from rlax_core.planning.memory import plan_trainer

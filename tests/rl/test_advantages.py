@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rlax_core import rl
+from rlax_core.config import ConfigError
 from rlax_core.rl.advantages import gae
 
 EPS = 1e-6
@@ -214,3 +215,15 @@ def test_grouped_layout_accepts_masks_and_values_shaped_by_group():
     advantages = rl.compute_advantages(config_gae, jnp.array([[2.0, -1.0]]), mask, values=jnp.zeros((1, 2, 3)))
     np.testing.assert_allclose(advantages, [[2, 2, 0], [-1, 0, 0]], atol=1e-6)
     np.testing.assert_allclose(per_sequence(rl.compute_advantages(config("dr_grpo"), jnp.array([[2.0, -1.0]]), mask)), [1.5, -1.5])
+
+
+def test_a_config_knows_the_built_in_estimators_by_name_alone():
+    from rlax_core.rl.advantages import ADVANTAGE_ESTIMATORS
+    from rlax_core.rl.config import BUILT_IN_ESTIMATORS, known_estimators
+
+    built_in = {name for name, estimator in ADVANTAGE_ESTIMATORS.items()
+                if estimator.fn.__module__ == "rlax_core.rl.advantages"}
+    assert built_in == set(BUILT_IN_ESTIMATORS)
+    assert set(ADVANTAGE_ESTIMATORS) <= set(known_estimators())  # and a user's, once registered
+    with pytest.raises(ConfigError, match="one of dr_grpo, gae, grpo"):
+        rl.AlgorithmConfig(advantage_estimator="grpoo")

@@ -11,7 +11,7 @@ import pytest
 
 from rlax_core.config import InputError
 from rlax_core.models.config import toy_config
-from rlax_core.models.lora import LoraConfig
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.parallel import make_mesh
 from rlax_core.training.config import OptimizerConfig, TrainerConfig
 from rlax_core.training.logprobs import token_logprobs

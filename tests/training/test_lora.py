@@ -7,7 +7,8 @@ import pytest
 
 from rlax_core.config import ConfigError
 from rlax_core.models.config import toy_config
-from rlax_core.models.lora import TARGETS, LoraConfig, adapter_shapes, init_adapters, merge
+from rlax_core.models.lora import adapter_shapes, init_adapters, merge
+from rlax_core.models.lora_config import TARGETS, LoraConfig
 from rlax_core.models.transformer import forward, init_params
 from rlax_core.parallel import MeshConfig, make_mesh
 from rlax_core.rl.config import AlgorithmConfig

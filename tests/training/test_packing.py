@@ -7,7 +7,8 @@ import pytest
 
 from rlax_core.data.records import ROLLOUT_SCHEMA, to_table
 from rlax_core.models.config import toy_config
-from rlax_core.models.lora import LoraConfig, init_adapters
+from rlax_core.models.lora import init_adapters
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.models.transformer import init_params
 from rlax_core.parallel import MeshConfig, make_mesh
 from rlax_core.rl.presets import PRESETS, get_preset

@@ -9,7 +9,7 @@ import pytest
 
 from rlax_core.config import InputError
 from rlax_core.models import init_params, toy_config
-from rlax_core.models.lora import LoraConfig
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.parallel import make_mesh
 from rlax_core.training.bradley_terry import BradleyTerryObjective
 from rlax_core.training.config import OptimizerConfig, TrainerConfig

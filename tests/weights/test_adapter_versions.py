@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from rlax_core.models.config import toy_config
-from rlax_core.models.lora import LoraConfig, init_adapters, merge
+from rlax_core.models.lora import init_adapters, merge
+from rlax_core.models.lora_config import LoraConfig
 from rlax_core.models.transformer import init_params
 from rlax_core.weights import IntegrityError, WeightFollower
 from rlax_core.weights import manifest as mf
