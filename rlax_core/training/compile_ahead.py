@@ -40,6 +40,7 @@ class CompileAhead:
         state, ref_params = abstract(state), None if ref_params is None else abstract(ref_params)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-ahead")
         self._pending: dict[tuple, concurrent.futures.Future] = {}
+        self._met: set[tuple] = set()  # the shapes steps have run: a new one compiles in its step
         for tokens in mean_tokens:
             shape = batch_shape(trainer.batches.abstract(rollouts, tokens))
             if shape not in self._pending:
@@ -61,9 +62,15 @@ class CompileAhead:
     def wait_for(self, batch: Mapping[str, Any], timeout_s: float) -> bool:
         """Before a step on ``batch``: wait for its shape's compile if one is under way or done (True),
         so the step reuses it; a failed compile raises here as the step would. False: none was made."""
-        future = self._pending.pop(batch_shape(batch), None)
+        shape = batch_shape(batch)
+        future = self._pending.pop(shape, None)
         if future is None:
+            if shape not in self._met:  # what a recipe's compile_ahead_tokens could add
+                log.info("the update for packed rows and samples of shapes %s compiles in this step: no "
+                         "compile-ahead guess made that shape", shape)
+            self._met.add(shape)
             return False
+        self._met.add(shape)
         try:
             future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:

@@ -24,7 +24,7 @@ def packed(update, tables):
     return update.pack(make_batch(tables, max_seq_len=32, row_multiple=update.row_multiple))
 
 
-def test_a_batch_in_a_bucket_compiled_ahead_steps_without_compiling_and_others_are_told_apart():
+def test_a_batch_in_a_bucket_compiled_ahead_steps_without_compiling_and_others_are_told_apart(caplog):
     ahead, plain = (trainer(NO_KL, row_tokens=ROW_TOKENS, micro_batch_tokens=2 * ROW_TOKENS) for _ in range(2))
     tables = long_tail_groups()
     batch = packed(ahead, tables)
@@ -41,7 +41,12 @@ def test_a_batch_in_a_bucket_compiled_ahead_steps_without_compiling_and_others_a
     assert float(metrics_a["loss"]) == float(metrics_b["loss"])
     assert not compile_ahead.wait_for(batch, timeout_s=1)  # each shape is waited for once
     other = packed(ahead, long_tail_groups(groups=2, samples=2))
-    assert batch_shape(other) != batch_shape(batch) and not compile_ahead.wait_for(other, timeout_s=1)
+    with caplog.at_level("INFO", logger="rlax_core.training.compile_ahead"):
+        assert batch_shape(other) != batch_shape(batch) and not compile_ahead.wait_for(other, timeout_s=1)
+        assert not compile_ahead.wait_for(other, timeout_s=1)
+    # The shape no guess made is named once, when a step first meets it (a recipe's next guess).
+    named = [r.getMessage() for r in caplog.records if "no compile-ahead guess" in r.getMessage()]
+    assert len(named) == 1 and str(batch_shape(other)) in named[0]
 
 
 def test_the_key_is_refused_for_padded_rows_and_below_one_token_and_a_guess_past_the_samples_is_their_length():
