@@ -31,6 +31,7 @@ HELP = "run the trainer and the rollout pipeline together on this machine"
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 15.0  # how often the launch reports the trainer's steps when no progress bar is shown
+STEP_MARKS_GRACE_S = 60.0  # after the trainer's last step, the rollout side's last marks (a window or two late)
 
 
 @dataclasses.dataclass
@@ -163,6 +164,25 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
         if time.monotonic() > deadline:
             raise TimeoutError(f"the trainer did not finish {total_steps} steps within {timeout_s:.0f} s "
                                f"({steps} done); see {trainer.log_path} and {rollout.log_path}")
+        try:  # the poll's pause ends the moment the trainer exits: the run's end waits for nothing
+            trainer.popen.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def wait_for_step_marks(store, total_steps: int, rollout: Process, *, timeout_s: float,
+                        poll_s: float = 0.1) -> list[int]:
+    """After the trainer's last step: the schedule steps below ``total_steps`` that the rollout job
+    has still not marked generated when ``timeout_s`` has passed (or at once, if the job has exited).
+
+    The trainer takes a step's groups as they land; the rollout side writes the step's metrics with
+    its mark a little later (``transforms.step_marks``, after a streaming window). Stopping the job in
+    between would lose the last steps' rollout metrics from the run's loop metrics."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = sorted(set(range(total_steps)) - store.generated_steps())
+        if not missing or rollout.popen.poll() is not None or time.monotonic() > deadline:
+            return missing
         time.sleep(poll_s)
 
 
@@ -239,22 +259,27 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
     rollout = start("rollout", rollout_argv(config, overrides, loop.train_set, beam_args), logs)
     spawned_at = time.time()
     started = time.monotonic()
+    from rlax_core.data.rollout_store import RolloutStore
+
+    store = RolloutStore(run_config.rollout_root(), run_config.run.name)
     try:
         wait_for_trainer(trainer, rollout, total_steps=run_config.trainer.total_steps,
                          metrics_dir=trainer_metrics_dir(run_config), timeout_s=timeout_s,
                          max_rollout_restarts=max_rollout_restarts,
                          run_paths=[output, run_config.weight_store().root, run_config.rollout_root(),
                                     trainer_metrics_dir(run_config), str(logs)])
+        unmarked = wait_for_step_marks(store, run_config.trainer.total_steps, rollout, timeout_s=STEP_MARKS_GRACE_S)
+        if unmarked:
+            log.warning("launch: the rollout job had not marked steps %s generated %.0f s after the trainer's "
+                        "last step: the loop metrics lack their rollout side", unmarked, STEP_MARKS_GRACE_S)
     finally:
         for process in (rollout, trainer):
             process.stop(stop_grace_s)
     log.info("launch: %d trainer steps in %.1f s", run_config.trainer.total_steps, time.monotonic() - started)
-    from rlax_core.data.rollout_store import RolloutStore
     from rlax_core.rollout.loop_metrics import loop_metrics, write_loop_metrics
 
     loop_dir = run_config.loop_metrics_dir()
-    rows = loop_metrics(trainer_metrics_dir(run_config), RolloutStore(run_config.rollout_root(), run_config.run.name),
-                        {"launch": launched_at, "launch_spawned": spawned_at})
+    rows = loop_metrics(trainer_metrics_dir(run_config), store, {"launch": launched_at, "launch_spawned": spawned_at})
     write_loop_metrics(rows, loop_dir)
     return {
         "metrics": join(loop_dir, "metrics.jsonl"),

@@ -47,6 +47,7 @@ from rlax_core.data.records import ROLLOUT_SCHEMA, to_table
 from rlax_core.utils.paths import rollout_metrics_dir
 
 _GROUP_FILE = re.compile(r"step_(\d{8})/group_(\d{5})\.parquet$")
+_MARKER_FILE = re.compile(r"step_(\d{8})/_GENERATED$")
 
 
 @dataclass(frozen=True, order=True)
@@ -167,6 +168,15 @@ class RolloutStore:
         """Whether ``mark_step_generated(step)`` happened (a step can be complete without it: a
         pipeline killed between its last group and the marker leaves every group but no marker)."""
         return self._fs.exists(self._marker(step))
+
+    def generated_steps(self) -> set[int]:
+        """The steps marked generated, from one listing."""
+        self._fs.invalidate_cache(self._base)
+        try:
+            paths = self._fs.glob(f"{self._base}/step_*/_GENERATED")
+        except FileNotFoundError:
+            return set()
+        return {int(match.group(1)) for match in map(_MARKER_FILE.search, paths) if match}
 
     def is_step_complete(self, step: int, groups_per_step: int, keys: Sequence[GroupKey]) -> bool:
         """Whether schedule step ``step`` is fully generated: all its groups are in ``keys`` (a

@@ -268,3 +268,40 @@ def test_a_sigterm_swallowed_where_it_landed_still_stops_the_stream(tmp_path, mo
     with pytest.raises(SystemExit) as stopped:
         drive(job, watch, deadline_s=60)
     assert stopped.value.code == 128 + signal.SIGTERM and job.cancelled == 1
+
+
+def test_the_launch_sees_the_trainer_end_at_once_not_at_its_next_poll(tmp_path):
+    rollout = start_command("rollout", [sys.executable, "-c", "import time; time.sleep(300)"], tmp_path / "logs")
+    trainer = start_command("trainer", [sys.executable, "-c", "import time; time.sleep(0.5)"], tmp_path / "logs")
+    started = time.monotonic()
+    try:
+        wait_for_trainer(trainer, rollout, total_steps=1, metrics_dir=tmp_path / "metrics", timeout_s=600, poll_s=300)
+    finally:
+        rollout.stop(5)
+        trainer.stop(5)
+    assert time.monotonic() - started < 300  # returned on the trainer's exit, inside the first poll's pause
+
+
+def test_the_launch_waits_for_the_rollout_sides_marks_of_the_trained_steps(tmp_path):
+    """The trainer's last step may end before the rollout job marks the steps it trained on (their
+    metrics come with the mark): the launch waits for them while the job runs, and no longer."""
+    from pipelines.launch import wait_for_step_marks
+    from rlax_core.data.rollout_store import RolloutStore
+
+    store = RolloutStore(tmp_path / "rollouts", "run")
+    store.mark_step_generated(0)
+    marks_step_1 = textwrap.dedent(f"""
+        import time
+        from rlax_core.data.rollout_store import RolloutStore
+        time.sleep(1)
+        RolloutStore({str(tmp_path / "rollouts")!r}, "run").mark_step_generated(1)
+        time.sleep(300)
+    """)
+    rollout = start_command("rollout", [sys.executable, "-c", marks_step_1], tmp_path / "logs")
+    try:
+        assert wait_for_step_marks(store, 2, rollout, timeout_s=120) == []
+        assert store.generated_steps() == {0, 1}
+        assert wait_for_step_marks(store, 4, rollout, timeout_s=0.3) == [2, 3]  # the grace is bounded
+    finally:
+        rollout.stop(5)
+    assert wait_for_step_marks(store, 3, rollout, timeout_s=120) == [2]  # a job that has exited marks nothing more
