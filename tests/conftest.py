@@ -24,9 +24,17 @@ _COMPILES_FOR_OTHER_CHIPS = any(importlib.util.find_spec(name) for name in ("lib
 # (RLAX_TEST_UNOPTIMISED_CPU_CODE=0, the Makefile's test-slow): its time is in running, not compiling,
 # and in three runs of it an xdist worker crashed (SIGSEGV) inside XLA:CPU compiling or serialising a
 # training step at level 0, each time a test that passes alone; the lanes before level 0 never did.
+#
+# For the same reason the default lane emits fusions with XLA:CPU's elemental emitters instead of its
+# MLIR fusion emitters (--xla_cpu_use_fusion_emitters=false), which cost most of what is left of a tiny
+# program's compile: idle and alone, test_step's fused-projections step 13.7 -> 8.7 s of CPU, the
+# 4-device expert-parallel replica 13.8 -> 10.0 s, the word-chain episodes 11.3 -> 8.5 s. The same HLO;
+# an XLA_FLAGS that names the flag keeps its own.
 if (not _COMPILES_FOR_OTHER_CHIPS and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
         and os.environ.get("RLAX_TEST_UNOPTIMISED_CPU_CODE", "1") != "0"):
     os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " --xla_backend_optimization_level=0"
+    if "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " --xla_cpu_use_fusion_emitters=false"
 
 # One persistent compilation cache for the lane's processes (xdist workers and the jobs tests start):
 # many tests compile the same small programs from different closures, which JAX's in-memory caches
