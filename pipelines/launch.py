@@ -31,7 +31,7 @@ HELP = "run the trainer and the rollout pipeline together on this machine"
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 15.0  # how often the launch reports the trainer's steps when no progress bar is shown
-STEP_MARKS_GRACE_S = 60.0  # after the trainer's last step, the rollout side's last marks (a window or two late)
+STEP_MARKS_GRACE_S = 30.0  # after the trainer's last step, the rollout side's last marks (a window or two late)
 
 
 @dataclasses.dataclass
@@ -170,22 +170,6 @@ def wait_for_trainer(trainer: Process, rollout: Process, *, total_steps: int, me
             pass
 
 
-def wait_for_step_marks(store, total_steps: int, rollout: Process, *, timeout_s: float,
-                        poll_s: float = 0.1) -> list[int]:
-    """After the trainer's last step: the schedule steps below ``total_steps`` that the rollout job
-    has still not marked generated when ``timeout_s`` has passed (or at once, if the job has exited).
-
-    The trainer takes a step's groups as they land; the rollout side writes the step's metrics with
-    its mark a little later (``transforms.step_marks``, after a streaming window). Stopping the job in
-    between would lose the last steps' rollout metrics from the run's loop metrics."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        missing = sorted(set(range(total_steps)) - store.generated_steps())
-        if not missing or rollout.popen.poll() is not None or time.monotonic() > deadline:
-            return missing
-        time.sleep(poll_s)
-
-
 def raise_resource_failure(process: Process, run_paths: Sequence[str] = ()) -> None:
     """Raise ``ResourceError`` (one line: what ran out, the path, the job) when the failed job's log
     says a disk or quota ran out; a full disk otherwise reads as "exited with code 1"."""
@@ -268,7 +252,10 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
                          max_rollout_restarts=max_rollout_restarts,
                          run_paths=[output, run_config.weight_store().root, run_config.rollout_root(),
                                     trainer_metrics_dir(run_config), str(logs)])
-        unmarked = wait_for_step_marks(store, run_config.trainer.total_steps, rollout, timeout_s=STEP_MARKS_GRACE_S)
+        from pipelines.stream_watch import wait_for_step_marks
+
+        unmarked = wait_for_step_marks(store, run_config.trainer.total_steps, timeout_s=STEP_MARKS_GRACE_S,
+                                       running=lambda: rollout.popen.poll() is None)
         if unmarked:
             log.warning("launch: the rollout job had not marked steps %s generated %.0f s after the trainer's "
                         "last step: the loop metrics lack their rollout side", unmarked, STEP_MARKS_GRACE_S)

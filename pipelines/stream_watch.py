@@ -191,6 +191,25 @@ def _cancel(result, timeout_s: float = 60.0) -> None:
         time.sleep(0.5)
 
 
+MARKS_GRACE_S = 30.0  # every group written: the last steps' marks (and metrics) come a window or two later
+
+
+def wait_for_step_marks(store, total_steps: int, *, timeout_s: float, poll_s: float = 0.1,
+                        running: Callable[[], bool] = lambda: True) -> list[int]:
+    """The schedule steps below ``total_steps`` not yet marked generated when ``timeout_s`` has passed,
+    or at once when ``running()`` turns false (the job that would mark them has ended).
+
+    A step's groups land before its mark: the rollout stream writes the step's metrics with the mark a
+    streaming window later (``transforms.step_marks``). Stopping the stream, or the job, as soon as
+    the groups are in (or the trainer has taken them) would lose the last steps' metrics."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = sorted(set(range(total_steps)) - store.generated_steps())
+        if not missing or not running() or time.monotonic() > deadline:
+            return missing
+        time.sleep(poll_s)
+
+
 def drive(result, watch: StreamWatch, *, deadline_s: float) -> int:
     """Watch a submitted streaming job to its end (see the module docstring); returns the exit code."""
     from apache_beam.runners.runner import PipelineState
@@ -202,8 +221,12 @@ def drive(result, watch: StreamWatch, *, deadline_s: float) -> int:
             _exit_if_signalled()
             progress = watch.poll()
             if watch.finished:
-                log.info("rollout stream: all %d steps generated (%d groups); stopping the pipeline",
-                         spec.total_steps, progress.groups_written)
+                unmarked = wait_for_step_marks(
+                    spec.store(), spec.total_steps, timeout_s=MARKS_GRACE_S,
+                    running=lambda: not PipelineState.is_terminal(_state(result)))
+                log.info("rollout stream: all %d steps generated (%d groups)%s; stopping the pipeline",
+                         spec.total_steps, progress.groups_written,
+                         f", steps {unmarked} still unmarked after {MARKS_GRACE_S:.0f} s" if unmarked else "")
                 _cancel(result)
                 return 0
             if watch.stalled:

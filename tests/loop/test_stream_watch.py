@@ -282,10 +282,11 @@ def test_the_launch_sees_the_trainer_end_at_once_not_at_its_next_poll(tmp_path):
     assert time.monotonic() - started < 300  # returned on the trainer's exit, inside the first poll's pause
 
 
-def test_the_launch_waits_for_the_rollout_sides_marks_of_the_trained_steps(tmp_path):
-    """The trainer's last step may end before the rollout job marks the steps it trained on (their
-    metrics come with the mark): the launch waits for them while the job runs, and no longer."""
-    from pipelines.launch import wait_for_step_marks
+def test_the_last_steps_marks_are_waited_for_while_their_job_runs(tmp_path):
+    """A step's groups land before its mark, which carries its metrics: the stream (before it cancels
+    itself) and the launch (before it stops the rollout job) wait for the marks, boundedly, while the
+    job that would write them runs."""
+    from pipelines.stream_watch import wait_for_step_marks
     from rlax_core.data.rollout_store import RolloutStore
 
     store = RolloutStore(tmp_path / "rollouts", "run")
@@ -298,10 +299,11 @@ def test_the_launch_waits_for_the_rollout_sides_marks_of_the_trained_steps(tmp_p
         time.sleep(300)
     """)
     rollout = start_command("rollout", [sys.executable, "-c", marks_step_1], tmp_path / "logs")
+    running = lambda: rollout.popen.poll() is None  # noqa: E731
     try:
-        assert wait_for_step_marks(store, 2, rollout, timeout_s=120) == []
+        assert wait_for_step_marks(store, 2, timeout_s=120, running=running) == []
         assert store.generated_steps() == {0, 1}
-        assert wait_for_step_marks(store, 4, rollout, timeout_s=0.3) == [2, 3]  # the grace is bounded
+        assert wait_for_step_marks(store, 4, timeout_s=0.3, running=running) == [2, 3]  # the grace is bounded
     finally:
         rollout.stop(5)
-    assert wait_for_step_marks(store, 3, rollout, timeout_s=120) == [2]  # a job that has exited marks nothing more
+    assert wait_for_step_marks(store, 3, timeout_s=120, running=running) == [2]  # an ended job marks nothing more
