@@ -9,8 +9,8 @@ OUTPUT ?= runs/quickstart
 # The default lane runs a worker more than the 2 cores: about a third of a worker's time is spent
 # waiting (on jobs it started, on polls), which the third fills; worksteal moves the last tests to
 # an idle worker (measured idle, one run each: 9:49 with 2 workers, 9:03 with 3 and worksteal; on the
-# tree of 2026-12-05, 8:24 with 3 and 8:59 with 4; 6:02 with 3 once the lane compiled with XLA:CPU's
-# elemental fusion emitters). The slow lane's tests start jobs of their own: 2 workers.
+# tree of 2026-12-05, 8:24 with 3 and 8:59 with 4; 6:02 with 3, load average 1.1, once the lane compiled
+# with XLA:CPU's elemental fusion emitters). The slow lane's tests start jobs of their own: 2 workers.
 TEST_WORKERS ?= 3
 # The slow and long lanes compile at XLA's own optimisation level (tests/conftest.py says why).
 OPTIMISED_CPU_CODE := RLAX_TEST_UNOPTIMISED_CPU_CODE=0

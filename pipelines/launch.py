@@ -31,7 +31,6 @@ HELP = "run the trainer and the rollout pipeline together on this machine"
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 15.0  # how often the launch reports the trainer's steps when no progress bar is shown
-STEP_MARKS_GRACE_S = 30.0  # after the trainer's last step, the rollout side's last marks (a window or two late)
 
 
 @dataclasses.dataclass
@@ -252,13 +251,13 @@ def launch(config: str | None, overrides: Sequence[str], beam_args: Sequence[str
                          max_rollout_restarts=max_rollout_restarts,
                          run_paths=[output, run_config.weight_store().root, run_config.rollout_root(),
                                     trainer_metrics_dir(run_config), str(logs)])
-        from pipelines.stream_watch import wait_for_step_marks
+        from pipelines.stream_watch import MARKS_GRACE_S, wait_for_step_marks
 
-        unmarked = wait_for_step_marks(store, run_config.trainer.total_steps, timeout_s=STEP_MARKS_GRACE_S,
+        unmarked = wait_for_step_marks(store, run_config.trainer.total_steps, timeout_s=MARKS_GRACE_S,
                                        running=lambda: rollout.popen.poll() is None)
         if unmarked:
             log.warning("launch: the rollout job had not marked steps %s generated %.0f s after the trainer's "
-                        "last step: the loop metrics lack their rollout side", unmarked, STEP_MARKS_GRACE_S)
+                        "last step: the loop metrics lack their rollout side", unmarked, MARKS_GRACE_S)
     finally:
         for process in (rollout, trainer):
             process.stop(stop_grace_s)

@@ -191,11 +191,11 @@ def _cancel(result, timeout_s: float = 60.0) -> None:
         time.sleep(0.5)
 
 
-MARKS_GRACE_S = 30.0  # every group written: the last steps' marks (and metrics) come a window or two later
+MARKS_GRACE_S = 30.0  # every group in (or trained on): the last steps' marks and metrics come a window or two later
 
 
-def wait_for_step_marks(store, total_steps: int, *, timeout_s: float, poll_s: float = 0.1,
-                        running: Callable[[], bool] = lambda: True) -> list[int]:
+def wait_for_step_marks(store, total_steps: int, *, timeout_s: float, running: Callable[[], bool],
+                        poll_s: float = 0.1) -> list[int]:
     """The schedule steps below ``total_steps`` not yet marked generated when ``timeout_s`` has passed,
     or at once when ``running()`` turns false (the job that would mark them has ended).
 

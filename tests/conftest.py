@@ -27,9 +27,10 @@ _COMPILES_FOR_OTHER_CHIPS = any(importlib.util.find_spec(name) for name in ("lib
 #
 # For the same reason the default lane emits fusions with XLA:CPU's elemental emitters instead of its
 # MLIR fusion emitters (--xla_cpu_use_fusion_emitters=false), which cost most of what is left of a tiny
-# program's compile: idle and alone, test_step's fused-projections step 13.7 -> 8.7 s of CPU, the
-# 4-device expert-parallel replica 13.8 -> 10.0 s, the word-chain episodes 11.3 -> 8.5 s. The same HLO;
-# an XLA_FLAGS that names the flag keeps its own.
+# program's compile. Idle, each test alone (`pytest TEST`, one run each way, not interleaved), CPU
+# seconds: test_step's fused-projections step 13.7 -> 8.7, the 4-device expert-parallel replica
+# 13.8 -> 10.0, the word-chain episodes 11.3 -> 8.5. The same HLO; an XLA_FLAGS that names the flag
+# keeps its own.
 if (not _COMPILES_FOR_OTHER_CHIPS and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
         and os.environ.get("RLAX_TEST_UNOPTIMISED_CPU_CODE", "1") != "0"):
     os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " --xla_backend_optimization_level=0"

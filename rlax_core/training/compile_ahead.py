@@ -64,13 +64,13 @@ class CompileAhead:
         so the step reuses it; a failed compile raises here as the step would. False: none was made."""
         shape = batch_shape(batch)
         future = self._pending.pop(shape, None)
+        first_met = shape not in self._met
+        self._met.add(shape)
         if future is None:
-            if shape not in self._met:  # what a recipe's compile_ahead_tokens could add
+            if first_met:  # what a recipe's compile_ahead_tokens could add
                 log.info("the update for packed rows and samples of shapes %s compiles in this step: no "
                          "compile-ahead guess made that shape", shape)
-            self._met.add(shape)
             return False
-        self._met.add(shape)
         try:
             future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:

@@ -270,16 +270,25 @@ def test_a_sigterm_swallowed_where_it_landed_still_stops_the_stream(tmp_path, mo
     assert stopped.value.code == 128 + signal.SIGTERM and job.cancelled == 1
 
 
-def test_the_launch_sees_the_trainer_end_at_once_not_at_its_next_poll(tmp_path):
+def test_the_launch_sees_the_trainer_end_at_once_not_at_its_next_poll(tmp_path, monkeypatch):
+    import types
+
+    import pipelines.launch
+
+    def no_sleep(seconds):
+        raise AssertionError(f"the launch slept {seconds} s instead of waiting on the trainer")
+
+    # The launch's clock without a sleep: its pause between polls must be a wait on the trainer's process.
+    monkeypatch.setattr(pipelines.launch, "time", types.SimpleNamespace(monotonic=time.monotonic, time=time.time,
+                                                                        sleep=no_sleep))
     rollout = start_command("rollout", [sys.executable, "-c", "import time; time.sleep(300)"], tmp_path / "logs")
     trainer = start_command("trainer", [sys.executable, "-c", "import time; time.sleep(0.5)"], tmp_path / "logs")
-    started = time.monotonic()
     try:
         wait_for_trainer(trainer, rollout, total_steps=1, metrics_dir=tmp_path / "metrics", timeout_s=600, poll_s=300)
+        assert trainer.popen.returncode == 0  # returned on the trainer's exit, inside the first poll's pause
     finally:
         rollout.stop(5)
         trainer.stop(5)
-    assert time.monotonic() - started < 300  # returned on the trainer's exit, inside the first poll's pause
 
 
 def test_the_last_steps_marks_are_waited_for_while_their_job_runs(tmp_path):
